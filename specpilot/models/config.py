@@ -1,0 +1,247 @@
+"""Model configs read from Hugging Face `config.json` files (target and DFlash drafter)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specpilot.errors import UserError
+
+FAMILIES = ("llama", "qwen3")
+
+
+@dataclass
+class DenseConfig:
+    """A dense decoder of the Llama / Qwen3 family."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    family: str = "llama"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qk_norm: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def validate(self) -> None:
+        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                    "num_kv_heads", "head_dim")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UserError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise UserError(f"model config: num_attention_heads ({self.num_heads}) is not a multiple "
+                            f"of num_key_value_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise UserError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
+
+    def to_hf(self) -> dict[str, Any]:
+        """The config.json a Hugging Face loader of this family would accept."""
+        arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+        eos = self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else (self.eos_token_ids or None)
+        out = {
+            "architectures": [arch[self.family]],
+            "model_type": self.family,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+        }
+        if self.family == "llama":
+            out["mlp_bias"] = self.mlp_bias
+        return out
+
+
+def _eos_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """Rope base and scaling from either the old (`rope_theta`, `rope_scaling`) or new (`rope_parameters`)
+    layout of transformers configs."""
+    params = raw.get("rope_parameters") or {}
+    theta = float(raw.get("rope_theta", params.get("rope_theta", 10000.0)))
+    scaling = raw.get("rope_scaling")
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ("default", "linear", "llama3"):
+            raise UserError(f"model config: rope scaling type {kind!r} is not supported "
+                            "(supported: default, linear, llama3)")
+        if kind == "default":
+            scaling = None
+    return theta, scaling
+
+
+def dense_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> DenseConfig:
+    model_type = raw.get("model_type", "llama")
+    if model_type not in FAMILIES:
+        raise UserError(f"{source}: model_type {model_type!r} is not a supported dense target "
+                        f"(supported: {', '.join(sorted(FAMILIES))})")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise UserError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported (only silu)")
+    try:
+        heads = int(raw["num_attention_heads"])
+        hidden = int(raw["hidden_size"])
+        theta, scaling = _rope(raw)
+        family = model_type
+        cfg = DenseConfig(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            family=family,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qk_norm=family == "qwen3",
+            attention_bias=bool(raw.get("attention_bias", False)),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=_eos_list(raw.get("eos_token_id")),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{source}: missing or invalid field {exc}") from None
+    cfg.validate()
+    return cfg
+
+
+@dataclass
+class DrafterConfig:
+    """A DFlash-style block drafter; field names follow DFlash checkpoints (`dflash_config`)."""
+
+    layer: DenseConfig  # the drafter's own decoder shape (Qwen3-style: q/k norms)
+    target_layer_ids: list[int]
+    block_size: int = 16
+    mask_token_id: int = 0
+    num_target_layers: int = 0
+    selector_rank: int = 0  # 0: no DFlash2 candidate selector
+    selector_top_k: int = 16
+    conv_kernel_size: int = 0  # 0: no DFlash2 grouped dynamic conv
+    conv_group_size: int = 16
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    sliding_window: int | None = None
+    is_causal: bool = False
+
+    def to_hf(self) -> dict[str, Any]:
+        out = self.layer.to_hf()
+        out["architectures"] = ["DFlash2DraftModel" if self.selector_rank else "DFlashDraftModel"]
+        out["model_type"] = "qwen3"
+        out["num_target_layers"] = self.num_target_layers
+        dflash = {
+            "block_size": self.block_size,
+            "mask_token_id": self.mask_token_id,
+            "target_layer_ids": list(self.target_layer_ids),
+        }
+        if self.selector_rank:
+            dflash.update(selector_rank=self.selector_rank, selector_top_k=self.selector_top_k)
+        if self.conv_kernel_size:
+            dflash.update(conv_kernel_size=self.conv_kernel_size, conv_group_size=self.conv_group_size)
+        for name in ("input_embedding_scale", "output_multiplier"):
+            if getattr(self, name) != 1.0:
+                dflash[name] = getattr(self, name)
+        if self.final_logit_softcapping:
+            dflash["final_logit_softcapping"] = self.final_logit_softcapping
+        out["dflash_config"] = dflash
+        if self.sliding_window:
+            out["sliding_window"] = self.sliding_window
+            out["layer_types"] = ["sliding_attention"] * self.layer.num_layers
+        out["is_causal"] = self.is_causal
+        return out
+
+
+def drafter_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> DrafterConfig:
+    dflash = raw.get("dflash_config") or {}
+
+    def get(name: str, default: Any = None) -> Any:
+        return dflash.get(name, raw.get(name, default))
+
+    layer = dense_config_from_hf({**raw, "model_type": "qwen3"}, source)
+    ids = get("target_layer_ids")
+    if not ids:
+        raise UserError(f"{source}: a DFlash drafter config needs dflash_config.target_layer_ids")
+    if get("mask_token_id") is None:
+        raise UserError(f"{source}: a DFlash drafter config needs dflash_config.mask_token_id")
+    layer_types = raw.get("layer_types") or []
+    sliding = "sliding_attention" in layer_types
+    causal = raw.get("is_causal")
+    softcap = get("final_logit_softcapping")
+    cfg = DrafterConfig(
+        layer=layer,
+        target_layer_ids=[int(i) for i in ids],
+        block_size=int(get("block_size", 16)),
+        mask_token_id=int(get("mask_token_id")),
+        num_target_layers=int(raw.get("num_target_layers", 0)),
+        selector_rank=int(get("selector_rank", 0) or 0),
+        selector_top_k=int(get("selector_top_k", 16) or 16),
+        conv_kernel_size=int(get("conv_kernel_size", 0) or 0),
+        conv_group_size=int(get("conv_group_size", 16) or 16),
+        input_embedding_scale=float(get("input_embedding_scale", 1.0)),
+        output_multiplier=float(get("output_multiplier", 1.0)),
+        final_logit_softcapping=float(softcap) if softcap else None,
+        sliding_window=int(raw["sliding_window"]) if sliding and raw.get("sliding_window") else None,
+        # DFlash: full-attention draft layers see the whole block; sliding ones are causal unless told.
+        is_causal=bool(causal) if causal is not None else sliding,
+    )
+    if cfg.block_size < 2:
+        raise UserError(f"{source}: block_size must be at least 2, got {cfg.block_size}")
+    return cfg
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"missing checkpoint file: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"corrupt JSON in {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"corrupt config {path}: expected a JSON object")
+    return data
+
+
+def replace(cfg, **changes):
+    return dataclasses.replace(cfg, **changes)

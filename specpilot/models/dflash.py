@@ -1,0 +1,182 @@
+"""DFlash-style parallel block drafter (with the optional DFlash2 conv and candidate selector).
+
+One forward drafts a whole block: the block is [last committed token, mask x (B-1)], its queries see
+the projected target hidden states of every committed position (kept as this drafter's own K/V cache,
+one K/V per draft layer) and the whole block. The target's embedding and LM head are borrowed.
+The output is a `Lattice`: top-K candidates per draft position and parent-conditioned edge scores.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specpilot.models.config import DrafterConfig
+from specpilot.models.dense import Attention, KVCache
+from specpilot.models.layers import SwiGLU, rms_norm, rope_table, write_rows
+from specpilot.spec.lattice import Lattice
+
+
+class DynamicConv(nn.Module):
+    """DFlash2's grouped dynamic causal conv over the block: a learned base kernel plus a per-token
+    kernel predicted from the input, applied before (`prepare`) and after (`finish`) a sublayer."""
+
+    def __init__(self, hidden: int, kernel_size: int, group_size: int):
+        super().__init__()
+        self.kernel_size, self.group_size = kernel_size, group_size
+        self.groups = hidden // group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * kernel_size * self.groups, bias=False)
+
+    def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        blocks = x.view(b, t, self.groups, self.group_size)
+        out = torch.zeros_like(blocks)
+        for offset in range(self.kernel_size):
+            shifted = F.pad(blocks[:, : t - offset], (0, 0, 0, 0, offset, 0)) if offset else blocks
+            weight = base[offset].view(self.groups, self.group_size).to(x.dtype) + dynamic[:, :, offset, :, None]
+            out = out + weight * shifted
+        return out.view(b, t, h)
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dyn = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
+        return self._convolve(x, dyn[..., 0, :, :], self.base_kernel[0]), dyn[..., 1, :, :]
+
+    def finish(self, x: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+        return self._convolve(x, dynamic, self.base_kernel[1])
+
+
+class DraftBlock(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        lc = cfg.layer
+        self.eps = lc.rms_norm_eps
+        self.attn_norm = nn.Parameter(torch.ones(lc.hidden_size))
+        self.attn = Attention(lc)
+        self.mlp_norm = nn.Parameter(torch.ones(lc.hidden_size))
+        self.mlp = SwiGLU(lc.hidden_size, lc.intermediate_size, lc.mlp_bias)
+        self.attn_conv = self.mlp_conv = None
+        if cfg.conv_kernel_size:
+            self.attn_conv = DynamicConv(lc.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+            self.mlp_conv = DynamicConv(lc.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+
+    def context_kv(self, ctx: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of projected target features: this layer's own k/v projections, k-norm and RoPE."""
+        _, k, v = self.attn.project(ctx, cos, sin)
+        return k, v
+
+    @staticmethod
+    def _around(conv: DynamicConv | None, h: torch.Tensor, fn) -> torch.Tensor:
+        if conv is None:
+            return fn(h)
+        h, dynamic = conv.prepare(h)
+        return conv.finish(fn(h), dynamic)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, slots, mask):
+        h = rms_norm(x, self.attn_norm, self.eps)
+        x = x + self._around(self.attn_conv, h, lambda a: self.attn(a, cos, sin, k_cache, v_cache, slots, mask))
+        h = rms_norm(x, self.mlp_norm, self.eps)
+        return x + self._around(self.mlp_conv, h, self.mlp)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2's low-rank selector: score(c | p) = unary(c) + <pred[p] * W h, succ[c]>."""
+
+    def __init__(self, vocab: int, hidden: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Embedding(vocab, rank)
+        self.successor_codebook = nn.Embedding(vocab, rank)
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+
+    def edges(self, hidden: torch.Tensor, tokens: torch.Tensor, unary: torch.Tensor,
+              anchor: torch.Tensor) -> torch.Tensor:
+        """All K x K edges of every depth in one einsum: [B, D, K_parent, K_child].
+        Depth 0's parent is the anchor, broadcast over the parent axis."""
+        h = self.hidden_projection(hidden)  # [B, D, r]
+        parents = torch.cat([anchor[:, None, None].expand(-1, 1, tokens.shape[-1]), tokens[:, :-1]], 1)
+        pred = self.predecessor_codebook(parents) * h[:, :, None]  # [B, D, K, r]
+        succ = self.successor_codebook(tokens)  # [B, D, K, r]
+        return unary[:, :, None, :] + torch.einsum("bdpr,bdcr->bdpc", pred, succ)
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        lc = cfg.layer
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * lc.hidden_size, lc.hidden_size, bias=False)
+        self.hidden_norm = nn.Parameter(torch.ones(lc.hidden_size))
+        self.layers = nn.ModuleList(DraftBlock(cfg) for _ in range(lc.num_layers))
+        self.norm = nn.Parameter(torch.ones(lc.hidden_size))
+        self.selector = None
+        if cfg.selector_rank:
+            self.selector = CandidateSelector(lc.vocab_size, lc.hidden_size, cfg.selector_rank,
+                                              cfg.selector_top_k)
+        self.set_rope_length(lc.max_position_embeddings)
+
+    def set_rope_length(self, length: int, device=None) -> None:
+        lc = self.cfg.layer
+        cos, sin = rope_table(length, lc.head_dim, lc.rope_theta, lc.rope_scaling, device=device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def new_cache(self, batch: int, length: int, dtype=None, device=None) -> KVCache:
+        lc = self.cfg.layer
+        dtype = dtype or self.fc.weight.dtype
+        device = device or self.fc.weight.device
+        return KVCache(lc.num_layers, batch, length, lc.num_kv_heads, lc.head_dim, dtype, device)
+
+    def block_mask(self, ctx_len: torch.Tensor, start: torch.Tensor, block: int, length: int) -> torch.Tensor:
+        """[B, block, L]: block row j sees context slots < ctx_len and the block's own slots
+        start..start+block-1 (all of them, or those <= its own when causal), within the sliding
+        window if any."""
+        slots = torch.arange(length, device=start.device)[None, None, :]
+        row = start[:, None, None] + torch.arange(block, device=start.device)[None, :, None]
+        in_block = (slots >= start[:, None, None]) & (slots < start[:, None, None] + block)
+        if self.cfg.is_causal:
+            in_block &= slots <= row
+        visible = (slots < ctx_len[:, None, None]) | in_block
+        if self.cfg.sliding_window:
+            visible &= (row - slots).abs() < self.cfg.sliding_window
+        return visible
+
+    def write_context(self, feats: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      cache: KVCache) -> None:
+        """Project target features [B, C, F] of committed tokens into every draft layer's K/V."""
+        ctx = rms_norm(self.fc(feats), self.hidden_norm, self.cfg.layer.rms_norm_eps)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        for i, layer in enumerate(self.layers):
+            k, v = layer.context_kv(ctx, cos, sin)
+            write_rows(cache.k[i], slots, k)
+            write_rows(cache.v[i], slots, v)
+
+    def draft_block(self, embed: torch.Tensor, block_tokens: torch.Tensor, start: torch.Tensor,
+                    cache: KVCache) -> torch.Tensor:
+        """Draft the block [B, Bk] that starts at position `start` [B], the context being cache slots
+        < start. Its K/V land at slots start.. and are overwritten by the next round's context.
+        Returns the final-normed hidden states of the block [B, Bk, H]."""
+        bk = block_tokens.shape[1]
+        positions = start[:, None] + torch.arange(bk, device=block_tokens.device)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        mask = self.block_mask(start, start, bk, cache.length)
+        x = embed[block_tokens] * self.cfg.input_embedding_scale
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, mask)
+        return rms_norm(x, self.norm, self.cfg.layer.rms_norm_eps)
+
+    def draft_logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        logits = (hidden @ head.t()).float() * self.cfg.output_multiplier
+        cap = self.cfg.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    def lattice(self, hidden: torch.Tensor, head: torch.Tensor, anchor: torch.Tensor, top_k: int) -> Lattice:
+        """Lattice over draft positions 1..Bk-1 of the block (position 0 is the anchor)."""
+        h = hidden[:, 1:]
+        logits = self.draft_logits(h, head)
+        k = min(self.selector.top_k if self.selector is not None else top_k, logits.shape[-1])
+        unary, tokens = logits.topk(k, dim=-1)
+        logp = unary - torch.logsumexp(logits, dim=-1, keepdim=True)
+        edges = self.selector.edges(h, tokens, unary, anchor) if self.selector is not None else None
+        return Lattice(tokens=tokens, unary=unary, logp=logp, edges=edges, anchor=anchor)

@@ -1,0 +1,63 @@
+"""Build a deployment's target, drafter and tokenizer, and check that the two models fit together."""
+
+from __future__ import annotations
+
+from specpilot.deployment import Deployment, random_drafter_config, random_target_config
+from specpilot.errors import UserError
+from specpilot.models.config import DenseConfig, DrafterConfig
+from specpilot.models.dense import DenseTarget
+from specpilot.models.dflash import DFlashDrafter
+from specpilot.models.tokenizer import ByteTokenizer, HFTokenizer
+
+
+def check_pair(target: DenseConfig, drafter: DrafterConfig) -> None:
+    if drafter.layer.vocab_size != target.vocab_size:
+        raise UserError(f"drafter and target vocabularies differ: {drafter.layer.vocab_size} vs {target.vocab_size}")
+    if drafter.layer.hidden_size != target.hidden_size:
+        raise UserError(f"drafter and target hidden sizes differ: {drafter.layer.hidden_size} vs {target.hidden_size}")
+    if not 0 <= drafter.mask_token_id < target.vocab_size:
+        raise UserError(f"drafter mask_token_id {drafter.mask_token_id} is outside the target vocabulary "
+                        f"(0..{target.vocab_size - 1})")
+    bad = [i for i in drafter.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        raise UserError(f"drafter target_layer_ids {bad} are outside the target's {target.num_layers} layers")
+    if drafter.num_target_layers and drafter.num_target_layers != target.num_layers:
+        raise UserError(f"drafter was made for a {drafter.num_target_layers}-layer target, "
+                        f"this target has {target.num_layers}")
+
+
+def build_pair(dep: Deployment, with_drafter: bool = True):
+    """-> (target, drafter or None, tokenizer), on the deployment's device and dtype."""
+    from specpilot.fixtures.random_models import random_drafter, random_target
+    from specpilot.models.loading import load_drafter, load_target
+
+    device, dtype = dep.torch_device(), dep.torch_dtype()
+    rope = dep.context + 1
+    if dep.target.path is not None:
+        target: DenseTarget = load_target(dep.target.path, dtype, device, rope_length=rope)
+    else:
+        cfg = random_target_config(dep.target.random or {})
+        target = random_target(cfg, dep.target.seed, dtype, device, rope_length=rope)
+    drafter: DFlashDrafter | None = None
+    if with_drafter and dep.drafter is not None:
+        if dep.drafter.path is not None:
+            drafter = load_drafter(dep.drafter.path, dtype, device, rope_length=rope)
+        else:
+            dcfg = random_drafter_config(target.cfg, dep.drafter.random or {})
+            check_pair(target.cfg, dcfg)
+            drafter = random_drafter(dcfg, dep.drafter.seed, dtype, device, rope_length=rope)
+        check_pair(target.cfg, drafter.cfg)
+    tokenizer = _tokenizer(dep, target.cfg)
+    return target, drafter, tokenizer
+
+
+def _tokenizer(dep: Deployment, cfg: DenseConfig):
+    if dep.tokenizer == "bytes":
+        tok = ByteTokenizer(cfg.vocab_size)
+    else:
+        folder = dep.target.path if dep.tokenizer == "target" else dep.tokenizer
+        tok = HFTokenizer(folder, enable_thinking=dep.enable_thinking)
+        if tok.vocab_size > cfg.vocab_size:
+            raise UserError(f"tokenizer has {tok.vocab_size} tokens, more than the target's {cfg.vocab_size}")
+    tok.eos_ids = tuple(dict.fromkeys([*tok.eos_ids, *cfg.eos_token_ids]))
+    return tok

@@ -1,0 +1,187 @@
+"""Generation loops: AR greedy decoding and stock speculative decoding, one request at a time.
+
+Both share the target's kernels, precision, static caches and (on CUDA) graph capture: an AR baseline
+that runs eagerly would flatter every speedup. Each decode step is one graph replay followed by one
+host sync that reads the step's committed tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specpilot.errors import UserError
+from specpilot.models.dense import DenseTarget, Mode
+from specpilot.models.dflash import DFlashDrafter
+from specpilot.runtime.graphs import StepGraph
+from specpilot.runtime.options import System
+from specpilot.spec.accept import accept_greedy
+from specpilot.spec.masks import chain_visibility, verify_mask
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # output tokens (the prompt excluded), cut at a stop token or max_new_tokens
+    prefill_s: float
+    decode_s: float  # from the first token (given by prefill) to the last
+    accepted: list[int] = field(default_factory=list)  # tokens committed by each decode target pass
+
+    @property
+    def decode_tokens(self) -> int:
+        return max(len(self.tokens) - 1, 0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Engine:
+    """Owns the caches and the static step buffers for one target (+ drafter) and one context size."""
+
+    def __init__(self, target: DenseTarget, drafter: DFlashDrafter | None = None, *, context: int,
+                 use_graphs: bool = True, block_size: int = 0):
+        self.target, self.drafter = target, drafter
+        self.device = target.embed.weight.device
+        self.context = context
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        if target.rope_cos.shape[0] < context + 1:
+            target.set_rope_length(context + 1, device=self.device)
+        self.cache = target.new_cache(1, context)
+        dev = self.device
+        self.pos = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.token = torch.zeros(1, dtype=torch.int64, device=dev)
+        self._ar = StepGraph(self._ar_step, self.use_graphs)
+        self.block = 0
+        if drafter is not None:
+            self._init_spec(drafter, block_size)
+
+    # ----- set-up ---------------------------------------------------------------------------------
+    def _init_spec(self, drafter: DFlashDrafter, block_size: int) -> None:
+        own = drafter.cfg.block_size
+        if block_size and not 2 <= block_size <= own:
+            raise UserError(f"block_size={block_size} is outside 2..{own} (the drafter's own block size)")
+        self.block = block_size or own
+        if drafter.rope_cos.shape[0] < self.context + 1:
+            drafter.set_rope_length(self.context + 1, device=self.device)
+        # One extra slot at the end absorbs the K/V of context rows that are not valid this step.
+        self.dcache = drafter.new_cache(1, self.context + 1)
+        self.trash = self.context
+        self.hidden_layers = tuple(drafter.cfg.target_layer_ids)
+        feats = len(self.hidden_layers) * self.target.cfg.hidden_size
+        dev = self.device
+        self.ctx_feats = torch.zeros(1, self.block, feats, dtype=self.dcache.k.dtype, device=dev)
+        self.ctx_count = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.masks = torch.full((1, self.block - 1), drafter.cfg.mask_token_id, dtype=torch.int64, device=dev)
+        self.rows = torch.arange(self.block, device=dev)
+        self.visibility = chain_visibility(self.block, device=dev)
+        self.step_out = torch.zeros(1 + self.block, dtype=torch.int64, device=dev)
+        self._spec = StepGraph(self._spec_step, self.use_graphs)
+
+    def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
+        if not prompt:
+            raise UserError("empty prompt: a request needs at least one token")
+        if max_new_tokens <= 0:
+            raise UserError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        need = len(prompt) + max_new_tokens + self.block
+        if need > self.context:
+            raise UserError(f"prompt longer than the context: {len(prompt)} prompt tokens + {max_new_tokens} "
+                            f"new + {self.block} draft slots > context {self.context}")
+        vocab = self.target.cfg.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise UserError(f"prompt token id outside the vocabulary (0..{vocab - 1})")
+
+    # ----- steps (device only: no host sync, so they can be graph-captured) ------------------------
+    def _ar_step(self) -> None:
+        logits, _ = self.target(self.token[None], self.pos[None], self.cache, Mode.DECODE)
+        self.token.copy_(logits[0, -1].argmax(-1))
+        self.pos.add_(1)
+
+    def _spec_step(self) -> None:
+        drafter, target = self.drafter, self.target
+        start, count = self.pos, self.ctx_count
+        # The previous verify's rows 0..count-1 are committed: their features become draft context.
+        ctx_pos = (start - count + self.rows).clamp(min=0)
+        ctx_slots = torch.where(self.rows < count, ctx_pos, self.trash)
+        drafter.write_context(self.ctx_feats, ctx_pos[None], ctx_slots[None], self.dcache)
+        drafts = self._draft_chain(start)
+        tokens = torch.cat([self.token, drafts])
+        positions = (start + self.rows)[None]
+        mask = verify_mask(start, start, self.visibility, self.cache.length)
+        logits, feats = target(tokens[None], positions, self.cache, Mode.VERIFY, slots=positions, mask=mask,
+                               hidden_layers=self.hidden_layers)
+        accepted, committed = accept_greedy(drafts, logits[0])
+        self.step_out[0] = accepted
+        self.step_out[1:] = committed
+        self.ctx_feats.copy_(feats)
+        self.ctx_count.copy_(accepted + 1)
+        self.token.copy_(committed[accepted])
+        self.pos.add_(accepted + 1)
+
+    def _draft_chain(self, start: torch.Tensor) -> torch.Tensor:
+        """Stock drafting: the drafter's own greedy walk of its lattice, [block - 1] tokens."""
+        block_in = torch.cat([self.token[None], self.masks], 1)
+        hidden = self.drafter.draft_block(self.target.embed.weight, block_in, start, self.dcache)
+        lattice = self.drafter.lattice(hidden, self.target.head_weight, self.token, top_k=16)
+        return lattice.greedy_chain()[0]
+
+    # ----- requests ---------------------------------------------------------------------------------
+    def _prefill(self, prompt: list[int], with_hidden: bool) -> torch.Tensor | None:
+        ids = torch.tensor([prompt], dtype=torch.int64, device=self.device)
+        positions = torch.arange(len(prompt), device=self.device)[None]
+        layers = self.hidden_layers if with_hidden else ()
+        logits, hidden = self.target(ids, positions, self.cache, Mode.PREFILL, hidden_layers=layers)
+        self.token.copy_(logits[0, -1].argmax(-1))
+        self.pos.fill_(len(prompt))
+        return hidden
+
+    def warmup(self, system: System) -> None:
+        """Capture the step graph outside any timed region (a throwaway request)."""
+        self.generate([0] * 4, 2 * max(self.block, 1) + 2, (), system)
+
+    @torch.inference_mode()
+    def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int],
+                 system: System) -> Generation:
+        self.check_request(prompt, max_new_tokens)
+        spec = system.base == "stock"
+        if spec and self.drafter is None:
+            raise UserError("system 'stock' needs a drafter in the deployment")
+        _sync(self.device)
+        t0 = time.perf_counter()
+        hidden = self._prefill(prompt, with_hidden=spec)
+        if spec:
+            n = len(prompt)
+            pos = torch.arange(n, device=self.device)[None]
+            self.drafter.write_context(hidden.to(self.dcache.k.dtype), pos, pos, self.dcache)
+            self.ctx_count.zero_()
+        first = int(self.token.item())
+        t1 = time.perf_counter()
+        out, accepted = [first], []
+        stops = set(stop_ids)
+        while first not in stops and len(out) < max_new_tokens:
+            if spec:
+                self._spec()
+                step = self.step_out.tolist()
+                new = step[1 : step[0] + 2]
+            else:
+                self._ar()
+                new = [int(self.token.item())]
+            accepted.append(len(new))
+            out.extend(new)
+            if stops.intersection(new):
+                break
+        _sync(self.device)
+        t2 = time.perf_counter()
+        out = _cut(out, stops, max_new_tokens)
+        if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
+            accepted[-1] = len(out) - 1 - sum(accepted[:-1])
+        return Generation(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1, accepted=accepted)
+
+
+def _cut(tokens: list[int], stops: set[int], limit: int) -> list[int]:
+    for i, t in enumerate(tokens[:limit]):
+        if t in stops:
+            return tokens[: i + 1]
+    return tokens[:limit]
