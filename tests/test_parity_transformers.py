@@ -7,15 +7,18 @@ as a logit difference far above the float32 tolerance.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.models.dense import Mode
+from specpilot.models.layers import rope_inv_freq
 from specpilot.models.loading import load_target, save_target
 from specpilot.spec.masks import chain_visibility, verify_mask
 
@@ -31,8 +34,8 @@ CASES = {
     "llama-mha-tied-bias": ("llama", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
                                           rope_theta=500000.0, tie_word_embeddings=True,
                                           attention_bias=True), 24),
-    "llama-gqa3-llama3-rope": ("llama", dict(hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
-                                             rope_theta=500000.0, rope_scaling=LLAMA3), 80),
+    "llama-gqa3-llama3-rope": ("llama", dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+                                             rope_theta=10000.0, rope_scaling=LLAMA3), 80),
     "llama-linear-rope": ("llama", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                         rope_theta=10000.0, rope_scaling=LINEAR), 40),
     "qwen3-gqa2-headdim24": ("qwen3", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -65,7 +68,7 @@ def _hf_model(family: str, kwargs: dict, seed: int = 0):
     torch.manual_seed(seed)
     common = dict(vocab_size=101, intermediate_size=96, num_hidden_layers=3, max_position_embeddings=256,
                   rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
-    common.update(kwargs)
+    common.update(copy.deepcopy(kwargs))  # transformers writes rope_theta into a rope_scaling dict it is given
     if family == "llama":
         cfg, cls = LlamaConfig(**common), LlamaForCausalLM
     else:
@@ -173,6 +176,16 @@ def test_hidden_states_of_a_middle_layer(pair):
     assert _maxdiff(both, ref) <= TOL
 
 
+@torch.no_grad()
+def test_rope_tables_match(pair):
+    hf, ours, tokens, _ = pair
+    seq = tokens.shape[1]
+    x = torch.zeros(1, seq, hf.config.hidden_size)
+    cos, sin = hf.model.rotary_emb(x, torch.arange(seq)[None])
+    assert _maxdiff(ours.rope_cos[:seq], cos[0]) <= 1e-5
+    assert _maxdiff(ours.rope_sin[:seq], sin[0]) <= 1e-5
+
+
 def test_norm_weights_matter(pair, tmp_path):
     """The randomised norms are really used: resetting one to ones changes the logits."""
     hf, ours, tokens, out = pair
@@ -184,6 +197,20 @@ def test_norm_weights_matter(pair, tmp_path):
         finally:
             ours.norm.copy_(saved)
     assert _maxdiff(logits, out.logits) > 10 * TOL
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+@pytest.mark.parametrize("theta", [10000.0, 500000.0])
+@pytest.mark.parametrize("scaling", [None, LINEAR, LLAMA3, {**LLAMA3, "factor": 32.0, "high_freq_factor": 2.0,
+                                                             "original_max_position_embeddings": 1024}])
+def test_rope_inv_freq_matches_transformers(head_dim, theta, scaling):
+    hf_cfg = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, rope_theta=theta,
+                         rope_scaling=copy.deepcopy(scaling), max_position_embeddings=4096)
+    assert hf_cfg.rope_parameters["rope_theta"] == theta
+    rotary = LlamaRotaryEmbedding(hf_cfg)
+    assert rotary.attention_scaling == 1.0
+    ours = rope_inv_freq(head_dim, theta, scaling)
+    torch.testing.assert_close(ours, rotary.inv_freq.float(), rtol=1e-6, atol=0)
 
 
 # ----- our random targets -> save_target -> load_target / transformers ---------------------------------
@@ -200,7 +227,7 @@ OURS = {
 @pytest.mark.parametrize("name", sorted(OURS))
 @torch.no_grad()
 def test_save_target_round_trip_and_transformers(name, tmp_path: Path):
-    cfg = tiny_target_config(vocab=128, num_layers=2, max_position_embeddings=256, **OURS[name])
+    cfg = tiny_target_config(vocab=128, num_layers=2, max_position_embeddings=256, **copy.deepcopy(OURS[name]))
     model = random_target(cfg, seed=3)
     folder = tmp_path / "target"
     save_target(model, folder)

@@ -24,17 +24,18 @@ class Mode(enum.Enum):
 
 
 class KVCache:
-    """Static K/V buffers [layers, B, L, Hkv, D]; a row's slot is where its K/V lives."""
+    """Static K/V buffers [layers, B, Hkv, L, D] (the layout attention reads without a copy);
+    a row's slot is where its K/V lives."""
 
     def __init__(self, layers: int, batch: int, length: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device):
-        shape = (layers, batch, length, kv_heads, head_dim)
+        shape = (layers, batch, kv_heads, length, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
     @property
     def length(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
 
 def causal_mask(positions: torch.Tensor, length: int) -> torch.Tensor:

@@ -60,24 +60,23 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mas
               scale: float) -> torch.Tensor:
     """Masked grouped-query attention over a static cache.
 
-    q [B, T, Hq, D]; k_cache, v_cache [B, L, Hkv, D]; mask [B, T, L] bool (True = visible).
+    q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]; mask [B, T, L] bool (True = visible).
     The query heads that share a KV head are folded into the row axis, so no K/V copy is made.
     Returns [B, T, Hq, D].
     """
     b, t, hq, d = q.shape
-    hkv = k_cache.shape[2]
+    hkv = k_cache.shape[1]
     g = hq // hkv
     qf = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
     m = mask[:, None, None].expand(b, 1, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1])
-    o = F.scaled_dot_product_attention(qf, k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-                                       attn_mask=m, scale=scale)
+    o = F.scaled_dot_product_attention(qf, k_cache, v_cache, attn_mask=m, scale=scale)
     return o.view(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, hq, d)
 
 
 def write_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """cache [B, L, ...] <- rows [B, T, ...] at slots [B, T]; graph-safe (no host sync)."""
+    """cache [B, H, L, D] <- rows [B, T, H, D] at slots [B, T]; graph-safe (no host sync)."""
     batch = torch.arange(cache.shape[0], device=cache.device)[:, None].expand_as(slots)
-    cache.index_put_((batch, slots), rows.to(cache.dtype))
+    cache[batch, :, slots] = rows.to(cache.dtype)
 
 
 class SwiGLU(nn.Module):

@@ -117,7 +117,7 @@ class Engine:
         self.step_out[1:] = committed
         self.ctx_feats.copy_(feats)
         self.ctx_count.copy_(accepted + 1)
-        self.token.copy_(committed[accepted])
+        self.token.copy_(committed.gather(0, accepted.view(1)))
         self.pos.add_(accepted + 1)
 
     def _draft_chain(self, start: torch.Tensor) -> torch.Tensor:
