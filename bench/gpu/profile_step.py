@@ -1,0 +1,54 @@
+"""Where a decode step's time goes: torch.profiler over eager AR steps of a random-weight model.
+
+Usage: PYTHONPATH=. python bench/gpu/profile_step.py [--model dense-8b] [--rows 1]
+Prints the kernels by total CUDA time and writes the table to $OUT/profile_<model>.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.gpu.engine_core import CONTEXT, MODELS
+from specpilot.fixtures.random_models import random_target
+from specpilot.models.dense import Mode
+from specpilot.spec.masks import chain_visibility, verify_mask
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="dense-8b")
+    ap.add_argument("--rows", type=int, default=1)
+    args = ap.parse_args()
+    cfg = MODELS[args.model]
+    target = random_target(cfg, seed=0, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
+    cache = target.new_cache(1, CONTEXT)
+    start = torch.tensor([512], device="cuda")
+    n = args.rows
+    tokens = torch.randint(0, cfg.vocab_size, (1, n), device="cuda")
+    positions = (start + torch.arange(n, device="cuda"))[None]
+    vis = chain_visibility(n, device="cuda")
+
+    def step():
+        mask = verify_mask(start, start, vis, CONTEXT)
+        target(tokens, positions, cache, Mode.VERIFY, slots=positions, mask=mask)
+
+    with torch.inference_mode():
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90)
+    print(table)
+    with open(os.path.join(os.environ.get("OUT", "."), f"profile_{args.model}_{n}.txt"), "w") as f:
+        f.write(table)
+
+
+if __name__ == "__main__":
+    main()
