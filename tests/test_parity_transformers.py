@@ -20,7 +20,7 @@ from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.models.dense import Mode
 from specpilot.models.layers import rope_inv_freq
 from specpilot.models.loading import load_target, save_target
-from specpilot.spec.masks import chain_visibility, verify_mask
+from specpilot.spec.masks import Visibility, chain_visibility, verify_mask
 
 TOL = 1e-4
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -96,13 +96,17 @@ def pair(request, tmp_path_factory):
     return hf, ours, tokens, out
 
 
-def _verify(model, tokens, start, cache, hidden_layers=()):
-    """VERIFY rows `tokens` [1, N] at positions start.. with the chain mask over a cache of `start` rows."""
+def _verify(model, tokens, start, cache, hidden_layers=(), explicit_chain=True):
+    """VERIFY rows `tokens` [1, N] at positions start.. as a chain over a cache of `start` rows (the chain
+    given explicitly as a lower-triangular tree, or as the default tree=None)."""
     n = tokens.shape[1]
     positions = torch.arange(start, start + n)[None]
     s = torch.tensor([start])
-    mask = verify_mask(s, s, chain_visibility(n), cache.length)
-    return model(tokens, positions, cache, Mode.VERIFY, slots=positions, mask=mask, hidden_layers=hidden_layers)
+    vis = Visibility(cache_len=s, start=s, tree=chain_visibility(n) if explicit_chain else None)
+    causal = torch.arange(cache.length)[None, None, :] <= positions[:, :, None]
+    assert torch.equal(vis.dense(n, cache.length), causal)
+    assert torch.equal(verify_mask(s, s, chain_visibility(n), cache.length), causal)
+    return model(tokens, positions, cache, Mode.VERIFY, slots=positions, vis=vis, hidden_layers=hidden_layers)
 
 
 def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -161,6 +165,9 @@ def test_verify_after_prefix(pair):
     ours(tokens[:, :prefix], torch.arange(prefix)[None], cache, Mode.PREFILL)
     logits, _ = _verify(ours, tokens[:, prefix : prefix + n], prefix, cache)
     assert _maxdiff(logits, out.logits[:, prefix : prefix + n]) <= TOL
+    # Again with the default (implicit) chain: the same rows overwrite the same slots.
+    again, _ = _verify(ours, tokens[:, prefix : prefix + n], prefix, cache, explicit_chain=False)
+    assert _maxdiff(again, out.logits[:, prefix : prefix + n]) <= TOL
 
 
 @torch.no_grad()
@@ -182,8 +189,8 @@ def test_rope_tables_match(pair):
     seq = tokens.shape[1]
     x = torch.zeros(1, seq, hf.config.hidden_size)
     cos, sin = hf.model.rotary_emb(x, torch.arange(seq)[None])
-    assert _maxdiff(ours.rope_cos[:seq], cos[0]) <= 1e-5
-    assert _maxdiff(ours.rope_sin[:seq], sin[0]) <= 1e-5
+    assert _maxdiff(ours.rope.cos[:seq], cos[0]) <= 1e-5
+    assert _maxdiff(ours.rope.sin[:seq], sin[0]) <= 1e-5
 
 
 def test_norm_weights_matter(pair, tmp_path):

@@ -34,7 +34,7 @@ from specpilot.models.config import DenseConfig, DrafterConfig
 from specpilot.models.dense import Mode
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.options import parse_system
-from specpilot.spec.masks import chain_visibility, verify_mask
+from specpilot.spec.masks import Visibility
 
 AR, STOCK = parse_system("ar"), parse_system("stock")
 AR_EAGER = parse_system("ar:graphs=false")
@@ -115,11 +115,10 @@ def verify_ms(target, n: int) -> float:
     start = torch.tensor([512], device="cuda")
     tokens = torch.randint(0, target.cfg.vocab_size, (1, n), device="cuda")
     positions = (start + torch.arange(n, device="cuda"))[None]
-    vis = chain_visibility(n, device="cuda")
+    vis = Visibility(cache_len=start, start=start)
 
     def step():
-        mask = verify_mask(start, start, vis, CONTEXT)
-        target(tokens, positions, cache, Mode.VERIFY, slots=positions, mask=mask)
+        target(tokens, positions, cache, Mode.VERIFY, slots=positions, vis=vis)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench.gpu.engine_core import CONTEXT, MODELS
 from specpilot.fixtures.random_models import random_target
 from specpilot.models.dense import Mode
-from specpilot.spec.masks import chain_visibility, verify_mask
+from specpilot.spec.masks import Visibility
 
 
 def main() -> None:
@@ -30,11 +30,10 @@ def main() -> None:
     n = args.rows
     tokens = torch.randint(0, cfg.vocab_size, (1, n), device="cuda")
     positions = (start + torch.arange(n, device="cuda"))[None]
-    vis = chain_visibility(n, device="cuda")
+    vis = Visibility(cache_len=start, start=start)
 
     def step():
-        mask = verify_mask(start, start, vis, CONTEXT)
-        target(tokens, positions, cache, Mode.VERIFY, slots=positions, mask=mask)
+        target(tokens, positions, cache, Mode.VERIFY, slots=positions, vis=vis)
 
     with torch.inference_mode():
         for _ in range(3):

@@ -36,6 +36,10 @@ class DenseConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if self.family == "qwen3":
+            self.qk_norm = True  # Qwen3 always normalises q and k per head
+
     @property
     def q_dim(self) -> int:
         return self.num_heads * self.head_dim

@@ -12,10 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specpilot.kernels.norm import rms_norm
 from specpilot.models.config import DrafterConfig
-from specpilot.models.dense import Attention, KVCache
-from specpilot.models.layers import SwiGLU, rms_norm, rope_table, write_rows
+from specpilot.models.dense import KVCache
+from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
 from specpilot.spec.lattice import Lattice
+from specpilot.spec.masks import Visibility
 
 
 class DynamicConv(nn.Module):
@@ -51,7 +53,6 @@ class DraftBlock(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         lc = cfg.layer
-        self.eps = lc.rms_norm_eps
         self.attn_norm = nn.Parameter(torch.ones(lc.hidden_size))
         self.attn = Attention(lc)
         self.mlp_norm = nn.Parameter(torch.ones(lc.hidden_size))
@@ -61,23 +62,13 @@ class DraftBlock(nn.Module):
             self.attn_conv = DynamicConv(lc.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
             self.mlp_conv = DynamicConv(lc.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
 
-    def context_kv(self, ctx: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of projected target features: this layer's own k/v projections, k-norm and RoPE."""
-        _, k, v = self.attn.project(ctx, cos, sin)
-        return k, v
-
     @staticmethod
-    def _around(conv: DynamicConv | None, h: torch.Tensor, fn) -> torch.Tensor:
+    def around(conv: DynamicConv | None, h: torch.Tensor, fn) -> torch.Tensor:
+        """A sublayer, wrapped by the DFlash2 conv when there is one."""
         if conv is None:
             return fn(h)
         h, dynamic = conv.prepare(h)
         return conv.finish(fn(h), dynamic)
-
-    def forward(self, x, cos, sin, k_cache, v_cache, slots, mask):
-        h = rms_norm(x, self.attn_norm, self.eps)
-        x = x + self._around(self.attn_conv, h, lambda a: self.attn(a, cos, sin, k_cache, v_cache, slots, mask))
-        h = rms_norm(x, self.mlp_norm, self.eps)
-        return x + self._around(self.mlp_conv, h, self.mlp)
 
 
 class CandidateSelector(nn.Module):
@@ -114,13 +105,10 @@ class DFlashDrafter(nn.Module):
         if cfg.selector_rank:
             self.selector = CandidateSelector(lc.vocab_size, lc.hidden_size, cfg.selector_rank,
                                               cfg.selector_top_k)
-        self.set_rope_length(lc.max_position_embeddings)
+        self.rope = RopeTable(lc, lc.max_position_embeddings)
 
     def set_rope_length(self, length: int, device=None) -> None:
-        lc = self.cfg.layer
-        cos, sin = rope_table(length, lc.head_dim, lc.rope_theta, lc.rope_scaling, device=device)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.rope.resize(length, device=device)
 
     def new_cache(self, batch: int, length: int, dtype=None, device=None) -> KVCache:
         lc = self.cfg.layer
@@ -128,29 +116,18 @@ class DFlashDrafter(nn.Module):
         device = device or self.fc.weight.device
         return KVCache(lc.num_layers, batch, length, lc.num_kv_heads, lc.head_dim, dtype, device)
 
-    def block_mask(self, ctx_len: torch.Tensor, start: torch.Tensor, block: int, length: int) -> torch.Tensor:
-        """[B, block, L]: block row j sees context slots < ctx_len and the block's own slots
-        start..start+block-1 (all of them, or those <= its own when causal), within the sliding
-        window if any."""
-        slots = torch.arange(length, device=start.device)[None, None, :]
-        row = start[:, None, None] + torch.arange(block, device=start.device)[None, :, None]
-        in_block = (slots >= start[:, None, None]) & (slots < start[:, None, None] + block)
-        if self.cfg.is_causal:
-            in_block &= slots <= row
-        visible = (slots < ctx_len[:, None, None]) | in_block
-        if self.cfg.sliding_window:
-            visible &= (row - slots).abs() < self.cfg.sliding_window
-        return visible
+    def block_visibility(self, start: torch.Tensor, block: int) -> Visibility:
+        """Block rows see the context (slots < start) and the block: all of it (DFlash's bidirectional
+        full-attention layers) or causally, within the sliding window if the config has one."""
+        tree = None if self.cfg.is_causal else torch.ones(block, block, dtype=torch.bool, device=start.device)
+        return Visibility(cache_len=start, start=start, tree=tree, window=self.cfg.sliding_window)
 
     def write_context(self, feats: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                       cache: KVCache) -> None:
         """Project target features [B, C, F] of committed tokens into every draft layer's K/V."""
         ctx = rms_norm(self.fc(feats), self.hidden_norm, self.cfg.layer.rms_norm_eps)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         for i, layer in enumerate(self.layers):
-            k, v = layer.context_kv(ctx, cos, sin)
-            write_rows(cache.k[i], slots, k)
-            write_rows(cache.v[i], slots, v)
+            layer.attn.write_kv(ctx, positions, self.rope, cache.k[i], cache.v[i], slots)
 
     def draft_block(self, embed: torch.Tensor, block_tokens: torch.Tensor, start: torch.Tensor,
                     cache: KVCache) -> torch.Tensor:
@@ -159,12 +136,16 @@ class DFlashDrafter(nn.Module):
         Returns the final-normed hidden states of the block [B, Bk, H]."""
         bk = block_tokens.shape[1]
         positions = start[:, None] + torch.arange(bk, device=block_tokens.device)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        mask = self.block_mask(start, start, bk, cache.length)
+        vis = self.block_visibility(start, bk)
+
+        def attn(i, layer, h):
+            return layer.around(layer.attn_conv, h, lambda a: layer.attn(a, positions, self.rope, cache.k[i],
+                                                                          cache.v[i], positions, vis))
+
         x = embed[block_tokens] * self.cfg.input_embedding_scale
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, mask)
-        return rms_norm(x, self.norm, self.cfg.layer.rms_norm_eps)
+        h, _ = run_layers(x, self.layers, self.norm, self.cfg.layer.rms_norm_eps, attn,
+                          lambda i, layer, h: layer.around(layer.mlp_conv, h, layer.mlp))
+        return h
 
     def draft_logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
         logits = (hidden @ head.t()).float() * self.cfg.output_multiplier

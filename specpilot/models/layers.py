@@ -1,6 +1,7 @@
-"""Building blocks shared by the target and the drafter: RMSNorm, RoPE, masked GQA attention, SwiGLU.
+"""Building blocks shared by the target and the drafter.
 
-Plain PyTorch ops that run on the CPU (the references) and inside CUDA graphs on the GPU.
+The elementwise work goes through `specpilot.kernels` (a Triton kernel on CUDA, the PyTorch reference
+elsewhere); the projections are plain GEMMs with q/k/v and gate/up fused into one weight each.
 """
 
 from __future__ import annotations
@@ -8,15 +9,14 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Statistics in float32, scale in the input dtype: the order transformers uses.
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+from specpilot.kernels.attention import attend
+from specpilot.kernels.norm import add_rms_norm, rms_norm
+from specpilot.kernels.rope import rope_qkv
+from specpilot.kernels.swiglu import silu_mul
+from specpilot.models.config import DenseConfig
+from specpilot.spec.masks import Visibility
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -47,36 +47,48 @@ def rope_table(length: int, head_dim: int, theta: float, scaling: dict | None,
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D]; cos/sin [B, T, D] already gathered at the rows' positions."""
-    cos = cos[:, :, None].to(x.dtype)
-    sin = sin[:, :, None].to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+class RopeTable(nn.Module):
+    """Rotary cos/sin tables, rebuilt (not loaded) for the context length in use."""
+
+    def __init__(self, cfg: DenseConfig, length: int):
+        super().__init__()
+        self.cfg = cfg
+        self.resize(length)
+
+    def resize(self, length: int, device=None) -> None:
+        cos, sin = rope_table(length, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, device=device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @property
+    def length(self) -> int:
+        return self.cos.shape[0]
 
 
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
-              scale: float) -> torch.Tensor:
-    """Masked grouped-query attention over a static cache.
+class Attention(nn.Module):
+    def __init__(self, cfg: DenseConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wqkv = nn.Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=cfg.attention_bias)
+        self.wo = nn.Linear(cfg.q_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        if cfg.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(cfg.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(cfg.head_dim))
 
-    q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]; mask [B, T, L] bool (True = visible).
-    The query heads that share a KV head are folded into the row axis, so no K/V copy is made.
-    Returns [B, T, Hq, D].
-    """
-    b, t, hq, d = q.shape
-    hkv = k_cache.shape[1]
-    g = hq // hkv
-    qf = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
-    m = mask[:, None, None].expand(b, 1, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1])
-    o = F.scaled_dot_product_attention(qf, k_cache, v_cache, attn_mask=m, scale=scale)
-    return o.view(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, hq, d)
+    def _prologue(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, want_q: bool):
+        cfg = self.cfg
+        qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
+        return rope_qkv(self.wqkv(x), positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, k_cache, v_cache,
+                        slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, want_q)
 
+    def write_kv(self, x, positions, rope: RopeTable, k_cache, v_cache, slots) -> None:
+        """Only the K/V of rows x (the drafter's context rows) into the cache."""
+        self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=False)
 
-def write_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """cache [B, H, L, D] <- rows [B, T, H, D] at slots [B, T]; graph-safe (no host sync)."""
-    batch = torch.arange(cache.shape[0], device=cache.device)[:, None].expand_as(slots)
-    cache[batch, :, slots] = rows.to(cache.dtype)
+    def forward(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, vis: Visibility):
+        q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True)
+        o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5)
+        return self.wo(o.flatten(2))
 
 
 class SwiGLU(nn.Module):
@@ -84,10 +96,24 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden: int, inter: int, bias: bool = False):
         super().__init__()
-        self.inter = inter
         self.w13 = nn.Linear(hidden, 2 * inter, bias=bias)
         self.w2 = nn.Linear(inter, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split(self.inter, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(silu_mul(self.w13(x)))
+
+
+def run_layers(x, layers, final_norm, eps: float, attn_fn, mlp_fn, hidden_layers: tuple[int, ...] = ()):
+    """Pre-norm residual stack with each residual add fused into the norm that follows it.
+
+    attn_fn(i, layer, h) and mlp_fn(i, layer, h) compute layer i's two sublayers on normed input h.
+    Returns (final-normed hidden [.., H], {layer index: residual stream after that layer})."""
+    h = rms_norm(x, layers[0].attn_norm, eps)
+    kept = {}
+    for i, layer in enumerate(layers):
+        x, h = add_rms_norm(x, attn_fn(i, layer, h), layer.mlp_norm, eps)
+        following = layers[i + 1].attn_norm if i + 1 < len(layers) else final_norm
+        x, h = add_rms_norm(x, mlp_fn(i, layer, h), following, eps)
+        if i in hidden_layers:
+            kept[i] = x
+    return h, kept

@@ -108,10 +108,15 @@ def _load_into(model: torch.nn.Module, sources: dict[str, list[str]], folder: Pa
     expected = {k: v for k, v in model.state_dict().items()}
     state = {}
     for ours, names in sources.items():
-        t = torch.cat([reader.get(n) for n in names], 0) if len(names) > 1 else reader.get(names[0])
         want = tuple(expected[ours].shape)
-        if tuple(t.shape) != want:
-            raise UserError(f"{folder}: tensor {names[0]!r} has shape {tuple(t.shape)}, config implies {want}")
+        # Check each source tensor before fusing: a bad part must name itself, not crash torch.cat.
+        rows = _split_sizes(ours, want[0], model) if len(names) > 1 else [want[0]]
+        parts = [reader.get(n) for n in names]
+        for name, part, r in zip(names, parts, rows, strict=True):
+            if tuple(part.shape) != (r, *want[1:]):
+                raise UserError(f"{folder}: tensor {name!r} has shape {tuple(part.shape)}, "
+                                f"config implies {(r, *want[1:])}")
+        t = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
         state[ours] = t.to(device=device, dtype=dtype)
     missing = set(expected) - set(state)
     if missing:

@@ -18,7 +18,7 @@ from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.graphs import StepGraph
 from specpilot.runtime.options import System
 from specpilot.spec.accept import accept_greedy
-from specpilot.spec.masks import chain_visibility, verify_mask
+from specpilot.spec.masks import Visibility
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Engine:
         self.device = target.embed.weight.device
         self.context = context
         self.use_graphs = use_graphs and self.device.type == "cuda"
-        if target.rope_cos.shape[0] < context + 1:
+        if target.rope.length < context + 1:
             target.set_rope_length(context + 1, device=self.device)
         self.cache = target.new_cache(1, context)
         dev = self.device
@@ -64,7 +64,7 @@ class Engine:
         if block_size and not 2 <= block_size <= own:
             raise UserError(f"block_size={block_size} is outside 2..{own} (the drafter's own block size)")
         self.block = block_size or own
-        if drafter.rope_cos.shape[0] < self.context + 1:
+        if drafter.rope.length < self.context + 1:
             drafter.set_rope_length(self.context + 1, device=self.device)
         # One extra slot at the end absorbs the K/V of context rows that are not valid this step.
         self.dcache = drafter.new_cache(1, self.context + 1)
@@ -76,7 +76,6 @@ class Engine:
         self.ctx_count = torch.zeros(1, dtype=torch.int64, device=dev)
         self.masks = torch.full((1, self.block - 1), drafter.cfg.mask_token_id, dtype=torch.int64, device=dev)
         self.rows = torch.arange(self.block, device=dev)
-        self.visibility = chain_visibility(self.block, device=dev)
         self.step_out = torch.zeros(1 + self.block, dtype=torch.int64, device=dev)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
 
@@ -109,8 +108,8 @@ class Engine:
         drafts = self._draft_chain(start)
         tokens = torch.cat([self.token, drafts])
         positions = (start + self.rows)[None]
-        mask = verify_mask(start, start, self.visibility, self.cache.length)
-        logits, feats = target(tokens[None], positions, self.cache, Mode.VERIFY, slots=positions, mask=mask,
+        vis = Visibility(cache_len=start, start=start)  # a chain: causal among the new rows
+        logits, feats = target(tokens[None], positions, self.cache, Mode.VERIFY, slots=positions, vis=vis,
                                hidden_layers=self.hidden_layers)
         accepted, committed = accept_greedy(drafts, logits[0])
         self.step_out[0] = accepted
@@ -137,6 +136,15 @@ class Engine:
         self.pos.fill_(len(prompt))
         return hidden
 
+    def _prepare(self, step: StepGraph) -> None:
+        """Capture a new graph from a known state (its warm-up runs advance the state, which is harmless
+        here: the request's prefill resets it, and every slot a step reads was written this request)."""
+        self.pos.zero_()
+        self.token.zero_()
+        if self.block:
+            self.ctx_count.zero_()
+        step.prepare()
+
     def warmup(self, system: System) -> None:
         """Capture the step graph outside any timed region (a throwaway request)."""
         self.generate([0] * 4, 2 * max(self.block, 1) + 2, (), system)
@@ -148,6 +156,7 @@ class Engine:
         spec = system.base == "stock"
         if spec and self.drafter is None:
             raise UserError("system 'stock' needs a drafter in the deployment")
+        self._prepare(self._spec if spec else self._ar)
         _sync(self.device)
         t0 = time.perf_counter()
         hidden = self._prefill(prompt, with_hidden=spec)

@@ -8,20 +8,26 @@ import torch
 
 
 class StepGraph:
-    """Calls `fn` eagerly, or on CUDA captures it once (after two warm-up runs on a side stream, which
-    advance the step state: callers reset their state before each request) and replays it."""
+    """Runs `fn` eagerly, or on CUDA as a captured graph.
+
+    Capturing runs `fn` twice for warm-up, which advances whatever state it updates, so `prepare()`
+    must be called before a request sets its state, never in the middle of one."""
 
     def __init__(self, fn: Callable[[], None], use_graph: bool):
         self.fn = fn
         self.use_graph = use_graph
         self.graph: torch.cuda.CUDAGraph | None = None
 
+    def prepare(self) -> None:
+        if self.use_graph and self.graph is None:
+            self.graph = self._capture()
+
     def __call__(self) -> None:
         if not self.use_graph:
             self.fn()
             return
         if self.graph is None:
-            self.graph = self._capture()
+            raise RuntimeError("StepGraph used before prepare(): capture would corrupt the running request")
         self.graph.replay()
 
     def _capture(self) -> torch.cuda.CUDAGraph:

@@ -1,8 +1,33 @@
-"""Visibility masks for verification over a static cache (True = the row may attend to that slot)."""
+"""Which cache slots each new row may attend to.
+
+`Visibility` is the compact form every attention path takes: committed slots < cache_len are seen by
+all rows; the T new rows sit at slots start..start+T-1 and see each other as `tree` says (None = a
+causal chain). `dense()` expands it to a [B, T, L] boolean mask, the reference the kernels are
+checked against.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class Visibility:
+    cache_len: torch.Tensor  # [B] int64
+    start: torch.Tensor  # [B] int64
+    tree: torch.Tensor | None = None  # [T, T] bool: row t sees new row u iff tree[t, u]; None = causal
+    window: int | None = None  # sliding window: row at position start+t sees slot s iff |start+t-s| < window
+
+    def dense(self, rows: int, length: int) -> torch.Tensor:
+        tree = self.tree if self.tree is not None else chain_visibility(rows, device=self.start.device)
+        mask = verify_mask(self.cache_len, self.start, tree, length)
+        if self.window:
+            slots = torch.arange(length, device=self.start.device)
+            pos = self.start[:, None, None] + torch.arange(rows, device=self.start.device)[None, :, None]
+            mask &= (pos - slots[None, None, :]).abs() < self.window
+        return mask
 
 
 def verify_mask(cache_len: torch.Tensor, start: torch.Tensor, visibility: torch.Tensor,

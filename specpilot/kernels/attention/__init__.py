@@ -1,0 +1,27 @@
+"""Masked GQA attention over the static KV cache for decode / verify / draft steps.
+
+`attend` runs the Triton split-K kernel (attention/triton.py) when `use_triton` says so, else the plain
+PyTorch reference (attention/naive.py). Both follow `Visibility.dense()` exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.kernels.attention.naive import attend_naive
+from specpilot.kernels.dispatch import use_triton
+from specpilot.spec.masks import Visibility
+
+__all__ = ["attend", "attend_naive"]
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
+           scale: float) -> torch.Tensor:
+    """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D] in q's dtype."""
+    if use_triton(q):
+        # Imported here so that importing this package never imports triton (TRITON_INTERPRET must
+        # be set before the first triton import).
+        from specpilot.kernels.attention.triton import attend_triton
+
+        return attend_triton(q, k_cache, v_cache, vis, scale)
+    return attend_naive(q, k_cache, v_cache, vis, scale)

@@ -1,0 +1,68 @@
+"""Which implementation a kernel package runs: the Triton kernel or the plain PyTorch reference.
+
+The environment variable SPECPILOT_KERNELS picks:
+  auto (default)  Triton for CUDA tensors when triton imports, the reference otherwise;
+  naive           always the reference;
+  triton          always Triton, also for CPU tensors (for tests under TRITON_INTERPRET=1).
+Nothing here touches tensor data, so the choice is safe inside CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+MODES = ("auto", "naive", "triton")
+
+
+def kernel_mode() -> str:
+    mode = os.environ.get("SPECPILOT_KERNELS", "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"SPECPILOT_KERNELS={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """True when the Triton kernel should handle tensor t (see the module docstring)."""
+    mode = kernel_mode()
+    if mode == "naive":
+        return False
+    if mode == "triton":
+        if not triton_available():
+            raise RuntimeError("SPECPILOT_KERNELS=triton but triton cannot be imported")
+        return True
+    return t.is_cuda and triton_available()
+
+
+def fix_triton_interpreter() -> None:
+    """Let Triton's CPU interpreter (TRITON_INTERPRET=1) run loops whose bounds are computed in-kernel.
+
+    The interpreter holds scalars as 1-element numpy arrays and turns them into Python ints with int(),
+    which NumPy >= 2.4 refuses for arrays of ndim > 0, so `for i in range(lo, hi, step)` with tensor
+    bounds fails. This wraps the interpreter's tensor patching so that __index__ uses .item(). It does
+    nothing outside interpreter mode or when the interpreter's internals are not as expected."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or not triton_available():
+        return
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_specpilot_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    patched._specpilot_fixed = True
+    interpreter._patch_lang_tensor = patched

@@ -1,0 +1,256 @@
+"""The Triton attention kernel against the PyTorch reference.
+
+Without CUDA the kernel runs in Triton's CPU interpreter in float32 (the interpreter does not do bf16
+dots); the bf16 and CUDA-graph tests run only on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
+
+from unittest import mock  # noqa: E402
+
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from specpilot.kernels.attention import attend  # noqa: E402
+from specpilot.kernels.attention import triton as kernel_module  # noqa: E402
+from specpilot.kernels.attention.naive import attend_naive  # noqa: E402
+from specpilot.kernels.attention.triton import attend_triton  # noqa: E402
+from specpilot.kernels.dispatch import use_triton  # noqa: E402
+from specpilot.spec.masks import Visibility  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert out.shape == ref.shape
+    assert torch.isfinite(out).all()
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def random_tree(t: int, gen: torch.Generator) -> torch.Tensor:
+    """Ancestor-closed tree: parent[i] < i; row i sees its ancestors and itself."""
+    tree = torch.zeros(t, t, dtype=torch.bool)
+    for i in range(t):
+        tree[i, i] = True
+        if i:
+            parent = int(torch.randint(0, i, (1,), generator=gen))
+            tree[i] |= tree[parent]
+    return tree
+
+
+def make_case(gen, b, t, hq, hkv, d, length, tree_kind="none", window=None, dtype=torch.float32):
+    q = torch.randn(b, t, hq, d, generator=gen)
+    k = torch.randn(b, hkv, length, d, generator=gen)
+    v = torch.randn(b, hkv, length, d, generator=gen)
+    cache_len = torch.randint(0, length + 1, (b,), generator=gen)
+    start = torch.randint(0, length - t + 1, (b,), generator=gen)
+    tree = {"none": None, "rand": random_tree(t, gen), "ones": torch.ones(t, t, dtype=torch.bool)}[tree_kind]
+    vis = Visibility(cache_len.to(DEVICE), start.to(DEVICE), None if tree is None else tree.to(DEVICE), window)
+    return q.to(DEVICE, dtype), k.to(DEVICE, dtype), v.to(DEVICE, dtype), vis
+
+
+@settings(max_examples=14, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    b=st.sampled_from([1, 2]),
+    t=st.sampled_from([1, 3, 16, 33]),
+    g=st.sampled_from([1, 4, 5]),
+    hkv=st.sampled_from([1, 2]),
+    d=st.sampled_from([16, 64]),
+    length=st.sampled_from([64, 200]),
+    tree_kind=st.sampled_from(["none", "rand", "ones"]),
+    window=st.sampled_from([None, 4, 17]),
+    splits=st.sampled_from([None, 1, 3]),
+)
+def test_matches_reference(seed, b, t, g, hkv, d, length, tree_kind, window, splits):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, vis = make_case(gen, b, t, g * hkv, hkv, d, length, tree_kind, window)
+    scale = d**-0.5
+    out = attend_triton(q, k, v, vis, scale, num_splits=splits)
+    ref = attend_naive(q, k, v, vis, scale)
+    assert out.dtype == q.dtype and out.is_contiguous()
+    assert rel_err(out, ref) <= 1e-4
+
+
+@pytest.mark.parametrize("tree_kind", ["none", "rand"])
+def test_noncontiguous_q(tree_kind):
+    gen = torch.Generator().manual_seed(11)
+    b, t, hq, hkv, d, length = 2, 5, 8, 2, 64, 128
+    _, k, v, vis = make_case(gen, b, t, hq, hkv, d, length, tree_kind)
+    # q as a view of a fused qkv projection output: [B, T, (Hq + 2 Hkv) * D], first Hq * D columns.
+    qkv = torch.randn(b, t, (hq + 2 * hkv) * d, generator=gen).to(DEVICE)
+    q = qkv[..., : hq * d].view(b, t, hq, d)
+    assert not q.is_contiguous()
+    ref = attend_naive(q.contiguous(), k, v, vis, 0.125)
+    assert rel_err(attend_triton(q, k, v, vis, 0.125, num_splits=2), ref) <= 1e-4
+    # A strided head_dim too.
+    wide = torch.randn(b, t, hq, 2 * d, generator=gen).to(DEVICE)
+    q2 = wide[..., ::2]
+    ref2 = attend_naive(q2.contiguous(), k, v, vis, 0.125)
+    assert rel_err(attend_triton(q2, k, v, vis, 0.125), ref2) <= 1e-4
+
+
+@pytest.mark.parametrize("splits", [None, 1, 4])
+@pytest.mark.parametrize("tree_kind", ["none", "ones"])
+def test_unreachable_slots_are_not_read(splits, tree_kind):
+    """NaN in slots past max(cache_len, start + T), and in the gap cache_len <= s < start, changes nothing."""
+    gen = torch.Generator().manual_seed(5)
+    b, t, hq, hkv, d, length = 2, 4, 8, 2, 16, 256
+    q, k, v, vis = make_case(gen, b, t, hq, hkv, d, length, tree_kind)
+    vis.cache_len = torch.tensor([37, 90], device=DEVICE)
+    vis.start = torch.tensor([60, 90], device=DEVICE)
+    ref = attend_naive(q, k, v, vis, 0.25)
+    slots = torch.arange(length, device=DEVICE)
+    bound = torch.maximum(vis.cache_len, vis.start + t)
+    gap = (slots[None] >= vis.cache_len[:, None]) & (slots[None] < vis.start[:, None])
+    dead = (slots[None] >= bound[:, None]) | gap
+    dead = dead[:, None, :, None].expand_as(k)
+    k_nan, v_nan = k.masked_fill(dead, float("nan")), v.masked_fill(dead, float("nan"))
+    out = attend_triton(q, k_nan, v_nan, vis, 0.25, num_splits=splits)
+    assert rel_err(out, ref) <= 1e-4
+
+
+def test_every_output_written_with_poisoned_allocations():
+    """Output and split scratch come from torch.empty: fill them with NaN; empty splits must stay neutral."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, vis = make_case(gen, 2, 3, 8, 2, 16, 200, "rand")
+    vis.cache_len = torch.tensor([0, 10], device=DEVICE)  # most of the 8 splits have no slots
+    vis.start = torch.tensor([0, 10], device=DEVICE)
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        out = real_empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    with mock.patch.object(kernel_module.torch, "empty", poisoned_empty):
+        out = attend_triton(q, k, v, vis, 0.25, num_splits=8)
+    assert rel_err(out, attend_naive(q, k, v, vis, 0.25)) <= 1e-4
+
+
+def test_row_that_sees_nothing_is_zero():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, vis = make_case(gen, 1, 4, 4, 1, 16, 64)
+    tree = torch.ones(4, 4, dtype=torch.bool).tril()
+    tree[2] = False
+    vis = Visibility(torch.tensor([0], device=DEVICE), torch.tensor([8], device=DEVICE), tree.to(DEVICE))
+    for splits in (1, 3):
+        out = attend_triton(q, k, v, vis, 0.25, num_splits=splits)
+        ref = attend_naive(q, k, v, vis, 0.25)
+        assert torch.isfinite(out).all() and torch.isfinite(ref).all()
+        assert (out[:, 2] == 0).all() and (ref[:, 2] == 0).all()
+        assert rel_err(out, ref) <= 1e-4
+
+
+@pytest.mark.parametrize("window", [1, 3, 9])
+def test_naive_window_matches_dense_definition(window):
+    """attend_naive with a window equals a softmax written out from the mask definition."""
+    gen = torch.Generator().manual_seed(window)
+    b, t, hq, hkv, d, length = 2, 6, 6, 2, 16, 40
+    q, k, v, vis = make_case(gen, b, t, hq, hkv, d, length, "rand", window)
+    q, k, v = q.cpu(), k.cpu(), v.cpu()
+    cl, st_, tree = vis.cache_len.cpu(), vis.start.cpu(), vis.tree.cpu()
+    mask = torch.zeros(b, t, length, dtype=torch.bool)
+    for bi in range(b):
+        for ti in range(t):
+            for s in range(length):
+                rel = s - int(st_[bi])
+                seen = s < int(cl[bi]) or (0 <= rel < t and bool(tree[ti, rel]))
+                mask[bi, ti, s] = seen and abs(int(st_[bi]) + ti - s) < window
+    assert torch.equal(Visibility(cl, st_, tree, window).dense(t, length), mask)
+    g = hq // hkv
+    kk = k.repeat_interleave(g, dim=1)  # [B, Hq, L, D]
+    vv = v.repeat_interleave(g, dim=1)
+    scores = torch.einsum("bthd,bhsd->bhts", q, kk) * 0.3
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    want = torch.einsum("bhts,bhsd->bthd", scores.softmax(-1), vv)
+    got = attend_naive(q, k, v, Visibility(cl, st_, tree, window), 0.3)
+    assert rel_err(got, want) <= 1e-5
+
+
+def test_dispatch(monkeypatch):
+    x = torch.zeros(1)
+    monkeypatch.setenv("SPECPILOT_KERNELS", "naive")
+    assert not use_triton(x)
+    monkeypatch.setenv("SPECPILOT_KERNELS", "auto")
+    assert use_triton(x) is False  # CPU tensor
+    monkeypatch.setenv("SPECPILOT_KERNELS", "bogus")
+    with pytest.raises(ValueError):
+        use_triton(x)
+    monkeypatch.setenv("SPECPILOT_KERNELS", "triton")
+    assert use_triton(x)
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, vis = make_case(gen, 1, 3, 4, 2, 16, 64)
+    with mock.patch.object(kernel_module, "attend_triton", wraps=kernel_module.attend_triton) as spy:
+        out = attend(q, k, v, vis, 0.25)
+    assert spy.call_count == 1
+    assert rel_err(out, attend_naive(q, k, v, vis, 0.25)) <= 1e-4
+    monkeypatch.setenv("SPECPILOT_KERNELS", "naive")
+    with mock.patch.object(kernel_module, "attend_triton", side_effect=AssertionError) as spy:
+        attend(q, k, v, vis, 0.25)
+    assert spy.call_count == 0
+
+
+@pytest.mark.parametrize("length", [1024, 2048, 4096, 8192])
+@pytest.mark.parametrize("t", [1, 16])
+def test_split_heuristic_fills_the_gpu(length, t):
+    """B=1, Hkv=8 decode / draft: between one and about two waves of 132 SMs."""
+    cfg = kernel_module._config(1, 8, t * 4, 128, length, 132, None)
+    programs = 8 * cfg.row_tiles * cfg.num_splits
+    assert 128 <= programs <= 2 * 132 + 8 * cfg.row_tiles
+    assert cfg.block_n in (64, 128) and cfg.block_m >= 16
+
+
+# ---------------------------------------------------------------- GPU only
+
+
+@needs_cuda
+@pytest.mark.parametrize("length", [1024, 4096])
+@pytest.mark.parametrize("t", [1, 16, 64])
+@pytest.mark.parametrize("tree_kind", ["none", "rand"])
+def test_bf16_realistic(length, t, tree_kind):
+    gen = torch.Generator().manual_seed(length + t)
+    q, k, v, vis = make_case(gen, 1, t, 32, 8, 128, length, tree_kind, dtype=torch.bfloat16)
+    for cl in (length // 3, length - t):
+        vis.cache_len.fill_(cl)
+        vis.start.fill_(cl)
+        out = attend_triton(q, k, v, vis, 128**-0.5)
+        ref = attend_naive(q.float(), k.float(), v.float(), vis, 128**-0.5)
+        assert out.dtype == torch.bfloat16
+        assert rel_err(out, ref) <= 2e-2
+
+
+@needs_cuda
+@pytest.mark.parametrize("t", [1, 16])
+def test_cuda_graph_replay_tracks_lengths(t):
+    gen = torch.Generator().manual_seed(t)
+    length = 2048
+    q, k, v, vis = make_case(gen, 2, t, 32, 8, 128, length, "none", dtype=torch.bfloat16)
+    vis.cache_len.copy_(torch.tensor([100, 7]))
+    vis.start.copy_(torch.tensor([100, 7]))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            attend_triton(q, k, v, vis, 0.1)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attend_triton(q, k, v, vis, 0.1)
+    for cl, st_ in [((5, 1500), (5, 1500)), ((1800, 0), (1800, 0)), ((64, 1000), (70, 900)), ((0, 2000), (0, 2000))]:
+        vis.cache_len.copy_(torch.tensor(cl))
+        vis.start.copy_(torch.tensor(st_))
+        q.copy_(torch.randn(q.shape, generator=gen).to(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = attend_naive(q.float(), k.float(), v.float(), vis, 0.1)
+        assert rel_err(out, ref) <= 2e-2, (cl, st_)
