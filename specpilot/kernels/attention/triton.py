@@ -24,8 +24,8 @@ writes (max, sum, acc) to fp32 scratch and `_combine_kernel` (one program per ro
 merges the splits: out = sum_i 2^(m_i - m) acc_i / sum_i 2^(m_i - m) l_i. Rows that see nothing
 come out as zeros.
 
-Grid: (B * Hkv * row_tiles, NUM_SPLITS), NUM_SPLITS chosen so that about two waves of the SMs are
-busy (see `_config`).
+Grid: (B * Hkv * row_tiles, NUM_SPLITS), NUM_SPLITS chosen so that one to two waves of the SMs are
+busy (see `_config`; tuned on an H200 for B=1, Hq=32, Hkv=8, D=128, T=1/16/64, L=1k..32k).
 """
 
 from __future__ import annotations
@@ -44,65 +44,17 @@ fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
+COMBINE_ELEMS = 8192  # size of the [splits, rows, D] tile one combine program merges
 DEFAULT_SMS = 132  # H200; used when the tensors are not on a CUDA device (interpreter tests)
 
 
 @triton.jit
-def _slot_range(cache_len, start, T, L, window, t_lo, t_hi,
-                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """[lo, hi): the slots that rows t_lo..t_hi of one batch element can possibly see."""
-    if CAUSAL:
-        new_end = start + t_hi + 1
-    else:
-        new_end = start + T
-    hi = tl.minimum(tl.maximum(cache_len, new_end), L)
-    lo = hi * 0
-    if HAS_WINDOW:
-        hi = tl.minimum(hi, start + t_hi + window)
-        lo = tl.maximum(lo, start + t_lo - window + 1)
-    return lo, hi
-
-
-@triton.jit
-def _visible(offs_t, offs_s, row_ok, cache_len, start, T, window, tree_ptr,
-             CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """[BLOCK_M, BLOCK_N] bool: row (token offs_t) sees slot offs_s."""
-    rel = offs_s[None, :] - start  # position of the slot among the new rows
-    inside = (rel >= 0) & (rel < T) & row_ok[:, None]
-    if CAUSAL:
-        new = inside & (rel <= offs_t[:, None])
-    else:
-        bit = tl.load(tree_ptr + offs_t[:, None] * T + rel, mask=inside, other=0)
-        new = inside & (bit != 0)
-    vis = (offs_s[None, :] < cache_len) | new
-    if HAS_WINDOW:
-        dist = start + offs_t[:, None] - offs_s[None, :]
-        vis = vis & (dist < window) & (dist > -window)
-    return vis
-
-
-@triton.jit
-def _step(q, k_base, v_base, s0, sk_l, sv_l, qk_scale, m_i, l_i, acc,
-          offs_t, row_ok, s_end, cache_len, start, T, window, tree_ptr,
-          D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-          CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
-    """One online-softmax step over slots s0..s0+BLOCK_N-1. MASKED=False: all rows see all of them."""
-    offs_s = s0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    k_ptrs = k_base + offs_s[:, None] * sk_l + offs_d[None, :]
-    v_ptrs = v_base + offs_s[:, None] * sv_l + offs_d[None, :]
-    if MASKED:
-        # Slots any row may see: in the chunk, and committed or new (gaps are never loaded).
-        col_ok = (offs_s < s_end) & ((offs_s < cache_len) | ((offs_s >= start) & (offs_s < start + T)))
-        k = tl.load(k_ptrs, mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
+def _softmax_step(q, k, v, vis, qk_scale, m_i, l_i, acc, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold one block of slots into the online softmax (base-2 exponent). vis [BLOCK_M, BLOCK_N] is
+    ignored when MASKED is False (every row sees every slot of the block)."""
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     if MASKED:
-        vis = _visible(offs_t, offs_s, row_ok, cache_len, start, T, window, tree_ptr, CAUSAL, HAS_WINDOW)
-        qk = tl.where(vis & col_ok[None, :], qk, float("-inf"))
+        qk = tl.where(vis, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
     alpha = tl.exp2(m_i - m_safe)
@@ -110,6 +62,13 @@ def _step(q, k_base, v_base, s0, sk_l, sv_l, qk_scale, m_i, l_i, acc,
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _in_window(offs_t, offs_s, start, window):
+    """[BLOCK_M, BLOCK_N] bool: |start + t - s| < window."""
+    dist = start + offs_t[:, None] - offs_s[None, :]
+    return (dist < window) & (dist > -window)
 
 
 @triton.jit
@@ -125,6 +84,11 @@ def _split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one row tile against one share of
+    the slots. Committed slots [lo, hi_c) are cut into NUM_SPLITS chunks of whole blocks (unmasked
+    except for the last partial block and the window); the new rows' slots start..start+T-1 are
+    walked in blocks aligned to start (so the tree tile is a plain 2D load), block j going to split
+    NUM_SPLITS - 1 - j % NUM_SPLITS. Slots that are both committed and new count once (as committed)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     tile = pid % row_tiles
@@ -138,19 +102,12 @@ def _split_kernel(
     offs_t = offs_m // G
     offs_g = offs_m % G
     offs_d = tl.arange(0, D)
-
-    cache_len = tl.load(cache_len_ptr + b).to(tl.int32)
-    start = tl.load(start_ptr + b).to(tl.int32)
+    offs_n = tl.arange(0, BLOCK_N)
     t_lo = (tile * BLOCK_M) // G
     t_hi = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, T - 1)
-    lo, hi = _slot_range(cache_len, start, T, L, window, t_lo, t_hi, CAUSAL, HAS_WINDOW)
 
-    # This split's chunk of [lo, hi): whole BLOCK_N blocks, counted from lo rounded down.
-    lo = (lo // BLOCK_N) * BLOCK_N
-    n_blocks = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
-    per_split = tl.cdiv(n_blocks, NUM_SPLITS)
-    s_begin = lo + split * per_split * BLOCK_N
-    s_end = tl.minimum(s_begin + per_split * BLOCK_N, hi)
+    cache_len = tl.minimum(tl.load(cache_len_ptr + b).to(tl.int32), L)
+    start = tl.load(start_ptr + b).to(tl.int32)
 
     q_base = q_ptr + b.to(tl.int64) * sq_b + (h * G).to(tl.int64) * sq_h
     q_ptrs = q_base + offs_t[:, None] * sq_t + offs_g[:, None] * sq_h + offs_d[None, :] * sq_d
@@ -158,22 +115,83 @@ def _split_kernel(
     k_base = k_ptr + b.to(tl.int64) * sk_b + h.to(tl.int64) * sk_h
     v_base = v_ptr + b.to(tl.int64) * sv_b + h.to(tl.int64) * sv_h
 
-    # Blocks of committed slots that every row sees need no mask; the rest (new rows, window) do.
-    if HAS_WINDOW:
-        mid = s_begin
-    else:
-        mid = tl.minimum(tl.maximum((cache_len // BLOCK_N) * BLOCK_N, s_begin), s_end)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
+
+    # Slot ranges. Committed slots [lo, hi_c); with a window only those near the tile's positions.
+    hi_c = cache_len
+    lo = cache_len * 0
+    if HAS_WINDOW:
+        hi_c = tl.minimum(hi_c, start + t_hi + window)
+        lo = tl.maximum(lo, start + t_lo - window + 1)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    n_c = tl.cdiv(tl.maximum(hi_c - lo, 0), BLOCK_N)
+    if CAUSAL:
+        # The new slots join the committed range (one range of blocks on the BLOCK_N grid; the
+        # causal test is arithmetic), and there is no separate tree walk.
+        hi = tl.maximum(hi_c, tl.minimum(start + t_hi + 1, L))
+        if HAS_WINDOW:
+            hi = tl.minimum(hi, start + t_hi + window)
+        per_split = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), NUM_SPLITS)
+        s_begin = lo + split * per_split * BLOCK_N
+        s_end = tl.minimum(s_begin + per_split * BLOCK_N, hi)
+        j_begin = 0
+        j_end = 0
+        new_cols = 0
+    else:
+        # Committed blocks 0..n_c-1, then the blocks of new slots start + j * BLOCK_N + (0..BLOCK_N-1),
+        # j < n_new, aligned to start so that the tree tile is a plain 2D load: the splits share these
+        # n_c + n_new blocks evenly.
+        new_cols = tl.minimum(T, L - start)
+        n_new = tl.cdiv(tl.maximum(new_cols, 0), BLOCK_N)
+        per_split = tl.cdiv(n_c + n_new, NUM_SPLITS)
+        v_begin = split * per_split
+        v_end = v_begin + per_split
+        s_begin = lo + tl.minimum(v_begin, n_c) * BLOCK_N
+        s_end = tl.minimum(lo + tl.minimum(v_end, n_c) * BLOCK_N, hi_c)
+        j_begin = tl.maximum(v_begin, n_c) - n_c
+        j_end = tl.minimum(v_end, n_c + n_new) - n_c
+    # Whole blocks of committed slots (no window) are seen by every row: no mask.
+    if HAS_WINDOW:
+        mid = s_begin
+    else:
+        mid = tl.minimum(tl.maximum((hi_c // BLOCK_N) * BLOCK_N, s_begin), s_end)
+
     for s0 in range(s_begin, mid, BLOCK_N):
-        m_i, l_i, acc = _step(q, k_base, v_base, s0, sk_l, sv_l, qk_scale, m_i, l_i, acc,
-                              offs_t, row_ok, s_end, cache_len, start, T, window, tree_ptr,
-                              D, BLOCK_N, False, CAUSAL, HAS_WINDOW, PRECISION)
+        offs_s = s0 + offs_n
+        k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :])
+        v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :])
+        m_i, l_i, acc = _softmax_step(q, k, v, 0, qk_scale, m_i, l_i, acc, False, PRECISION)
     for s0 in range(mid, s_end, BLOCK_N):
-        m_i, l_i, acc = _step(q, k_base, v_base, s0, sk_l, sv_l, qk_scale, m_i, l_i, acc,
-                              offs_t, row_ok, s_end, cache_len, start, T, window, tree_ptr,
-                              D, BLOCK_N, True, CAUSAL, HAS_WINDOW, PRECISION)
+        offs_s = s0 + offs_n
+        committed = offs_s < hi_c
+        vis = committed[None, :] & row_ok[:, None]
+        col_ok = committed
+        if CAUSAL:
+            rel = offs_s - start
+            new = (rel >= 0) & (rel < T) & (offs_s < L)  # slots that are new rows
+            col_ok = col_ok | new
+            vis = vis | (new[None, :] & (rel[None, :] <= offs_t[:, None]) & row_ok[:, None])
+        col_ok = col_ok & (offs_s < s_end)
+        if HAS_WINDOW:
+            vis = vis & _in_window(offs_t, offs_s, start, window)
+        k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        vis = vis & col_ok[None, :]
+        m_i, l_i, acc = _softmax_step(q, k, v, vis, qk_scale, m_i, l_i, acc, True, PRECISION)
+    for j in range(j_begin, j_end):  # tree only: new slots that are not committed
+        rel = j * BLOCK_N + offs_n
+        offs_s = start + rel
+        col_ok = (rel < new_cols) & (offs_s >= cache_len)
+        k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        vis = col_ok[None, :] & row_ok[:, None]
+        bits = tl.load(tree_ptr + offs_t[:, None] * T + rel[None, :], mask=vis, other=0)
+        vis = vis & (bits != 0)
+        if HAS_WINDOW:
+            vis = vis & _in_window(offs_t, offs_s, start, window)
+        m_i, l_i, acc = _softmax_step(q, k, v, vis, qk_scale, m_i, l_i, acc, True, PRECISION)
 
     if NUM_SPLITS == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -192,34 +210,32 @@ def _combine_kernel(
     part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     so_b, so_t, so_h, T,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, ROWS: tl.constexpr,
 ):
-    """One program per (batch, kv head, folded row): merge the NUM_SPLITS partials of that row."""
-    pid = tl.program_id(0)
+    """Program (b * Hkv + h, row block): merge the NUM_SPLITS partials of ROWS folded rows."""
+    bh = tl.program_id(0)
     M = T * G
-    m = pid % M
-    bh = pid // M
-    b = bh // HKV
-    h = bh % HKV
-    t = m // G
-    g = m % G
-
+    offs_m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    row_ok = offs_m < M
     offs_sp = tl.arange(0, SPLITS_P2)
     offs_d = tl.arange(0, D)
-    sp_ok = offs_sp < NUM_SPLITS
-    part = (bh * NUM_SPLITS + offs_sp).to(tl.int64) * M + m
-    m_s = tl.load(part_m_ptr + part, mask=sp_ok, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + part, mask=sp_ok, other=0.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * D + offs_d[None, :], mask=sp_ok[:, None], other=0.0)
+    ok = (offs_sp < NUM_SPLITS)[:, None] & row_ok[None, :]  # [SPLITS_P2, ROWS]
+    part = (bh * NUM_SPLITS + offs_sp).to(tl.int64)[:, None] * M + offs_m[None, :]
+    m_s = tl.load(part_m_ptr + part, mask=ok, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + part, mask=ok, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
 
     m_max = tl.max(m_s, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m_s - m_max)  # 0 for empty splits
+    w = tl.exp2(m_s - m_max[None, :])  # 0 for empty splits
     denom = tl.sum(w * l_s, 0)
-    numer = tl.sum(w[:, None] * acc, 0)
-    o = numer / tl.where(denom > 0, denom, 1.0)
-    o_ptrs = out_ptr + b.to(tl.int64) * so_b + t * so_t + (h * G + g) * so_h + offs_d
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty))
+    numer = tl.sum(w[:, :, None] * acc, 0)  # [ROWS, D]
+    o = numer / tl.where(denom > 0, denom, 1.0)[:, None]
+    b = bh // HKV
+    h = bh % HKV
+    o_ptrs = (out_ptr + b.to(tl.int64) * so_b + (offs_m // G)[:, None] * so_t + (h * G + offs_m % G)[:, None] * so_h
+              + offs_d[None, :])
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @dataclass(frozen=True)
@@ -247,9 +263,15 @@ def _config(batch: int, hkv: int, rows: int, head_dim: int, length: int, num_sms
     block_n = 128 if head_dim <= 64 and block_m <= 64 else 64
     row_tiles = triton.cdiv(rows, block_m)
     if num_splits is None:
-        # About two waves of programs, but no more splits than BLOCK_N blocks in the cache.
+        # Two waves of programs for decode-sized tiles (memory bound), one wave for larger row tiles,
+        # where each split's partials (block_m x D fp32, written and read back) cost more; rounded
+        # down, since a few programs spilling into an extra wave cost a whole wave. Each split should
+        # cover at least max(BLOCK_N, BLOCK_M) slots of the cache.
         base = batch * hkv * row_tiles
-        num_splits = min(triton.cdiv(2 * num_sms, base), triton.cdiv(length, block_n), MAX_SPLITS)
+        waves = 2 if block_m <= 16 else 1
+        by_grid = max(1, waves * num_sms // base)
+        by_length = triton.cdiv(length, max(block_n, block_m))
+        num_splits = min(by_grid, by_length, MAX_SPLITS)
     num_warps = 8 if block_m * head_dim >= 128 * 128 else 4
     num_stages = 3 if head_dim <= 128 else 2
     return _Config(block_m, block_n, row_tiles, max(1, num_splits), num_warps, num_stages)
@@ -320,10 +342,12 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        _combine_kernel[(b * hkv * rows,)](
+        splits_p2 = triton.next_power_of_2(splits)
+        # Rows per program: as many as fit a [splits, rows, D] fp32 tile of COMBINE_ELEMS elements.
+        combine_rows = max(1, min(triton.next_power_of_2(rows), 16, COMBINE_ELEMS // (splits_p2 * d)))
+        _combine_kernel[(b * hkv, triton.cdiv(rows, combine_rows))](
             part_m, part_l, part_acc, out,
             out.stride(0), out.stride(1), out.stride(2), t,
-            HKV=hkv, G=g, D=d, NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
-            num_warps=4 if d >= 128 else 2,
+            HKV=hkv, G=g, D=d, NUM_SPLITS=splits, SPLITS_P2=splits_p2, ROWS=combine_rows, num_warps=4,
         )
     return out
