@@ -11,7 +11,7 @@ $(BIN)/specpilot: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]' transformers==5.17.0
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 demo: $(BIN)/specpilot

@@ -25,8 +25,8 @@ from specpilot.models.layers import rope_table  # noqa: E402
 
 fix_triton_interpreter()
 CUDA = torch.cuda.is_available()
-SETTINGS = [("cpu", torch.float32, 1e-6)] + ([("cuda", torch.bfloat16, 0.0), ("cuda", torch.float32, 1e-6)]
-                                             if CUDA else [])
+# The interpreter is only on when there is no GPU: compiled kernels cannot take CPU tensors.
+SETTINGS = [("cuda", torch.bfloat16, 0.0), ("cuda", torch.float32, 1e-6)] if CUDA else [("cpu", torch.float32, 1e-6)]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

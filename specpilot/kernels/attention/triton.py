@@ -44,7 +44,7 @@ fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
-COMBINE_ELEMS = 8192  # size of the [splits, rows, D] tile one combine program merges
+COMBINE_PROGRAMS = 128  # the combine kernel cuts head_dim until it has about this many programs
 DEFAULT_SMS = 132  # H200; used when the tensors are not on a CUDA device (interpreter tests)
 
 
@@ -210,26 +210,28 @@ def _combine_kernel(
     part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     so_b, so_t, so_h, T,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, ROWS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Program (b * Hkv + h, row block): merge the NUM_SPLITS partials of ROWS folded rows."""
+    """Program (b * Hkv + h, row block, head_dim block): merge the NUM_SPLITS partials of ROWS folded
+    rows: out = sum_i 2^(m_i - m) acc_i / sum_i 2^(m_i - m) l_i with m = max_i m_i."""
     bh = tl.program_id(0)
     M = T * G
     offs_m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     row_ok = offs_m < M
-    offs_sp = tl.arange(0, SPLITS_P2)
-    offs_d = tl.arange(0, D)
-    ok = (offs_sp < NUM_SPLITS)[:, None] & row_ok[None, :]  # [SPLITS_P2, ROWS]
-    part = (bh * NUM_SPLITS + offs_sp).to(tl.int64)[:, None] * M + offs_m[None, :]
-    m_s = tl.load(part_m_ptr + part, mask=ok, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + part, mask=ok, other=0.0)
-    acc = tl.load(part_acc_ptr + part[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    base = bh.to(tl.int64) * NUM_SPLITS * M + offs_m
 
-    m_max = tl.max(m_s, 0)
+    m_max = tl.full([ROWS], float("-inf"), tl.float32)
+    for sp in tl.static_range(NUM_SPLITS):
+        m_max = tl.maximum(m_max, tl.load(part_m_ptr + base + sp * M, mask=row_ok, other=float("-inf")))
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m_s - m_max[None, :])  # 0 for empty splits
-    denom = tl.sum(w * l_s, 0)
-    numer = tl.sum(w[:, :, None] * acc, 0)  # [ROWS, D]
+    denom = tl.zeros([ROWS], tl.float32)
+    numer = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for sp in tl.static_range(NUM_SPLITS):
+        w = tl.exp2(tl.load(part_m_ptr + base + sp * M, mask=row_ok, other=float("-inf")) - m_max)  # 0: empty
+        denom += w * tl.load(part_l_ptr + base + sp * M, mask=row_ok, other=0.0)
+        acc = tl.load(part_acc_ptr + (base + sp * M)[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        numer += w[:, None] * acc
     o = numer / tl.where(denom > 0, denom, 1.0)[:, None]
     b = bh // HKV
     h = bh % HKV
@@ -342,12 +344,15 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        splits_p2 = triton.next_power_of_2(splits)
-        # Rows per program: as many as fit a [splits, rows, D] fp32 tile of COMBINE_ELEMS elements.
-        combine_rows = max(1, min(triton.next_power_of_2(rows), 16, COMBINE_ELEMS // (splits_p2 * d)))
-        _combine_kernel[(b * hkv, triton.cdiv(rows, combine_rows))](
+        # Combine: up to 16 rows per program; head_dim cut in blocks (>= 32) until ~128 programs.
+        combine_rows = min(triton.next_power_of_2(rows), 16)
+        row_blocks = triton.cdiv(rows, combine_rows)
+        block_d = d
+        while block_d > 32 and b * hkv * row_blocks * (d // block_d) < COMBINE_PROGRAMS:
+            block_d //= 2
+        _combine_kernel[(b * hkv, row_blocks, d // block_d)](
             part_m, part_l, part_acc, out,
             out.stride(0), out.stride(1), out.stride(2), t,
-            HKV=hkv, G=g, D=d, NUM_SPLITS=splits, SPLITS_P2=splits_p2, ROWS=combine_rows, num_warps=4,
+            HKV=hkv, G=g, D=d, NUM_SPLITS=splits, ROWS=combine_rows, BLOCK_D=block_d, num_warps=4,
         )
     return out
