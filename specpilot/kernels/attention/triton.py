@@ -12,17 +12,24 @@ a tile of BLOCK_M of these rows (padded to >= 16 for tl.dot), so every K/V block
 the query heads of its KV head at once.
 
 Slots. Each program computes, from the device tensors cache_len / start (never read on the host),
-the range of slots its rows can see: [lo, hi) with hi = max(cache_len, start + last visible new
-row) and, with a window, lo / hi narrowed to the window around the tile's positions. That range is
-cut into NUM_SPLITS equal chunks of whole BLOCK_N blocks; program (row tile, split) walks its chunk
-with an online softmax (exp2, fp32 statistics and accumulator). Chunks past the range are empty and
-write neutral partials (max = -inf, sum = 0, acc = 0), so the work tracks the real sequence length
-while the grid depends only on shapes (CUDA-graph capturable).
+the slots its rows can see, and its split's share of them:
+  * committed slots [0, cache_len) (with a window only those near the tile's positions); blocks
+    that every row sees are walked without any mask (the bulk of the work);
+  * causal (tree None): the new slots start .. start + t_hi of the tile's last token join that range
+    on the same BLOCK_N grid (one range, cut into NUM_SPLITS chunks of whole blocks), the causal test
+    being arithmetic;
+  * tree: the new slots not already committed are walked in blocks aligned to start, so the tree
+    tile is a plain 2D load (an unaligned [BLOCK_M, BLOCK_N] gather spilled registers); the splits
+    share the committed blocks and these blocks evenly.
+Nothing past max(cache_len, start + T) is read, nor the gap cache_len <= s < start. Each step is an
+online softmax (exp2, fp32 statistics and accumulator). Splits with nothing to do write neutral
+partials (max = -inf, sum = 0, acc = 0), so the work tracks the real sequence length while the grid
+depends only on shapes (CUDA-graph capturable).
 
 Combine. With NUM_SPLITS == 1 the program normalises and writes the output directly. Otherwise it
-writes (max, sum, acc) to fp32 scratch and `_combine_kernel` (one program per row and query head)
-merges the splits: out = sum_i 2^(m_i - m) acc_i / sum_i 2^(m_i - m) l_i. Rows that see nothing
-come out as zeros.
+writes (max, sum, acc) to fp32 scratch [B * Hkv, NUM_SPLITS, M(, D)] and `_combine_kernel` (a block
+of up to 16 folded rows x a head_dim block per program) merges the splits:
+out = sum_i 2^(m_i - m) acc_i / sum_i 2^(m_i - m) l_i. Rows that see nothing come out as zeros.
 
 Grid: (B * Hkv * row_tiles, NUM_SPLITS), NUM_SPLITS chosen so that one to two waves of the SMs are
 busy (see `_config`; tuned on an H200 for B=1, Hq=32, Hkv=8, D=128, T=1/16/64, L=1k..32k).
@@ -84,11 +91,8 @@ def _split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one row tile against one share of
-    the slots. Committed slots [lo, hi_c) are cut into NUM_SPLITS chunks of whole blocks (unmasked
-    except for the last partial block and the window); the new rows' slots start..start+T-1 are
-    walked in blocks aligned to start (so the tree tile is a plain 2D load), block j going to split
-    NUM_SPLITS - 1 - j % NUM_SPLITS. Slots that are both committed and new count once (as committed)."""
+    """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
+    this split's share of the visible slots (see the module docstring)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     tile = pid % row_tiles
