@@ -1,0 +1,144 @@
+"""The `specpilot` command end to end: the bench JSON, and one-line errors with nothing half-written."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specpilot.bench.run import write_json_atomic
+from specpilot.deployment import load_deployment
+from specpilot.errors import UserError
+from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
+from specpilot.models.loading import save_drafter, save_target
+from specpilot.models.pair import build_pair
+
+
+def specpilot(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "specpilot.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_bench_writes_every_figure(tmp_path):
+    out = tmp_path / "out.json"
+    proc = specpilot("bench", "--preset", "tiny", "--system", "ar", "--system", "stock", "--limit", "3",
+                     "--max-new-tokens", "12", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "stock" in proc.stdout
+    report = json.loads(out.read_text())
+    for key in ("date", "commit", "device", "command", "systems"):
+        assert key in report
+    for name in ("ar", "stock"):
+        s = report["systems"][name]
+        for key in ("tau", "speedup_vs_ar", "decode_tokens_per_s", "mismatch_vs_ar", "requests", "tau_histogram"):
+            assert key in s, key
+        assert len(s["requests"]) == 3
+        assert s["tau"] >= 1.0 and s["decode_tokens_per_s"] > 0
+    # float32 on the CPU: stock is lossless against AR, token for token
+    assert report["systems"]["stock"]["mismatch_vs_ar"] == 0.0
+    ar_rows = {r["id"]: r["tokens"] for r in report["systems"]["ar"]["requests"]}
+    for row in report["systems"]["stock"]["requests"]:
+        assert row["tokens"] == ar_rows[row["id"]]
+        assert sum(row["accepted"]) == len(row["tokens"]) - 1
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["bench", "--preset", "nope"], ["unknown preset", "tiny"]),
+    (["bench", "--system", "stock:warp=9"], ["unknown system option", "warp"]),
+    (["bench", "--system", "turbo"], ["unknown system", "turbo"]),
+    (["bench", "--max-new-tokens", "0"], ["max_new_tokens"]),
+    (["bench", "--limit", "-1"], ["--limit"]),
+    (["bench", "--dataset", "trivia"], ["unknown dataset", "trivia"]),
+    (["generate", "   "], ["empty prompt"]),
+])
+def test_user_mistakes_are_one_line(args, needles):
+    assert_one_line_error(specpilot(*args), *needles)
+
+
+def test_missing_data_file_says_where_to_get_it(tmp_path):
+    out = tmp_path / "out.json"
+    proc = specpilot("bench", "--dataset", "mbpp", "--data-dir", str(tmp_path), "--json", str(out))
+    assert_one_line_error(proc, "sanitized-mbpp.json", "google-research")
+    assert not out.exists()
+
+
+def test_json_into_a_missing_folder(tmp_path):
+    proc = specpilot("bench", "--limit", "1", "--json", str(tmp_path / "no" / "out.json"))
+    assert_one_line_error(proc, "does not exist")
+
+
+def test_atomic_json_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "out.json"
+
+    def broken(*_):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("specpilot.bench.run.os.replace", broken)
+    with pytest.raises(OSError):
+        write_json_atomic(path, {"a": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
+def _deployment(tmp_path, body: str):
+    path = tmp_path / "dep.toml"
+    path.write_text(body)
+    return load_deployment(None, path)
+
+
+def _pair_folders(tmp_path, target_vocab=300, drafter_vocab=300, drafter_hidden=64):
+    tc = tiny_target_config(vocab=target_vocab)
+    save_target(random_target(tc, seed=0), tmp_path / "target")
+    dc = tiny_drafter_config(tiny_target_config(vocab=drafter_vocab, hidden_size=drafter_hidden, head_dim=16),
+                             mask_token_id=5)
+    dc.num_target_layers = tc.num_layers
+    save_drafter(random_drafter(dc, seed=1), tmp_path / "drafter")
+    return tmp_path
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"drafter_vocab": 400}, "vocabularies differ"),
+    ({"drafter_hidden": 32}, "hidden sizes differ"),
+])
+def test_mismatched_pair(tmp_path, kwargs, needle):
+    _pair_folders(tmp_path, **kwargs)
+    dep = _deployment(tmp_path, 'tokenizer = "bytes"\ndevice = "cpu"\n[target]\npath = "target"\n'
+                                '[drafter]\npath = "drafter"\n')
+    with pytest.raises(UserError, match=needle):
+        build_pair(dep)
+
+
+def test_mask_token_outside_vocabulary(tmp_path):
+    dep = _deployment(tmp_path, 'device = "cpu"\n[target]\nrandom = { vocab_size = 300, hidden_size = 32, '
+                                'intermediate_size = 64, num_layers = 2, num_heads = 2, num_kv_heads = 1, '
+                                'head_dim = 16 }\n[drafter]\nrandom = { mask_token_id = 300 }\n')
+    with pytest.raises(UserError, match="outside the target vocabulary"):
+        build_pair(dep)
+
+
+def test_deployment_file_errors(tmp_path):
+    with pytest.raises(UserError, match="unknown deployment field"):
+        _deployment(tmp_path, "speed = 3\n[target]\npath = 'x'\n")
+    with pytest.raises(UserError, match="invalid TOML"):
+        _deployment(tmp_path, "[target\n")
+    with pytest.raises(UserError, match="exactly one of path"):
+        _deployment(tmp_path, "[target]\nseed = 1\n")
+    with pytest.raises(UserError, match="deployment file not found"):
+        load_deployment(None, tmp_path / "none.toml")
+
+
+def test_tiny_preset_builds_on_cpu():
+    target, drafter, tok = build_pair(load_deployment("tiny"))
+    assert target.embed.weight.dtype == torch.float32
+    assert drafter.cfg.layer.vocab_size == target.cfg.vocab_size
+    assert tok.decode(tok.chat_prompt([{"role": "user", "content": "hi"}])).count("hi") == 1
