@@ -131,7 +131,8 @@ def generate(
         raise UserError("empty prompt")
     target, drafter, tok = build_pair(dep, with_drafter=sys_.base == "stock")
     engine = Engine(target, drafter if sys_.base == "stock" else None, context=dep.context,
-                    use_graphs=sys_.get("graphs"), block_size=sys_.get("block_size") if drafter else 0)
+                    use_graphs=sys_.get("graphs"), block_size=sys_.get("block_size") if drafter else 0,
+                    gemv=sys_.get("gemv"))
     gen = engine.generate(tok.chat_prompt([{"role": "user", "content": prompt}]), budget, tok.eos_ids, sys_)
     console.print(tok.decode(gen.tokens))
     tau = sum(gen.accepted) / len(gen.accepted) if gen.accepted else float("nan")

@@ -77,3 +77,20 @@ def test_rope_qkv(device, dtype, tol, norm, want_q):
     assert torch.equal(written, ~torch.isnan(caches[0]))  # the same slots written, nothing else
     assert rel(caches[0][written], caches[2][written]) <= tol
     assert torch.equal(caches[1][written], caches[3][written])  # V is copied as is
+
+
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("n,k", [(40, 300), (96, 1100)])
+def test_gemv(device, dtype, tol, rows, n, k):
+    from specpilot.kernels.gemv.naive import gate_up_silu_naive, linear_naive
+    from specpilot.kernels.gemv.triton import gate_up_silu_triton, linear_triton
+
+    g = torch.Generator().manual_seed(rows * n + k)
+    x = torch.randn(rows, k, generator=g).to(device, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(device, dtype)
+    b = torch.randn(n, generator=g).to(device, dtype)
+    tol = max(tol, 1e-2 if tol == 0 else tol)
+    assert rel(linear_triton(x, w), linear_naive(x, w)) <= tol
+    assert rel(linear_triton(x[:, None], w, b), linear_naive(x[:, None], w, b)) <= tol
+    assert rel(gate_up_silu_triton(x, w), gate_up_silu_naive(x, w)) <= tol

@@ -131,7 +131,17 @@ def verify_ms(target, n: int) -> float:
     return timed(graph.replay)
 
 
-def bench_model(name: str, cfg: DenseConfig, bw: dict) -> dict:
+def gemv_ar(target, prompt: list[int], reference: list[int]) -> dict:
+    """AR with the few-row projections through the Triton GEMV (autotuned during the warm-up)."""
+    eng = Engine(target, None, context=CONTEXT, gemv=True)
+    eng.warmup(AR)
+    gen = eng.generate(prompt, NEW, (), AR)
+    ms = 1000 * gen.decode_s / gen.decode_tokens
+    same = next((i for i, (a, b) in enumerate(zip(gen.tokens, reference, strict=False)) if a != b), len(reference))
+    return {"ar_ms_per_token": ms, "tokens_equal_to_cublas_ar_before_first_divergence": same}
+
+
+def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str]) -> dict:
     t0 = time.perf_counter()
     target = random_target(cfg, seed=0, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
     params = sum(p.numel() for p in target.parameters())
@@ -151,10 +161,32 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict) -> dict:
     floor_read = wbytes / (bw["read_tb_s"] * 1e12) * 1e3
     print(f"[{name}] AR {ar_ms:.3f} ms/token (graph replay alone {replay_ms:.3f}); floor {floor_copy:.3f} ms at copy "
           f"bandwidth -> {100 * floor_copy / ar_ms:.1f}% of floor; graph==eager {same}")
-    widths = {n: verify_ms(target, n) for n in WIDTHS}
-    print(f"[{name}] verify ms: " + " ".join(f"{n}:{v:.3f}" for n, v in widths.items()))
+    out = {
+        "params": params, "weight_bytes_per_step": wbytes, "ar_ms_per_token": ar_ms, "ar_graph_replay_ms": replay_ms,
+        "floor_ms_copy_bw": floor_copy, "floor_ms_read_bw": floor_read,
+        "pct_of_floor_copy_bw": 100 * floor_copy / ar_ms, "pct_of_floor_read_bw": 100 * floor_read / ar_ms,
+        "graph_equals_eager_32_tokens": same, "context": CONTEXT, "prompt_tokens": PROMPT, "new_tokens": NEW,
+    }
     del ar
     gc.collect()
+    if "gemv" in parts:
+        g = out["gemv"] = gemv_ar(target, prompt, gen.tokens)
+        g["pct_of_floor_copy_bw"] = 100 * floor_copy / g["ar_ms_per_token"]
+        print(f"[{name}] AR with Triton GEMV {g['ar_ms_per_token']:.3f} ms/token -> "
+              f"{g['pct_of_floor_copy_bw']:.1f}% of floor; same tokens as cuBLAS AR for "
+              f"{g['tokens_equal_to_cublas_ar_before_first_divergence']}")
+    if "verify" in parts:
+        out["verify_ms"] = {n: verify_ms(target, n) for n in WIDTHS}
+        print(f"[{name}] verify ms: " + " ".join(f"{n}:{v:.3f}" for n, v in out["verify_ms"].items()))
+    if "stock" in parts:
+        out.update(stock_step(target, cfg, prompt, gen.tokens, ar_ms, name))
+    del target
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def stock_step(target, cfg: DenseConfig, prompt: list[int], reference: list[int], ar_ms: float, name: str) -> dict:
     dcfg = drafter_for(cfg)
     drafter = random_drafter(dcfg, seed=1, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
     spec = Engine(target, drafter, context=CONTEXT)
@@ -162,25 +194,16 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict) -> dict:
     sgen = spec.generate(prompt, NEW, (), STOCK)
     step_ms = 1000 * sgen.decode_s / len(sgen.accepted)
     print(f"[{name}] stock step (block 16, 5-layer drafter) {step_ms:.3f} ms = {step_ms / ar_ms:.2f} x AR step; "
-          f"mismatch vs AR {sum(a != b for a, b in zip(sgen.tokens, gen.tokens, strict=False))}/{len(gen.tokens)}")
-    out = {
-        "params": params, "weight_bytes_per_step": wbytes, "ar_ms_per_token": ar_ms, "ar_graph_replay_ms": replay_ms,
-        "floor_ms_copy_bw": floor_copy, "floor_ms_read_bw": floor_read,
-        "pct_of_floor_copy_bw": 100 * floor_copy / ar_ms, "pct_of_floor_read_bw": 100 * floor_read / ar_ms,
-        "graph_equals_eager_32_tokens": same, "verify_ms": widths, "stock_step_ms": step_ms,
-        "stock_step_over_ar": step_ms / ar_ms, "stock_tau_random_drafter": sum(sgen.accepted) / len(sgen.accepted),
-        "context": CONTEXT, "prompt_tokens": PROMPT, "new_tokens": NEW,
-    }
-    del spec, drafter, target
-    gc.collect()
-    torch.cuda.empty_cache()
-    return out
+          f"mismatch vs AR {sum(a != b for a, b in zip(sgen.tokens, reference, strict=False))}/{len(reference)}")
+    return {"stock_step_ms": step_ms, "stock_step_over_ar": step_ms / ar_ms,
+            "stock_tau_random_drafter": sum(sgen.accepted) / len(sgen.accepted)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--parts", default="gemv,verify,stock", help="what to time beside AR")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -190,14 +213,19 @@ def main() -> None:
     report["bandwidth"] = bw = bandwidth()
     torch.cuda.empty_cache()
     print(f"[bw] copy {bw['copy_tb_s']:.2f} TB/s, read {bw['read_tb_s']:.2f} TB/s")
-    report["models"] = {m: bench_model(m, MODELS[m], bw) for m in args.models.split(",")}
+    parts = set(args.parts.split(","))
+    report["parts"] = sorted(parts)
+    report["models"] = {m: bench_model(m, MODELS[m], bw, parts) for m in args.models.split(",")}
     path = os.path.join(args.out, "engine_core.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
-    print("\nmodel      AR ms/tok  floor ms  %floor  " + "  ".join(f"v{n:<5d}" for n in WIDTHS) + "  stock step")
+    print("\nmodel      AR ms/tok  floor ms  %floor  GEMV ms  %floor  stock step  verify ms by rows")
     for m, r in report["models"].items():
+        g = r.get("gemv", {})
         print(f"{m:10s} {r['ar_ms_per_token']:9.3f} {r['floor_ms_copy_bw']:9.3f} {r['pct_of_floor_copy_bw']:6.1f}  "
-              + "  ".join(f"{r['verify_ms'][n]:6.2f}" for n in WIDTHS) + f"  {r['stock_step_ms']:8.3f}")
+              f"{g.get('ar_ms_per_token', float('nan')):7.3f} {g.get('pct_of_floor_copy_bw', float('nan')):6.1f}  "
+              f"{r.get('stock_step_ms', float('nan')):10.3f}  "
+              + " ".join(f"{n}:{v:.2f}" for n, v in r.get("verify_ms", {}).items()))
 
 
 if __name__ == "__main__":

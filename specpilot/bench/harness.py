@@ -45,10 +45,11 @@ class Runner:
 
     def engine(self, system: System) -> Engine:
         drafter = self.drafter if system.base == "stock" else None
-        key = (system.base, system.get("graphs"), system.get("block_size") if drafter else 0)
+        block = system.get("block_size") if drafter else 0
+        key = (system.base, system.get("graphs"), block, system.get("gemv"))
         if key not in self._engines:
             self._engines[key] = Engine(self.target, drafter, context=self.context, use_graphs=system.get("graphs"),
-                                        block_size=system.get("block_size") if drafter else 0)
+                                        block_size=block, gemv=system.get("gemv"))
         return self._engines[key]
 
     def warmup(self, system: System) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import enum
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from specpilot.kernels.gemv import linear
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
 from specpilot.spec.masks import Visibility
@@ -50,6 +50,8 @@ class Block(nn.Module):
 
 
 class DenseTarget(nn.Module):
+    gemv = False  # the LM head through the Triton GEMV too (see layers.use_gemv)
+
     def __init__(self, cfg: DenseConfig, rope_length: int | None = None):
         super().__init__()
         self.cfg = cfg
@@ -97,4 +99,4 @@ class DenseTarget(nn.Module):
         hidden = torch.cat([kept[i] for i in hidden_layers], -1) if kept else None
         if mode is Mode.PREFILL:
             h = h[:, -1:]
-        return F.linear(h, self.head_weight), hidden
+        return linear(h, self.head_weight, None, self.gemv), hidden

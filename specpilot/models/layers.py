@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from specpilot.kernels.attention import attend
+from specpilot.kernels.gemv import gate_up_silu, linear
 from specpilot.kernels.norm import add_rms_norm, rms_norm
 from specpilot.kernels.rope import rope_qkv
-from specpilot.kernels.swiglu import silu_mul
 from specpilot.models.config import DenseConfig
 from specpilot.spec.masks import Visibility
 
@@ -66,6 +66,8 @@ class RopeTable(nn.Module):
 
 
 class Attention(nn.Module):
+    gemv = False  # few-row projections through the Triton GEMV (set by `use_gemv`)
+
     def __init__(self, cfg: DenseConfig):
         super().__init__()
         self.cfg = cfg
@@ -78,8 +80,9 @@ class Attention(nn.Module):
     def _prologue(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, want_q: bool):
         cfg = self.cfg
         qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
-        return rope_qkv(self.wqkv(x), positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, k_cache, v_cache,
-                        slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, want_q)
+        qkv = linear(x, self.wqkv.weight, self.wqkv.bias, self.gemv)
+        return rope_qkv(qkv, positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, k_cache, v_cache, slots,
+                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, want_q)
 
     def write_kv(self, x, positions, rope: RopeTable, k_cache, v_cache, slots) -> None:
         """Only the K/V of rows x (the drafter's context rows) into the cache."""
@@ -88,11 +91,13 @@ class Attention(nn.Module):
     def forward(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, vis: Visibility):
         q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True)
         o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5)
-        return self.wo(o.flatten(2))
+        return linear(o.flatten(2), self.wo.weight, self.wo.bias, self.gemv)
 
 
 class SwiGLU(nn.Module):
     """gate and up projections fused into one weight (one GEMM), then down."""
+
+    gemv = False
 
     def __init__(self, hidden: int, inter: int, bias: bool = False):
         super().__init__()
@@ -100,7 +105,15 @@ class SwiGLU(nn.Module):
         self.w2 = nn.Linear(inter, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(silu_mul(self.w13(x)))
+        h = gate_up_silu(x, self.w13.weight, self.w13.bias, self.gemv)
+        return linear(h, self.w2.weight, self.w2.bias, self.gemv)
+
+
+def use_gemv(model: nn.Module, on: bool) -> None:
+    """Route the model's few-row projections through the Triton GEMV (True) or cuBLAS (False)."""
+    for module in model.modules():
+        if hasattr(module, "gemv"):
+            module.gemv = on
 
 
 def run_layers(x, layers, final_norm, eps: float, attn_fn, mlp_fn, hidden_layers: tuple[int, ...] = ()):

@@ -15,6 +15,7 @@ import torch
 from specpilot.errors import UserError
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
+from specpilot.models.layers import use_gemv
 from specpilot.runtime.graphs import StepGraph
 from specpilot.runtime.options import System
 from specpilot.spec.accept import accept_greedy
@@ -42,10 +43,11 @@ class Engine:
     """Owns the caches and the static step buffers for one target (+ drafter) and one context size."""
 
     def __init__(self, target: DenseTarget, drafter: DFlashDrafter | None = None, *, context: int,
-                 use_graphs: bool = True, block_size: int = 0):
+                 use_graphs: bool = True, block_size: int = 0, gemv: bool = False):
         self.target, self.drafter = target, drafter
         self.device = target.embed.weight.device
         self.context = context
+        self.gemv = gemv
         self.use_graphs = use_graphs and self.device.type == "cuda"
         if target.rope.length < context + 1:
             target.set_rope_length(context + 1, device=self.device)
@@ -156,6 +158,7 @@ class Engine:
         spec = system.base == "stock"
         if spec and self.drafter is None:
             raise UserError("system 'stock' needs a drafter in the deployment")
+        use_gemv(self.target, self.gemv)  # the target may be shared with engines of other systems
         self._prepare(self._spec if spec else self._ar)
         _sync(self.device)
         t0 = time.perf_counter()

@@ -30,6 +30,8 @@ OPTIONS: dict[str, Option] = {
     o.name: o
     for o in (
         Option("graphs", bool, True, "capture decode/verify steps as CUDA graphs (no effect on the CPU)"),
+        Option("gemv", bool, False, "few-row target projections through the Triton weight-streaming GEMV "
+               "(default: cuBLAS)"),
         Option("block_size", int, 0, "draft block size: 0 = the drafter's own, else 2..its own",
                bases=("stock",), minimum=0),
     )
