@@ -91,6 +91,6 @@ def test_gemv(device, dtype, tol, rows, n, k):
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(device, dtype)
     b = torch.randn(n, generator=g).to(device, dtype)
     tol = max(tol, 1e-2 if tol == 0 else tol)
-    assert rel(linear_triton(x, w), linear_naive(x, w)) <= tol
-    assert rel(linear_triton(x[:, None], w, b), linear_naive(x[:, None], w, b)) <= tol
-    assert rel(gate_up_silu_triton(x, w), gate_up_silu_naive(x, w)) <= tol
+    assert rel(linear_triton(x, w, tune=False), linear_naive(x, w)) <= tol
+    assert rel(linear_triton(x[:, None], w, b, tune=False), linear_naive(x[:, None], w, b)) <= tol
+    assert rel(gate_up_silu_triton(x, w, tune=False), gate_up_silu_naive(x, w)) <= tol

@@ -17,8 +17,7 @@ import triton.language as tl
 from specpilot.kernels.gemv import MAX_ROWS
 
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-            for bn, bk, w, s in ((16, 512, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 256, 8, 3),
-                                 (16, 1024, 8, 3), (8, 1024, 4, 4))]
+            for bn, bk, w, s in ((16, 512, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (8, 1024, 4, 4))]
 
 
 @triton.jit
@@ -99,12 +98,21 @@ def _gate_up_kernel(x_ptr, w_ptr, y_ptr, I, K, stride_x, stride_y, M: tl.constex
 
 
 # Tuned per shape on the GPU at the first call (outside graph capture: the engine warms up first).
-# Triton's CPU interpreter cannot time configs, so there one fixed config runs.
+# Tests pass tune=False (one fixed config: compiling every config for every test shape takes minutes),
+# and so does Triton's CPU interpreter, which cannot time configs.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_FIXED = {"BLOCK_N": 16, "BLOCK_K": 128}
-_gemv = _gemv_kernel if _INTERPRET else triton.autotune(configs=_CONFIGS, key=["N", "K", "M"])(_gemv_kernel)
-_gate_up = _gate_up_kernel if _INTERPRET else triton.autotune(configs=_CONFIGS, key=["I", "K", "M"])(_gate_up_kernel)
-_EXTRA = _FIXED if _INTERPRET else {}
+_FIXED = {"BLOCK_N": 16, "BLOCK_K": 128, "num_warps": 4}
+_TUNED = {
+    _gemv_kernel: triton.autotune(configs=_CONFIGS, key=["N", "K", "M"])(_gemv_kernel),
+    _gate_up_kernel: triton.autotune(configs=_CONFIGS, key=["I", "K", "M"])(_gate_up_kernel),
+}
+
+
+def _launch(kernel, grid, args, tune: bool, **kw) -> None:
+    if tune and not _INTERPRET:
+        _TUNED[kernel][grid](*args, **kw)
+    else:
+        kernel[grid](*args, **kw, **_FIXED)
 
 
 def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -114,17 +122,19 @@ def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  tune: bool = True) -> torch.Tensor:
     n, k = weight.shape
     x2 = _rows(x, k)
     y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    _gemv[grid](x2, weight, bias if bias is not None else weight, y, n, k, x2.stride(0), y.stride(0),
-                M=x2.shape[0], HAS_BIAS=bias is not None, **_EXTRA)
+    args = (x2, weight, bias if bias is not None else weight, y, n, k, x2.stride(0), y.stride(0))
+    _launch(_gemv_kernel, grid, args, tune, M=x2.shape[0], HAS_BIAS=bias is not None)
     return y.view(*x.shape[:-1], n)
 
 
-def gate_up_silu_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def gate_up_silu_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        tune: bool = True) -> torch.Tensor:
     if bias is not None:
         raise ValueError("the fused gate/up GEMV has no bias path")
     two_i, k = weight.shape
@@ -132,5 +142,5 @@ def gate_up_silu_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     x2 = _rows(x, k)
     y = torch.empty(x2.shape[0], inter, dtype=x.dtype, device=x.device)
     grid = lambda meta: (triton.cdiv(inter, meta["BLOCK_N"]),)  # noqa: E731
-    _gate_up[grid](x2, weight, y, inter, k, x2.stride(0), y.stride(0), M=x2.shape[0], **_EXTRA)
+    _launch(_gate_up_kernel, grid, (x2, weight, y, inter, k, x2.stride(0), y.stride(0)), tune, M=x2.shape[0])
     return y.view(*x.shape[:-1], inter)
