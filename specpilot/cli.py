@@ -140,6 +140,42 @@ def generate(
               f"decode {1000 * gen.decode_s:.1f} ms[/dim]")
 
 
+@app.command("train-drafter")
+def train_drafter(
+    out: Annotated[Path, typer.Option(help="Checkpoint folder to write (Hugging Face layout + training.json).")],
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    prompts: Annotated[int, typer.Option(help="Training prompts (stdlib docstrings and pydoc topics).")] = 2000,
+    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for the acceptance figure.")] = 64,
+    max_new_tokens: Annotated[int, typer.Option(help="Length of each distilled answer.")] = 256,
+    max_prompt_tokens: Annotated[int, typer.Option(help="Skip longer prompts.")] = 512,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 2000,
+    block_size: Annotated[int, typer.Option(help="Draft block size (anchor + B-1 drafted tokens).")] = 16,
+    layers: Annotated[int, typer.Option(help="Drafter layers (and taps of target layers).")] = 4,
+    selector_rank: Annotated[int, typer.Option(help="DFlash2 selector rank (0: no selector).")] = 64,
+    mask_token_id: Annotated[int | None, typer.Option(help="Mask token (default: the last vocabulary id).")] = None,
+    batch: Annotated[int, typer.Option(help="Prompts generated at once while distilling.")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed for data order, init and sampling.")] = 0,
+) -> None:
+    """Train a DFlash-style drafter for the deployment's target by self-distillation."""
+    from specpilot.fixtures.train_drafter import run_training
+
+    dep = _deployment(preset, deployment)
+    for name, value in (("prompts", prompts), ("eval-prompts", eval_prompts), ("max-new-tokens", max_new_tokens),
+                        ("steps", steps), ("layers", layers), ("batch", batch)):
+        if value <= 0:
+            raise UserError(f"--{name} must be positive, got {value}")
+    if block_size < 2:
+        raise UserError(f"--block-size must be at least 2, got {block_size}")
+    if not out.parent.exists():
+        raise UserError(f"cannot write {out}: folder {out.parent} does not exist")
+    metrics = run_training(dep, out, console=err, n_prompts=prompts, n_eval=eval_prompts, max_new=max_new_tokens,
+                           max_prompt=max_prompt_tokens, steps=steps, block_size=block_size, layers=layers,
+                           selector_rank=selector_rank, mask_token_id=mask_token_id, batch=batch, seed=seed)
+    console.print(f"held-out tau {metrics['tau']:.3f} (oracle over top-{metrics['top_k']} lattice "
+                  f"{metrics['oracle_tau_top_k']:.3f}) on {metrics['blocks']} blocks; wrote {out}")
+
+
 @app.command()
 def presets() -> None:
     """List the named deployments."""

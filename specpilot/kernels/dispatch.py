@@ -9,15 +9,32 @@ Nothing here touches tensor data, so the choice is safe inside CUDA-graph captur
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
 import torch
 
 MODES = ("auto", "naive", "triton")
+_forced: list[str] = []  # innermost `kernels_forced` wins over the environment
+
+
+@contextlib.contextmanager
+def kernels_forced(mode: str):
+    """Run a region with one implementation, e.g. "naive" for training: the Triton kernels have no
+    backward, the references are plain differentiable PyTorch."""
+    if mode not in MODES:
+        raise ValueError(f"kernel mode {mode!r}: expected one of {', '.join(MODES)}")
+    _forced.append(mode)
+    try:
+        yield
+    finally:
+        _forced.pop()
 
 
 def kernel_mode() -> str:
+    if _forced:
+        return _forced[-1]
     mode = os.environ.get("SPECPILOT_KERNELS", "auto").strip().lower() or "auto"
     if mode not in MODES:
         raise ValueError(f"SPECPILOT_KERNELS={mode!r}: expected one of {', '.join(MODES)}")

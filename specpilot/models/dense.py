@@ -39,6 +39,12 @@ class KVCache:
     def length(self) -> int:
         return self.k.shape[3]
 
+    def rows(self, first: int, last: int) -> KVCache:
+        """A view of sequences first..last-1 (writes go to this cache)."""
+        view = object.__new__(KVCache)
+        view.k, view.v = self.k[:, first:last], self.v[:, first:last]
+        return view
+
 
 class Block(nn.Module):
     def __init__(self, cfg: DenseConfig):

@@ -91,6 +91,13 @@ class CandidateSelector(nn.Module):
         succ = self.successor_codebook(tokens)  # [B, D, K, r]
         return unary[:, :, None, :] + torch.einsum("bdpr,bdcr->bdpc", pred, succ)
 
+    def score(self, hidden: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
+              unary: torch.Tensor) -> torch.Tensor:
+        """score(c | given parent) for each depth's candidates [B, D, K]; parents [B, D] (training
+        feeds the true previous tokens)."""
+        pred = self.predecessor_codebook(parents) * self.hidden_projection(hidden)  # [B, D, r]
+        return unary + torch.einsum("bdr,bdkr->bdk", pred, self.successor_codebook(tokens))
+
 
 class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig):

@@ -7,6 +7,7 @@ which Hugging Face tensors are concatenated into each of ours, and `save_*` spli
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -172,20 +173,23 @@ def _split_sizes(ours: str, rows: int, model) -> list[int]:
     return [rows // 2, rows // 2]
 
 
-def _write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+def _write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
+                  extra: dict[str, str] | None = None) -> None:
     """Write config + weights into a fresh folder, atomically: nothing half-written on failure."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".partial")
     if tmp.exists():
-        import shutil
-
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if folder.exists():
-        import shutil
-
         shutil.rmtree(folder)
     tmp.rename(folder)
 
@@ -194,6 +198,7 @@ def save_target(model: DenseTarget, folder: str | Path) -> None:
     _write_folder(Path(folder), model.cfg.to_hf(), _split_state(model, target_sources(model.cfg)))
 
 
-def save_drafter(model: DFlashDrafter, folder: str | Path) -> None:
+def save_drafter(model: DFlashDrafter, folder: str | Path, extra: dict[str, str] | None = None) -> None:
+    """extra: more text files for the folder (e.g. the training record), written in the same atomic step."""
     tensors = _split_state(model, drafter_sources(model.cfg))
-    _write_folder(Path(folder), model.cfg.to_hf(), tensors)
+    _write_folder(Path(folder), model.cfg.to_hf(), tensors, extra)
