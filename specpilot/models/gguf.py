@@ -87,6 +87,11 @@ def _meta(reader, key: str, default: Any = None) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _f32(value: Any) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (1e-05, not 9.99999974e-06)."""
+    return float(str(np.float32(value)))
+
+
 def _required(reader, key: str) -> Any:
     value = _meta(reader, key)
     if value is None:
@@ -131,7 +136,7 @@ def _dense_config(reader) -> DenseConfig:
     if rot is not None and int(rot) != head_dim:
         raise UserError(f"GGUF rope.dimension_count {rot} differs from head_dim {head_dim} (partial rotary "
                         "embeddings are not supported)")
-    theta = float(_meta(reader, f"{arch}.rope.freq_base", 10000.0))
+    theta = _f32(_meta(reader, f"{arch}.rope.freq_base", 10000.0))
     cfg = DenseConfig(
         vocab_size=int(tensors["token_embd.weight"].shape[1]),  # GGUF shape [hidden, vocab]
         hidden_size=hidden,
@@ -141,7 +146,7 @@ def _dense_config(reader) -> DenseConfig:
         num_kv_heads=int(_required(reader, f"{arch}.attention.head_count_kv")) if has_kv else heads,
         head_dim=head_dim,
         family=arch,
-        rms_norm_eps=float(_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=_f32(_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_theta=theta,
         rope_scaling=_rope_scaling(reader, arch, head_dim, theta),
         max_position_embeddings=int(_required(reader, f"{arch}.context_length")),
@@ -170,7 +175,7 @@ def _rope_scaling(reader, arch: str, head_dim: int, theta: float) -> dict[str, A
     old_ctx = _meta(reader, f"{arch}.rope.scaling.original_context_length")
     freqs = _tensors(reader).get(_ROPE_FREQS)
     if kind == "linear" and factor and float(factor) != 1.0:
-        return {"rope_type": "linear", "factor": float(factor)}
+        return {"rope_type": "linear", "factor": _f32(factor)}
     if kind not in ("none", "linear", "llama3"):
         raise UserError(f"GGUF rope scaling type {kind!r} is not supported (supported: none, linear, llama3)")
     if freqs is None:

@@ -1,0 +1,89 @@
+"""Get SmolLM2's GGUF (98 MB) onto the GPU machine, which takes at most 64 MiB of files per run.
+
+Here (CPU):   python3 bench/gpu/stage_smollm2.py split
+              -> .stage/smollm2.part0 and .stage/smollm2.part1 (each < 60 MB, both ignored by git),
+                 .stage/gguf-0.19.0-py3-none-any.whl, and .stage/smollm2.sha256
+GPU run 1:    carry [".stage/smollm2.part0", ".stage/gguf-0.19.0-py3-none-any.whl", ".stage/smollm2.sha256"],
+              command: python3 bench/gpu/stage_smollm2.py status
+GPU run 2 (within ~30 s, while the machine is still held; files left by run 1 stay):
+              carry [".stage/smollm2.part1"], command: python3 bench/gpu/stage_smollm2.py assemble && <job>
+`assemble` joins the parts, checks the sha256, installs the carried gguf wheel into /tmp/site and converts
+the GGUF into .models/smollm2 (Hugging Face layout); it does nothing when that folder is already complete.
+Jobs then use SPECPILOT_MODELS=.models and PYTHONPATH=.:/tmp/site.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+STAGE = Path(".stage")
+PART = 60_000_000
+WHEEL = "gguf-0.19.0-py3-none-any.whl"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def split() -> None:
+    from specpilot.fixtures.smollm2 import SMOLLM2_GGUF_NAME, fetch_smollm2
+
+    converted = fetch_smollm2()
+    gguf = converted.parent / "smollm2-gguf" / SMOLLM2_GGUF_NAME
+    STAGE.mkdir(exist_ok=True)
+    data = gguf.read_bytes()
+    for i in range(0, len(data), PART):
+        (STAGE / f"smollm2.part{i // PART}").write_bytes(data[i : i + PART])
+    (STAGE / "smollm2.sha256").write_text(sha256(gguf) + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "gguf==0.19.0", "-d", str(STAGE)],
+                   check=True)
+    print(f"staged {len(data)} bytes in {(len(data) + PART - 1) // PART} parts under {STAGE}/")
+
+
+def install_gguf() -> None:
+    wheel = STAGE / WHEEL
+    if wheel.exists() and not Path("/tmp/site/gguf").exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--target", "/tmp/site", str(wheel)], check=True)
+    sys.path.insert(0, "/tmp/site")
+
+
+def assemble() -> None:
+    out = Path(".models") / "smollm2"
+    if (out / ".complete").exists():
+        print(f"{out} already converted")
+        return
+    parts = sorted(STAGE.glob("smollm2.part*"))
+    if len(parts) < 2:
+        raise SystemExit(f"missing parts: found {[p.name for p in parts]}; carry .stage/smollm2.part0 and part1")
+    gguf = STAGE / "smollm2.gguf"
+    with gguf.open("wb") as f:
+        for p in parts:
+            f.write(p.read_bytes())
+    want = (STAGE / "smollm2.sha256").read_text().strip()
+    if sha256(gguf) != want:
+        raise SystemExit("assembled GGUF does not match its sha256: a part is stale or truncated")
+    install_gguf()
+    os.environ.setdefault("SPECPILOT_MODELS", ".models")
+    from specpilot.models.gguf import convert_gguf
+
+    convert_gguf(gguf, out)
+    (out / ".complete").write_text(want + "\n")
+    print(f"converted {gguf} -> {out}")
+
+
+def status() -> None:
+    for p in sorted(STAGE.glob("*")):
+        print(p, p.stat().st_size)
+
+
+if __name__ == "__main__":
+    {"split": split, "assemble": assemble, "status": status}[sys.argv[1] if len(sys.argv) > 1 else "status"]()
