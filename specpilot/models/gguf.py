@@ -294,10 +294,12 @@ def _token(reader, index: int) -> str:
 def save_gguf_tokenizer(path: str | Path, out_dir: str | Path) -> None:
     """The GGUF's tokenizer, built by transformers, saved with its special tokens and chat template as the
     GGUF metadata gives them (transformers' GGUF converter can mix them up: eos from bos_token_id)."""
+    _save_tokenizer(Path(path), _open(path), Path(out_dir))
+
+
+def _save_tokenizer(path: Path, reader, out_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    path = Path(path)
-    reader = _open(path)
     if "tokenizer.ggml.tokens" not in reader.fields:
         raise UserError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.tokens)")
     try:
@@ -339,10 +341,11 @@ def convert_gguf(path: str | Path, out_dir: str | Path, progress: Progress = Non
         tmp.mkdir(parents=True)
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "model.safetensors").chmod(0o644)  # safetensors creates it owner-only
         del state
         if with_tokenizer:
             say("building the tokenizer")
-            save_gguf_tokenizer(path, tmp)
+            _save_tokenizer(path, reader, tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
