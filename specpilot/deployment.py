@@ -86,9 +86,19 @@ def _model_spec(raw: Any, what: str, base: Path) -> ModelSpec:
         raise UserError(f"deployment: [{what}] needs exactly one of path = \"...\" or random = {{...}}")
     path = raw.get("path")
     if path is not None:
-        path = Path(path).expanduser()
-        path = path if path.is_absolute() else (base / path)
+        path = _resolve(str(path), base)
     return ModelSpec(path=path, random=raw.get("random"), seed=int(raw.get("seed", 0)))
+
+
+def _resolve(path: str, base: Path) -> Path:
+    """`@models/NAME` is a checkpoint fetched or trained into the models folder ($SPECPILOT_MODELS or
+    ~/.cache/specpilot/models); other relative paths are relative to the deployment file."""
+    if path.startswith("@models/"):
+        from specpilot.fixtures.smollm2 import models_dir
+
+        return models_dir() / path.removeprefix("@models/")
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else base / p
 
 
 def _parse(raw: dict[str, Any], file: Path) -> Deployment:

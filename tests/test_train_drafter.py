@@ -97,9 +97,10 @@ def evaluate_at(drafter, target, ds, anchor, tc):
 
 def test_saved_drafter_reloads_identically(tmp_path, target, trained):
     drafter, _, eval_ds, tc = trained
-    save_drafter(drafter, tmp_path / "d", extra={"training.json": "{}\n"})
+    save_drafter(drafter, tmp_path / "d", extra={"training.json": "{}\n"}, max_shard_bytes=40_000)
     again = load_drafter(tmp_path / "d")
     assert (tmp_path / "d" / "training.json").is_file()
+    assert len(list((tmp_path / "d").glob("model-*.safetensors"))) > 1  # sharded, and still loads
     a = evaluate(drafter, target.embed.weight, target.head_weight, eval_ds, tc.block_size, drafter.cfg.mask_token_id)
     b = evaluate(again, target.embed.weight, target.head_weight, eval_ds, tc.block_size, again.cfg.mask_token_id)
     assert a == b

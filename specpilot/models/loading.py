@@ -173,9 +173,25 @@ def _split_sizes(ours: str, rows: int, model) -> list[int]:
     return [rows // 2, rows // 2]
 
 
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> list[dict[str, torch.Tensor]]:
+    """Greedy split into files of at most max_bytes (one tensor may exceed it alone)."""
+    if not max_bytes:
+        return [tensors]
+    shards, size = [{}], 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
 def _write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
-                  extra: dict[str, str] | None = None) -> None:
-    """Write config + weights into a fresh folder, atomically: nothing half-written on failure."""
+                  extra: dict[str, str] | None = None, max_shard_bytes: int | None = None) -> None:
+    """Write config + weights into a fresh folder, atomically: nothing half-written on failure.
+    max_shard_bytes splits the weights over several files (the GPU machine returns files of <= 16 MiB)."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".partial")
     if tmp.exists():
@@ -183,7 +199,10 @@ def _write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
     tmp.mkdir(parents=True)
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        shards = _shards(tensors, max_shard_bytes)
+        for i, shard in enumerate(shards):
+            name = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(tmp / name), metadata={"format": "pt"})
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
     except BaseException:
@@ -198,7 +217,8 @@ def save_target(model: DenseTarget, folder: str | Path) -> None:
     _write_folder(Path(folder), model.cfg.to_hf(), _split_state(model, target_sources(model.cfg)))
 
 
-def save_drafter(model: DFlashDrafter, folder: str | Path, extra: dict[str, str] | None = None) -> None:
+def save_drafter(model: DFlashDrafter, folder: str | Path, extra: dict[str, str] | None = None,
+                 max_shard_bytes: int | None = None) -> None:
     """extra: more text files for the folder (e.g. the training record), written in the same atomic step."""
     tensors = _split_state(model, drafter_sources(model.cfg))
-    _write_folder(Path(folder), model.cfg.to_hf(), tensors, extra)
+    _write_folder(Path(folder), model.cfg.to_hf(), tensors, extra, max_shard_bytes)

@@ -32,6 +32,9 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
     from specpilot.models.loading import load_drafter, load_target
 
     device, dtype = dep.torch_device(), dep.torch_dtype()
+    for spec, what in ((dep.target, "target"), (dep.drafter, "drafter")):
+        if spec is not None and spec.path is not None and not spec.path.is_dir():
+            raise UserError(f"{what} checkpoint folder not found: {spec.path}" + _hint(spec.path))
     rope = dep.context + 1
     if dep.target.path is not None:
         target: DenseTarget = load_target(dep.target.path, dtype, device, rope_length=rope)
@@ -49,6 +52,14 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
         check_pair(target.cfg, drafter.cfg)
     tokenizer = _tokenizer(dep, target.cfg)
     return target, drafter, tokenizer
+
+
+def _hint(path) -> str:
+    if path.name == "smollm2":
+        return " (run `specpilot models fetch smollm2`)"
+    if path.name.endswith("-dflash"):
+        return " (train it with `specpilot train-drafter`)"
+    return ""
 
 
 def _tokenizer(dep: Deployment, cfg: DenseConfig):
