@@ -5,9 +5,10 @@ import torch
 
 from specpilot.bench.datasets import DATASETS, UserError, load_requests
 from specpilot.fixtures.corpus import distill_prompts
-from specpilot.fixtures.distill import build_dataset, greedy_batch
-from specpilot.fixtures.random_models import random_target, tiny_target_config
-from specpilot.fixtures.train_drafter import TrainConfig, drafter_config, evaluate, train
+from specpilot.fixtures.distill import Dataset, build_dataset, greedy_batch, target_features
+from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
+from specpilot.fixtures.train_drafter import TrainConfig, _batch, draft_hidden, drafter_config, evaluate, train
+from specpilot.kernels.dispatch import kernels_forced
 from specpilot.models.loading import load_drafter, save_drafter
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.options import parse_system
@@ -45,58 +46,73 @@ def test_greedy_batch_stops_rows_at_their_stop_token(target):
 
 
 @pytest.fixture(scope="module")
-def trained(target):
-    tc = TrainConfig(block_size=4, layers=1, selector_rank=8, selector_top_k=4, steps=120, seqs_per_step=8,
-                     blocks_per_seq=4, warmup_steps=10, lr=3e-3, seed=0)
+def looping_target():
+    """A random target with tied embeddings falls into short loops: its answers are learnable."""
+    return random_target(tiny_target_config(vocab=300, tie_word_embeddings=True), seed=3)
+
+
+@pytest.fixture(scope="module")
+def trained(looping_target):
+    target = looping_target
+    tc = TrainConfig(block_size=4, layers=1, selector_rank=8, selector_top_k=4, steps=200, seqs_per_step=8,
+                     blocks_per_seq=4, warmup_steps=10, lr=1e-2, seed=0)
     taps = tuple(drafter_config(target.cfg, tc).target_layer_ids)
     train_ds = build_dataset(target, prompts(32, seed=2), 24, (), taps, batch=16, feature_dtype=torch.float32)
     eval_ds = build_dataset(target, prompts(6, seed=3), 24, (), taps, batch=16, feature_dtype=torch.float32)
     drafter, metrics = train(target, train_ds, eval_ds, tc)
-    return drafter, metrics, eval_ds, tc
+    return drafter, metrics, eval_ds, tc, train_ds
 
 
-def test_training_lowers_the_loss(trained):
-    _, metrics, _, _ = trained
-    assert metrics["ce_end"] < 0.9 * metrics["ce_start"], metrics  # no learning stays near log(vocab)
-    assert 1.0 <= metrics["tau"] <= metrics["oracle_tau_top_k"]
+def test_training_fits_its_data(looping_target, trained):
+    """32 loops of 32 different tokens are memorised rather than generalised (held-out tau stays ~1 at
+    this size), so the check is that optimisation works: the drafter then drafts its training data."""
+    drafter, metrics, _, tc, train_ds = trained
+    assert metrics["ce_end"] < 0.2 * metrics["ce_start"], metrics  # it starts near log(vocab)
+    fit = evaluate(drafter, looping_target.embed.weight, looping_target.head_weight, train_ds, tc.block_size,
+                   drafter.cfg.mask_token_id)
+    assert fit["tau"] > 3.0 and fit["tau"] <= fit["oracle_tau_top_k"] <= tc.block_size, fit
 
 
-def test_offline_acceptance_equals_the_engine(target, trained):
-    """The training path (many blocks, repeated context) and the serving path (one block per step) draft
-    the same tokens: the engine's acceptance at each step equals the offline figure at that anchor."""
-    drafter, _, _, tc = trained
-    engine = Engine(target, drafter, context=96)
+class RecordingEngine(Engine):
+    """Keeps every block the serving path drafted, with its anchor position."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.drafted = []
+
+    def _draft_chain(self, start):
+        drafts = super()._draft_chain(start)
+        self.drafted.append((int(start), drafts.tolist()))
+        return drafts
+
+
+def test_training_path_drafts_what_the_engine_drafts(target):
+    """The training path (many blocks, context written once and repeated) and the serving path (one
+    block per step, context from verify rows) draft the same tokens at the same anchors."""
+    tc = TrainConfig(block_size=4, layers=1, selector_rank=8, selector_top_k=4)
+    drafter = random_drafter(drafter_config(target.cfg, tc), seed=9)
+    engine = RecordingEngine(target, drafter, context=96)
+    taps = tuple(drafter.cfg.target_layer_ids)
     for prompt in prompts(3, seed=4):
-        ar = engine.generate(prompt, 40, (), AR).tokens
-        gen = engine.generate(prompt, 40, (), STOCK)
-        assert gen.tokens == ar
-        sequence = prompt + ar
-        anchor = len(prompt)
-        from specpilot.fixtures.distill import Dataset, target_features
-
-        feats = target_features(target, [sequence], tuple(drafter.cfg.target_layer_ids))[0]
-        for accepted in gen.accepted[:-1]:  # the last step may be cut by the budget
-            if anchor + tc.block_size > len(sequence):
-                break
-            one = Dataset([sequence], [anchor], [feats])
-            offline = evaluate_at(drafter, target, one, anchor, tc)
-            assert offline == accepted
-            anchor += accepted
+        gen = engine.generate(prompt, 30, (), STOCK)
+        sequence = prompt + gen.tokens
+        feats = target_features(target, [sequence], taps)[0]
+        ds = Dataset([sequence], [len(prompt)], [feats])
+        for anchor, drafts in engine.drafted:
+            assert offline_chain(drafter, target, ds, anchor, tc) == drafts
+        engine.drafted.clear()
 
 
-def evaluate_at(drafter, target, ds, anchor, tc):
-    from specpilot.fixtures.train_drafter import _batch, draft_hidden
-    from specpilot.kernels.dispatch import kernels_forced
-
-    feats, tokens, anchors, labels = _batch(ds, [(0, [anchor])], tc.block_size, drafter.cfg.mask_token_id, "cpu")
+def offline_chain(drafter, target, ds, anchor, tc):
+    feats, tokens, anchors, _ = _batch(ds, [(0, [anchor])], tc.block_size, drafter.cfg.mask_token_id, "cpu")
     with torch.no_grad(), kernels_forced("naive"):
         hidden = draft_hidden(drafter, target.embed.weight, feats, tokens, anchors, 1)
-    chain = drafter.lattice(hidden, target.head_weight, tokens[:, 0], top_k=16).greedy_chain()
-    return int((chain == labels).long().cumprod(1).sum()) + 1
+    return drafter.lattice(hidden, target.head_weight, tokens[:, 0], top_k=16).greedy_chain()[0].tolist()
 
 
-def test_saved_drafter_reloads_identically(tmp_path, target, trained):
-    drafter, _, eval_ds, tc = trained
+def test_saved_drafter_reloads_identically(tmp_path, looping_target, trained):
+    target = looping_target
+    drafter, _, eval_ds, tc, _ = trained
     save_drafter(drafter, tmp_path / "d", extra={"training.json": "{}\n"}, max_shard_bytes=40_000)
     again = load_drafter(tmp_path / "d")
     assert (tmp_path / "d" / "training.json").is_file()
