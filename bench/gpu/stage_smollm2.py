@@ -2,9 +2,10 @@
 
 Here (CPU):   python3 bench/gpu/stage_smollm2.py split
               -> .stage/smollm2.part0 and .stage/smollm2.part1 (each < 60 MB, both ignored by git),
-                 .stage/gguf-0.19.0-py3-none-any.whl, and .stage/smollm2.sha256
-GPU run 1:    carry [".stage/smollm2.part0", ".stage/gguf-0.19.0-py3-none-any.whl", ".stage/smollm2.sha256"],
-              command: python3 bench/gpu/stage_smollm2.py status
+                 .stage/gguf-0.19.0-py3-none-any.whl, .stage/smollm2.sha256, and .stage/data/ (the benchmark
+                 files from ../shared/datasets, which does not travel to the GPU machine)
+GPU run 1:    carry [".stage/smollm2.part0", ".stage/gguf-0.19.0-py3-none-any.whl", ".stage/smollm2.sha256",
+              ".stage/data"], command: python3 bench/gpu/stage_smollm2.py status
 GPU run 2 (within ~30 s, while the machine is still held; files left by run 1 stay):
               carry [".stage/smollm2.part1"], command: python3 bench/gpu/stage_smollm2.py assemble && <job>
 `assemble` joins the parts, checks the sha256, installs the carried gguf wheel into /tmp/site and converts
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +47,9 @@ def split() -> None:
     (STAGE / "smollm2.sha256").write_text(sha256(gguf) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "gguf==0.19.0", "-d", str(STAGE)],
                    check=True)
+    shared = Path(__file__).resolve().parents[3] / "shared" / "datasets"
+    if shared.is_dir():
+        shutil.copytree(shared, STAGE / "data", dirs_exist_ok=True, ignore=shutil.ignore_patterns("README.md"))
     print(f"staged {len(data)} bytes in {(len(data) + PART - 1) // PART} parts under {STAGE}/")
 
 
