@@ -7,8 +7,8 @@ set -euo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
 python3 bench/gpu/stage_smollm2.py assemble
 python3 -m specpilot.cli train-drafter --deployment bench/gpu/smollm2-target.toml --out .models/smollm2-dflash \
-    --prompts "${PROMPTS:-2000}" --eval-prompts 64 --max-new-tokens 256 --steps "${STEPS:-3000}" \
+    --prompts "${PROMPTS:-2000}" --eval-prompts "${EVAL:-64}" --max-new-tokens "${MAXNEW:-256}" --steps "${STEPS:-3000}" \
     --block-size "${BLOCK:-16}" --layers "${LAYERS:-2}" --selector-rank 32 --seed 0 2>&1 | tail -n 3
 mkdir -p "$OUT/smollm2-dflash" && cp .models/smollm2-dflash/* "$OUT/smollm2-dflash/"
 python3 -m specpilot.cli bench --deployment bench/gpu/smollm2-pair.toml --system ar --system stock \
-    --limit "${LIMIT:-20}" --json "$OUT/smollm2_pair.json"
+    --limit "${LIMIT:-20}" --max-new-tokens "${MAXNEW:-256}" --json "$OUT/smollm2_pair.json"

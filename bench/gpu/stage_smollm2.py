@@ -48,8 +48,10 @@ def split() -> None:
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "gguf==0.19.0", "-d", str(STAGE)],
                    check=True)
     shared = Path(__file__).resolve().parents[3] / "shared" / "datasets"
-    if shared.is_dir():
-        shutil.copytree(shared, STAGE / "data", dirs_exist_ok=True, ignore=shutil.ignore_patterns("README.md"))
+    for src in shared.rglob("*.json*") if shared.is_dir() else []:  # contents only: shared/ is read-only
+        dst = STAGE / "data" / src.relative_to(shared)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
     print(f"staged {len(data)} bytes in {(len(data) + PART - 1) // PART} parts under {STAGE}/")
 
 
