@@ -67,6 +67,8 @@ def bench(
     data_dir: Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every figure and per-request row here.")
                          ] = None,
+    oracle: Annotated[bool, typer.Option(help="Also replay the drafter's lattices along AR's output: the chain's "
+                                         "tau and the top-16 oracle tau (the lattice's ceiling).")] = False,
 ) -> None:
     """Run systems on a deployment's requests and report tau, speedup over AR, decode rate and mismatch."""
     from specpilot.bench.harness import Runner
@@ -83,7 +85,7 @@ def bench(
     dep = _deployment(preset, deployment)
     plan = BenchPlan(dep, plan_systems(system or []), dataset or dep.datasets, split or dep.split,
                      limit if limit is not None else dep.limit,
-                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, data_dir)
+                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, data_dir, oracle)
     if plan.limit is not None and plan.limit <= 0:
         raise UserError(f"--limit must be positive, got {plan.limit}")
     if plan.max_new_tokens <= 0:
@@ -109,6 +111,9 @@ def bench(
     for name, s in summaries.items():
         hist = " ".join(f"{k}:{v}" for k, v in s["tau_histogram"].items())
         console.print(f"[dim]{name} tokens per target pass (count): {hist}[/dim]")
+        if s.get("oracle_tau_top16") is not None:
+            console.print(f"[dim]{name} replayed along AR's output: chain tau {s['replay_chain_tau']:.2f}, "
+                          f"top-16 oracle tau {s['oracle_tau_top16']:.2f}[/dim]")
     if json_path is not None:
         console.print(f"[dim]wrote {json_path}[/dim]")
 

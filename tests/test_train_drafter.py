@@ -5,13 +5,14 @@ import torch
 
 from specpilot.bench.datasets import DATASETS, UserError, load_requests
 from specpilot.fixtures.corpus import distill_prompts
-from specpilot.fixtures.distill import Dataset, build_dataset, greedy_batch, target_features
+from specpilot.fixtures.distill import Dataset, greedy_batch, target_features
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
-from specpilot.fixtures.train_drafter import TrainConfig, _batch, draft_hidden, drafter_config, evaluate, train
+from specpilot.fixtures.train_drafter import TrainConfig, _batch, draft_hidden, drafter_config, evaluate
 from specpilot.kernels.dispatch import kernels_forced
 from specpilot.models.loading import load_drafter, save_drafter
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.options import parse_system
+from tests.conftest import prompts
 
 AR, STOCK = parse_system("ar"), parse_system("stock")
 
@@ -19,12 +20,6 @@ AR, STOCK = parse_system("ar"), parse_system("stock")
 @pytest.fixture(scope="module")
 def target():
     return random_target(tiny_target_config(vocab=300), seed=3)
-
-
-def prompts(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 250, (int(torch.randint(4, 16, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
 
 
 def test_greedy_batch_equals_single_request_ar(target):
@@ -43,24 +38,6 @@ def test_greedy_batch_stops_rows_at_their_stop_token(target):
     for row, full in zip(stopped, free, strict=True):
         cut = full.index(stop) + 1 if stop in full else len(full)
         assert row == full[:cut]
-
-
-@pytest.fixture(scope="module")
-def looping_target():
-    """A random target with tied embeddings falls into short loops: its answers are learnable."""
-    return random_target(tiny_target_config(vocab=300, tie_word_embeddings=True), seed=3)
-
-
-@pytest.fixture(scope="module")
-def trained(looping_target):
-    target = looping_target
-    tc = TrainConfig(block_size=4, layers=1, selector_rank=8, selector_top_k=4, steps=200, seqs_per_step=8,
-                     blocks_per_seq=4, warmup_steps=10, lr=1e-2, seed=0)
-    taps = tuple(drafter_config(target.cfg, tc).target_layer_ids)
-    train_ds = build_dataset(target, prompts(32, seed=2), 24, (), taps, batch=16, feature_dtype=torch.float32)
-    eval_ds = build_dataset(target, prompts(6, seed=3), 24, (), taps, batch=16, feature_dtype=torch.float32)
-    drafter, metrics = train(target, train_ds, eval_ds, tc)
-    return drafter, metrics, eval_ds, tc, train_ds
 
 
 def test_training_fits_its_data(looping_target, trained):

@@ -11,4 +11,4 @@ python3 -m specpilot.cli train-drafter --deployment bench/gpu/smollm2-target.tom
     --block-size "${BLOCK:-16}" --layers "${LAYERS:-2}" --selector-rank 32 --seed 0 2>&1 | tail -n 3
 mkdir -p "$OUT/smollm2-dflash" && cp .models/smollm2-dflash/* "$OUT/smollm2-dflash/"
 python3 -m specpilot.cli bench --deployment bench/gpu/smollm2-pair.toml --system ar --system stock \
-    --limit "${LIMIT:-20}" --max-new-tokens "${MAXNEW:-256}" --json "$OUT/smollm2_pair.json"
+    --limit "${LIMIT:-20}" --max-new-tokens "${MAXNEW:-256}" --oracle --json "$OUT/smollm2_pair.json"

@@ -17,7 +17,7 @@ class TurnRecord:
     id: str
     dataset: str
     turn: int
-    prompt_tokens: int
+    prompt: list[int]
     tokens: list[int]
     prefill_s: float
     decode_s: float
@@ -68,7 +68,7 @@ class Runner:
             gen = engine.generate(prompt, max_new_tokens, self.tokenizer.eos_ids, system)
             messages.append({"role": "assistant", "content": self.tokenizer.decode(gen.tokens)})
             rid = request.id if len(request.turns) == 1 else f"{request.id}#turn{k + 1}"
-            records.append(TurnRecord(rid, request.dataset, k + 1, len(prompt), gen.tokens, gen.prefill_s,
+            records.append(TurnRecord(rid, request.dataset, k + 1, prompt, gen.tokens, gen.prefill_s,
                                       gen.decode_s, gen.accepted))
             if on_turn:
                 on_turn()

@@ -30,6 +30,7 @@ class BenchPlan:
     limit: int | None
     max_new_tokens: int
     data_dir: str | None = None
+    oracle: bool = False  # replay the drafter's lattices along AR's output: chain tau and top-K oracle tau
 
 
 def plan_systems(names: list[str]) -> list[System]:
@@ -82,7 +83,27 @@ def run_bench(plan: BenchPlan, runner: Runner, requests: list[Request], progress
         for system in plan.systems:
             records[system.name].extend(runner.run(system, request, plan.max_new_tokens, progress))
     ar = next(s.name for s in plan.systems if s.base == "ar")
-    return {name: summarize(recs, records[ar]) for name, recs in records.items()}
+    summaries = {name: summarize(recs, records[ar]) for name, recs in records.items()}
+    if plan.oracle and runner.drafter is not None:
+        for system in plan.systems:
+            if system.base == "stock":
+                summaries[system.name].update(oracle_summary(runner, system, records[ar]))
+    return summaries
+
+
+def oracle_summary(runner: Runner, system: System, ar_records: list[TurnRecord]) -> dict:
+    """Replayed along each request's AR output (the target's greedy continuation), so the figures do not
+    depend on the speculative run itself: the mean over requests of per-request step means."""
+    from specpilot.bench.oracle import lattice_taus
+
+    block = runner.engine(system).block
+    rows = [lattice_taus(runner.target, runner.drafter, r.prompt, r.tokens, block) for r in ar_records]
+    chain = [r["replay_chain_tau"] for r in rows if r["replay_chain_tau"] is not None]
+    oracle = [r["oracle_tau"] for r in rows if r["oracle_tau"] is not None]
+    steps = [s for r in rows for s in r["oracle_steps"]]
+    return {"replay_chain_tau": sum(chain) / len(chain) if chain else None,
+            "oracle_tau_top16": sum(oracle) / len(oracle) if oracle else None,
+            "oracle_histogram": {str(k): steps.count(k) for k in sorted(set(steps))}}
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:

@@ -1,0 +1,34 @@
+"""Shared fixtures: a small target whose greedy answers loop, and a drafter trained on them."""
+
+import pytest
+import torch
+
+from specpilot.fixtures.distill import build_dataset
+from specpilot.fixtures.random_models import random_target, tiny_target_config
+from specpilot.fixtures.train_drafter import TrainConfig, drafter_config, train
+
+
+def prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 250, (int(torch.randint(4, 16, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def looping_target():
+    """A random target with tied embeddings falls into short loops: its answers are learnable."""
+    return random_target(tiny_target_config(vocab=300, tie_word_embeddings=True), seed=3)
+
+
+@pytest.fixture(scope="session")
+def trained(looping_target):
+    target = looping_target
+    tc = TrainConfig(block_size=4, layers=1, selector_rank=8, selector_top_k=4, steps=200, seqs_per_step=8,
+                     blocks_per_seq=4, warmup_steps=10, lr=1e-2, seed=0)
+    taps = tuple(drafter_config(target.cfg, tc).target_layer_ids)
+    train_ds = build_dataset(target, prompts(32, seed=2), 24, (), taps, batch=16, feature_dtype=torch.float32)
+    eval_ds = build_dataset(target, prompts(6, seed=3), 24, (), taps, batch=16, feature_dtype=torch.float32)
+    drafter, metrics = train(target, train_ds, eval_ds, tc)
+    return drafter, metrics, eval_ds, tc, train_ds
+
+
