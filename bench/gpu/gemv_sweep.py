@@ -1,6 +1,6 @@
 """The decode-step projections of the 8B and 27B shapes: cuBLAS against each Triton GEMV config.
 
-Correctness first (each config against F.linear on random bf16 inputs), then times (median of CUDA
+Correctness first (each config against cuBLAS on random bf16 inputs), then times (median of CUDA
 events), a table last, JSON to $OUT/gemv_sweep.json. Weights are 25-600 MB each, far past the 60 MB
 L2, so every call streams from HBM.
 
@@ -14,12 +14,10 @@ import json
 import os
 
 import torch
-import torch.nn.functional as F
-import triton
 
 from bench.gpu.engine_core import MODELS, bandwidth, timed
-from specpilot.kernels.gemv.naive import gate_up_silu_naive
-from specpilot.kernels.gemv.triton import _CONFIGS, _gate_up_kernel, _gemv_kernel
+from specpilot.kernels.gemv import project
+from specpilot.kernels.gemv.triton import _CONFIGS, gemv_triton
 
 
 def shapes(cfg) -> dict[str, tuple[int, int]]:
@@ -29,15 +27,9 @@ def shapes(cfg) -> dict[str, tuple[int, int]]:
 
 
 def run_config(conf, x, w, gate_up: bool):
-    n, k = w.shape
-    kw = dict(conf.kwargs, num_warps=conf.num_warps, num_stages=conf.num_stages)
-    if gate_up:
-        y = torch.empty(1, n // 2, dtype=x.dtype, device=x.device)
-        grid = (triton.cdiv(n // 2, kw["BLOCK_N"]),)
-        return y, lambda: _gate_up_kernel[grid](x, w, y, n // 2, k, x.stride(0), y.stride(0), M=1, **kw)
-    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(n, kw["BLOCK_N"]),)
-    return y, lambda: _gemv_kernel[grid](x, w, w, y, n, k, x.stride(0), y.stride(0), M=1, HAS_BIAS=False, **kw)
+    config = dict(conf.kwargs, num_warps=conf.num_warps, num_stages=conf.num_stages)
+    fn = functools.partial(gemv_triton, x, w, gate_up=gate_up, config=config)
+    return fn(), fn
 
 
 def main() -> None:
@@ -50,13 +42,12 @@ def main() -> None:
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k ** 0.5
             x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=gen)
             gate_up = name == "gate_up"
-            cublas = functools.partial(gate_up_silu_naive if gate_up else F.linear, x, w)
+            cublas = functools.partial(project, x, w, gate_up=gate_up)  # cuBLAS (+ the silu kernel)
             ref = cublas()
             base_ms = timed(cublas, reps=50)
             best = (None, float("inf"))
             for conf in _CONFIGS:
                 y, fn = run_config(conf, x, w, gate_up)
-                fn()
                 err = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
                 if not err < 2e-2:
                     raise SystemExit(f"{model} {name} {conf}: relative error {err}")

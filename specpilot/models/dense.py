@@ -13,7 +13,7 @@ import enum
 import torch
 from torch import nn
 
-from specpilot.kernels.gemv import linear
+from specpilot.kernels.gemv import gemv_applies, project
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
 from specpilot.spec.masks import Visibility
@@ -52,7 +52,7 @@ class Block(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.attn = Attention(cfg)
         self.mlp_norm = nn.Parameter(torch.ones(cfg.hidden_size))
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.rms_norm_eps)
 
 
 class DenseTarget(nn.Module):
@@ -97,12 +97,15 @@ class DenseTarget(nn.Module):
             slots = positions
             vis = Visibility(cache_len=positions[:, 0], start=positions[:, 0])
 
-        def attn(i, layer, h):
-            return layer.attn(h, positions, self.rope, cache.k[i], cache.v[i], slots, vis)
+        def attn(i, layer, h, **kw):
+            return layer.attn(h, positions, self.rope, cache.k[i], cache.v[i], slots, vis, **kw)
 
-        h, kept = run_layers(self.embed(tokens), self.layers, self.norm, self.cfg.rms_norm_eps, attn,
-                             lambda i, layer, h: layer.mlp(h), hidden_layers)
+        x = self.embed(tokens)
+        fused = gemv_applies(x, self.gemv)
+        h, kept = run_layers(x, self.layers, self.norm, self.cfg.rms_norm_eps, attn,
+                             lambda i, layer, h, **kw: layer.mlp(h, **kw), hidden_layers, fused=fused)
         hidden = torch.cat([kept[i] for i in hidden_layers], -1) if kept else None
         if mode is Mode.PREFILL:
             h = h[:, -1:]
-        return linear(h, self.head_weight, None, self.gemv), hidden
+        final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
+        return project(h, self.head_weight, norm_weight=final, eps=self.cfg.rms_norm_eps, gemv=self.gemv), hidden

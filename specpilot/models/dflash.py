@@ -56,7 +56,7 @@ class DraftBlock(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(lc.hidden_size))
         self.attn = Attention(lc)
         self.mlp_norm = nn.Parameter(torch.ones(lc.hidden_size))
-        self.mlp = SwiGLU(lc.hidden_size, lc.intermediate_size, lc.mlp_bias)
+        self.mlp = SwiGLU(lc.hidden_size, lc.intermediate_size, lc.mlp_bias, lc.rms_norm_eps)
         self.attn_conv = self.mlp_conv = None
         if cfg.conv_kernel_size:
             self.attn_conv = DynamicConv(lc.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from specpilot.kernels.attention import attend
-from specpilot.kernels.gemv import gate_up_silu, linear
+from specpilot.kernels.gemv import project
 from specpilot.kernels.norm import add_rms_norm, rms_norm
 from specpilot.kernels.rope import rope_qkv
 from specpilot.models.config import DenseConfig
@@ -77,10 +77,11 @@ class Attention(nn.Module):
             self.q_norm = nn.Parameter(torch.ones(cfg.head_dim))
             self.k_norm = nn.Parameter(torch.ones(cfg.head_dim))
 
-    def _prologue(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, want_q: bool):
+    def _prologue(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, want_q: bool, norm_weight=None):
         cfg = self.cfg
         qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
-        qkv = linear(x, self.wqkv.weight, self.wqkv.bias, self.gemv)
+        qkv = project(x, self.wqkv.weight, self.wqkv.bias, norm_weight=norm_weight, eps=cfg.rms_norm_eps,
+                      gemv=self.gemv)
         return rope_qkv(qkv, positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, k_cache, v_cache, slots,
                         cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, want_q)
 
@@ -88,10 +89,13 @@ class Attention(nn.Module):
         """Only the K/V of rows x (the drafter's context rows) into the cache."""
         self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=False)
 
-    def forward(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, vis: Visibility):
-        q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True)
+    def forward(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, vis: Visibility,
+                norm_weight=None, residual=None):
+        """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
+        `residual` (see `run_layers`)."""
+        q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True, norm_weight=norm_weight)
         o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5)
-        return linear(o.flatten(2), self.wo.weight, self.wo.bias, self.gemv)
+        return project(o.flatten(2), self.wo.weight, self.wo.bias, residual=residual, gemv=self.gemv)
 
 
 class SwiGLU(nn.Module):
@@ -99,14 +103,16 @@ class SwiGLU(nn.Module):
 
     gemv = False
 
-    def __init__(self, hidden: int, inter: int, bias: bool = False):
+    def __init__(self, hidden: int, inter: int, bias: bool = False, eps: float = 1e-6):
         super().__init__()
+        self.eps = eps
         self.w13 = nn.Linear(hidden, 2 * inter, bias=bias)
         self.w2 = nn.Linear(inter, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = gate_up_silu(x, self.w13.weight, self.w13.bias, self.gemv)
-        return linear(h, self.w2.weight, self.w2.bias, self.gemv)
+    def forward(self, x: torch.Tensor, norm_weight=None, residual=None) -> torch.Tensor:
+        h = project(x, self.w13.weight, self.w13.bias, norm_weight=norm_weight, eps=self.eps, gate_up=True,
+                    gemv=self.gemv)
+        return project(h, self.w2.weight, self.w2.bias, residual=residual, gemv=self.gemv)
 
 
 def use_gemv(model: nn.Module, on: bool) -> None:
@@ -116,13 +122,25 @@ def use_gemv(model: nn.Module, on: bool) -> None:
             module.gemv = on
 
 
-def run_layers(x, layers, final_norm, eps: float, attn_fn, mlp_fn, hidden_layers: tuple[int, ...] = ()):
-    """Pre-norm residual stack with each residual add fused into the norm that follows it.
+def run_layers(x, layers, final_norm, eps: float, attn_fn, mlp_fn, hidden_layers: tuple[int, ...] = (),
+               fused: bool = False):
+    """Pre-norm residual stack.
 
-    attn_fn(i, layer, h) and mlp_fn(i, layer, h) compute layer i's two sublayers on normed input h.
-    Returns (final-normed hidden [.., H], {layer index: residual stream after that layer})."""
-    h = rms_norm(x, layers[0].attn_norm, eps)
+    attn_fn(i, layer, h, **kw) and mlp_fn(i, layer, h, **kw) compute layer i's sublayers. Unfused (cuBLAS
+    path), h is normed input and each residual add is fused into the norm that follows it; the result is
+    the final-normed hidden. Fused (few-row GEMV path), h is the residual stream itself and kw carries
+    norm_weight and residual: every norm happens inside the projection that reads it, every residual
+    add inside the projection that writes it, and the result is the un-normed stream (the final norm
+    goes into the LM head's projection). Returns (hidden, {layer index: residual stream after it})."""
     kept = {}
+    if fused:
+        for i, layer in enumerate(layers):
+            x = attn_fn(i, layer, x, norm_weight=layer.attn_norm, residual=x)
+            x = mlp_fn(i, layer, x, norm_weight=layer.mlp_norm, residual=x)
+            if i in hidden_layers:
+                kept[i] = x
+        return x, kept
+    h = rms_norm(x, layers[0].attn_norm, eps)
     for i, layer in enumerate(layers):
         x, h = add_rms_norm(x, attn_fn(i, layer, h), layer.mlp_norm, eps)
         following = layers[i + 1].attn_norm if i + 1 < len(layers) else final_norm
