@@ -15,24 +15,17 @@ Jobs then use SPECPILOT_MODELS=.models and PYTHONPATH=.:/tmp/site.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from specpilot.fixtures.pypi import sha256_file  # noqa: E402
+
 STAGE = Path(".stage")
 PART = 60_000_000
 WHEEL = "gguf-0.19.0-py3-none-any.whl"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def split() -> None:
@@ -44,7 +37,7 @@ def split() -> None:
     data = gguf.read_bytes()
     for i in range(0, len(data), PART):
         (STAGE / f"smollm2.part{i // PART}").write_bytes(data[i : i + PART])
-    (STAGE / "smollm2.sha256").write_text(sha256(gguf) + "\n")
+    (STAGE / "smollm2.sha256").write_text(sha256_file(gguf) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "gguf==0.19.0", "-d", str(STAGE)],
                    check=True)
     shared = Path(__file__).resolve().parents[3] / "shared" / "datasets"
@@ -76,7 +69,7 @@ def assemble() -> None:
         for p in parts:
             f.write(p.read_bytes())
     want = (STAGE / "smollm2.sha256").read_text().strip()
-    if sha256(gguf) != want:
+    if sha256_file(gguf) != want:
         raise SystemExit("assembled GGUF does not match its sha256: a part is stale or truncated")
     install_gguf()
     os.environ.setdefault("SPECPILOT_MODELS", ".models")

