@@ -184,6 +184,41 @@ def train_drafter(
 
 
 @app.command()
+def twin(
+    target: Annotated[Path, typer.Option(help="Target checkpoint folder.")],
+    out: Annotated[Path, typer.Option(help="Folder to write: <out>/target and <out>/drafter.")],
+    width: Annotated[int, typer.Option(help="Repeat every hidden unit, head and MLP unit this many times.")],
+    drafter: Annotated[Path | None, typer.Option(help="Its drafter's checkpoint folder (widened alike).")] = None,
+    depth: Annotated[int | None, typer.Option(help="Pad to this many layers with layers that change nothing.")
+                     ] = None,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 for the written weights.")] = "bfloat16",
+) -> None:
+    """Write a function-preserving widened twin of a target (and drafter): same logits, more bytes."""
+    import torch
+
+    from specpilot.fixtures.twin import widen_drafter, widen_target
+    from specpilot.models.loading import load_drafter, load_target, save_drafter, save_target
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype not in dtypes:
+        raise UserError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
+    if width < 1:
+        raise UserError(f"--width must be at least 1, got {width}")
+    if not out.parent.exists():
+        raise UserError(f"cannot write {out}: folder {out.parent} does not exist")
+    small = load_target(target, torch.float32)
+    if depth is not None and depth < small.cfg.num_layers:
+        raise UserError(f"--depth {depth} is below the target's {small.cfg.num_layers} layers")
+    out.mkdir(exist_ok=True)
+    save_target(widen_target(small, width, depth).to(dtypes[dtype]), out / "target")
+    console.print(f"wrote {out / 'target'}")
+    if drafter is not None:
+        d = load_drafter(drafter, torch.float32)
+        save_drafter(widen_drafter(d, width, depth).to(dtypes[dtype]), out / "drafter")
+        console.print(f"wrote {out / 'drafter'}")
+
+
+@app.command()
 def presets() -> None:
     """List the named deployments."""
     from specpilot.deployment import list_presets, load_deployment
