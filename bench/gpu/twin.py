@@ -1,0 +1,134 @@
+"""The deployment-scale twin on one GPU (issue 4): SmolLM2 and its drafter widened in memory.
+
+Needs the staged SmolLM2 and the trained drafter under $SPECPILOT_MODELS (bench/gpu/real_pair.sh).
+1. Fidelity: greedy outputs of the twin against SmolLM2 (bf16) on dev requests: share of equal tokens
+   and where they first diverge; stock tau of the widened pair against the small pair's.
+2. Cost fidelity: the twin's verify step for 1..192 rows against a random-weight model of its shape.
+3. AR on the twin against its weight-pass floor; stock tau and speedup over AR.
+Correctness first, table last, JSON to $OUT/twin.json.
+
+Usage: PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data \
+       python3 bench/gpu/twin.py [--width 16] [--limit 4] [--max-new 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+
+import torch
+
+from bench.gpu.engine_core import bandwidth, step_weight_bytes, timed
+from specpilot.bench.datasets import load_requests
+from specpilot.fixtures.random_models import random_target
+from specpilot.fixtures.smollm2 import models_dir
+from specpilot.fixtures.twin import widen_drafter, widen_target
+from specpilot.models.dense import Mode
+from specpilot.models.loading import load_drafter, load_target
+from specpilot.models.tokenizer import HFTokenizer
+from specpilot.runtime.engine import Engine
+from specpilot.runtime.options import parse_system
+from specpilot.spec.masks import Visibility
+
+AR, STOCK = parse_system("ar"), parse_system("stock")
+DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mtbench")
+ROWS = (1, 16, 32, 64, 128, 192)
+
+
+def first_turn_prompts(tok, limit: int) -> list[list[int]]:
+    return [tok.chat_prompt([{"role": "user", "content": r.turns[0]}])
+            for d in DATASETS for r in load_requests(d, "dev", limit=limit)]
+
+
+def run(engine: Engine, prompts, max_new: int, system, eos) -> list:
+    engine.warmup(system)
+    return [engine.generate(p, max_new, eos, system) for p in prompts]
+
+
+def verify_ms(model, n: int, context: int) -> float:
+    cache = model.new_cache(1, context)
+    start = torch.tensor([256], device="cuda")
+    tokens = torch.randint(0, model.cfg.vocab_size, (1, n), device="cuda")
+    positions = (start + torch.arange(n, device="cuda"))[None]
+    vis = Visibility(cache_len=start, start=start)
+    step = lambda: model(tokens, positions, cache, Mode.VERIFY, slots=positions, vis=vis)  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.inference_mode():
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        step()
+    return timed(graph.replay)
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    same = sum(x == y for s, t in zip(a, b, strict=True) for x, y in zip(s, t, strict=False))
+    total = sum(max(len(s), len(t)) for s, t in zip(a, b, strict=True))
+    first = [next((i for i, (x, y) in enumerate(zip(s, t, strict=False)) if x != y), None) for s, t in zip(a, b,
+                                                                                                        strict=True)]
+    return {"token_agreement": same / total, "first_divergence": first}
+
+
+def tau(gens) -> float:
+    per = [sum(g.accepted) / len(g.accepted) for g in gens if g.accepted]
+    return sum(per) / len(per)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--depth", type=int, default=None)
+    ap.add_argument("--limit", type=int, default=4, help="dev requests per benchmark")
+    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--context", type=int, default=2048)
+    args = ap.parse_args()
+    dev, dt = "cuda", torch.bfloat16
+    folder = models_dir() / "smollm2"
+    tok = HFTokenizer(folder)
+    small_t = load_target(folder, dt, dev, rope_length=args.context + 1)
+    small_d = load_drafter(models_dir() / "smollm2-dflash", dt, dev, rope_length=args.context + 1)
+    twin_t = widen_target(small_t, args.width, args.depth)
+    twin_d = widen_drafter(small_d, args.width, args.depth)
+    print(f"[twin] {sum(p.numel() for p in twin_t.parameters()) / 1e9:.2f}B params "
+          f"(hidden {twin_t.cfg.hidden_size}, MLP {twin_t.cfg.intermediate_size}, {twin_t.cfg.num_heads} heads)")
+    prompts = first_turn_prompts(tok, args.limit)
+    eos = tok.eos_ids
+    small_ar = run(Engine(small_t, None, context=args.context), prompts, args.max_new, AR, eos)
+    small_st = run(Engine(small_t, small_d, context=args.context), prompts, args.max_new, STOCK, eos)
+    twin_ar = run(Engine(twin_t, None, context=args.context), prompts, args.max_new, AR, eos)
+    twin_st = run(Engine(twin_t, twin_d, context=args.context), prompts, args.max_new, STOCK, eos)
+    fid = agreement([g.tokens for g in small_ar], [g.tokens for g in twin_ar])
+    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(), "width": args.width,
+              "requests": len(prompts), "fidelity": fid, "small_stock_tau": tau(small_st),
+              "twin_stock_tau": tau(twin_st)}
+    print(f"[fidelity] twin AR vs SmolLM2 AR: {100 * fid['token_agreement']:.2f}% tokens equal; "
+          f"stock tau small {report['small_stock_tau']:.3f} twin {report['twin_stock_tau']:.3f}")
+    bw = bandwidth()
+    ar_ms = [1000 * g.decode_s / g.decode_tokens for g in twin_ar if g.decode_tokens]
+    speed = [(a.decode_s / a.decode_tokens) / (s.decode_s / s.decode_tokens)
+             for a, s in zip(twin_ar, twin_st, strict=True) if a.decode_tokens and s.decode_tokens]
+    floor = step_weight_bytes(twin_t) / (bw["copy_tb_s"] * 1e12) * 1e3
+    report.update(bandwidth=bw, twin_ar_ms_per_token=sum(ar_ms) / len(ar_ms), floor_ms=floor,
+                  stock_speedup_geomean=float(torch.tensor(speed).log().mean().exp()))
+    report["verify_ms_twin"] = {n: verify_ms(twin_t, n, args.context) for n in ROWS}
+    del small_st, twin_st
+    shadow = random_target(twin_t.cfg, seed=0, dtype=dt, device=dev, rope_length=args.context + 1)
+    report["verify_ms_random_same_shape"] = {n: verify_ms(shadow, n, args.context) for n in ROWS}
+    with open(os.path.join(os.environ.get("OUT", "."), "twin.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    ar = report["twin_ar_ms_per_token"]
+    print(f"\ntwin AR {ar:.3f} ms/token, floor {floor:.3f} ms ({100 * floor / ar:.1f}%), "
+          f"stock speedup {report['stock_speedup_geomean']:.2f}x")
+    print("rows   twin ms   random ms   diff %")
+    for n in ROWS:
+        a, b = report["verify_ms_twin"][n], report["verify_ms_random_same_shape"][n]
+        print(f"{n:4d}  {a:8.3f}  {b:9.3f}  {100 * (a - b) / b:+6.2f}")
+
+
+if __name__ == "__main__":
+    main()
