@@ -109,9 +109,9 @@ def drafter_for(cfg: DenseConfig) -> DrafterConfig:
                          selector_top_k=16)
 
 
-def verify_ms(target, n: int) -> float:
+def verify_ms(target, n: int, context: int = CONTEXT) -> float:
     """One captured target verify of n chain rows after 512 committed tokens."""
-    cache = target.new_cache(1, CONTEXT)
+    cache = target.new_cache(1, context)
     start = torch.tensor([512], device="cuda")
     tokens = torch.randint(0, target.cfg.vocab_size, (1, n), device="cuda")
     positions = (start + torch.arange(n, device="cuda"))[None]

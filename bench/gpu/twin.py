@@ -20,17 +20,15 @@ import os
 
 import torch
 
-from bench.gpu.engine_core import bandwidth, step_weight_bytes, timed
+from bench.gpu.engine_core import bandwidth, step_weight_bytes, verify_ms
 from specpilot.bench.datasets import load_requests
 from specpilot.fixtures.random_models import random_target
 from specpilot.fixtures.smollm2 import models_dir
 from specpilot.fixtures.twin import widen_drafter, widen_target
-from specpilot.models.dense import Mode
 from specpilot.models.loading import load_drafter, load_target
 from specpilot.models.tokenizer import HFTokenizer
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.options import parse_system
-from specpilot.spec.masks import Visibility
 
 AR, STOCK = parse_system("ar"), parse_system("stock")
 DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mtbench")
@@ -45,24 +43,6 @@ def first_turn_prompts(tok, limit: int) -> list[list[int]]:
 def run(engine: Engine, prompts, max_new: int, system, eos) -> list:
     engine.warmup(system)
     return [engine.generate(p, max_new, eos, system) for p in prompts]
-
-
-def verify_ms(model, n: int, context: int) -> float:
-    cache = model.new_cache(1, context)
-    start = torch.tensor([256], device="cuda")
-    tokens = torch.randint(0, model.cfg.vocab_size, (1, n), device="cuda")
-    positions = (start + torch.arange(n, device="cuda"))[None]
-    vis = Visibility(cache_len=start, start=start)
-    step = lambda: model(tokens, positions, cache, Mode.VERIFY, slots=positions, vis=vis)  # noqa: E731
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.inference_mode():
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        step()
-    return timed(graph.replay)
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
