@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,7 +244,3 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"corrupt config {path}: expected a JSON object")
     return data
-
-
-def replace(cfg, **changes):
-    return dataclasses.replace(cfg, **changes)

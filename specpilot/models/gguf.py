@@ -291,12 +291,6 @@ def _token(reader, index: int) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def save_gguf_tokenizer(path: str | Path, out_dir: str | Path) -> None:
-    """The GGUF's tokenizer, built by transformers, saved with its special tokens and chat template as the
-    GGUF metadata gives them (transformers' GGUF converter can mix them up: eos from bos_token_id)."""
-    _save_tokenizer(Path(path), _open(path), Path(out_dir))
-
-
 def _save_tokenizer(path: Path, reader, out_dir: Path) -> None:
     from transformers import AutoTokenizer
 
