@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from specpilot.kernels.gemv import gemv_applies, project
+from specpilot.kernels.norm import rms_norm
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
 from specpilot.spec.masks import Visibility
@@ -90,6 +91,14 @@ class DenseTarget(nn.Module):
         see every earlier slot; VERIFY takes the slots and the visibility from the caller (a tree's
         rows sit at consecutive slots past the cache but at positions given by their depth).
         """
+        h, hidden, fused = self._trunk(tokens, positions, cache, mode, slots, vis, hidden_layers)
+        if mode is Mode.PREFILL:
+            h = h[:, -1:]
+        final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
+        return project(h, self.head_weight, norm_weight=final, eps=self.cfg.rms_norm_eps, gemv=self.gemv), hidden
+
+    def _trunk(self, tokens, positions, cache, mode, slots, vis, hidden_layers):
+        """-> (hidden after the last layer: final-normed, or the raw stream when fused; taps; fused)."""
         if mode is Mode.VERIFY:
             if slots is None or vis is None:
                 raise ValueError("verify needs explicit slots and visibility")
@@ -105,7 +114,12 @@ class DenseTarget(nn.Module):
         h, kept = run_layers(x, self.layers, self.norm, self.cfg.rms_norm_eps, attn,
                              lambda i, layer, h, **kw: layer.mlp(h, **kw), hidden_layers, fused=fused)
         hidden = torch.cat([kept[i] for i in hidden_layers], -1) if kept else None
-        if mode is Mode.PREFILL:
-            h = h[:, -1:]
-        final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
-        return project(h, self.head_weight, norm_weight=final, eps=self.cfg.rms_norm_eps, gemv=self.gemv), hidden
+        return h, hidden, fused
+
+    def normed_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states of every row of whole sequences [B, T] (teacher forcing: the
+        caller applies its own LM head, e.g. in float32)."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device)[None].expand(tokens.shape[0], -1)
+        cache = self.new_cache(tokens.shape[0], tokens.shape[1])
+        h, _, fused = self._trunk(tokens, positions, cache, Mode.PREFILL, None, None, ())
+        return rms_norm(h, self.norm, self.cfg.rms_norm_eps) if fused else h
