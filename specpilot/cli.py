@@ -119,6 +119,65 @@ def bench(
 
 
 @app.command()
+def force(
+    candidate: Annotated[str, typer.Option(help="The system under audit, base[:key=value,...].")],
+    reference: Annotated[str, typer.Option(help="The system it must be as faithful as.")] = "stock",
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    dataset: Annotated[list[str] | None, typer.Option("--dataset", help="Repeatable; default: the deployment's.")
+                       ] = None,
+    split: Annotated[str | None, typer.Option(help="dev (default), sealed or all.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N requests per dataset.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (up to 4096).")] = None,
+    data_dir: Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the verdict and its evidence here.")
+                         ] = None,
+) -> None:
+    """Token forcing: score every output token of reference, candidate and AR under the exact target
+    (float32 LM head); reject the candidate if it mismatches or makes unexplained large-margin
+    choices more often than the reference. Exit 0 on pass, 1 on reject."""
+    from specpilot.bench.harness import Runner
+    from specpilot.bench.run import BenchPlan, collect_requests, environment, write_json_atomic
+    from specpilot.forcing.run import force as run_force
+    from specpilot.models.pair import build_pair
+    from specpilot.runtime.options import parse_system
+
+    dep = _deployment(preset, deployment)
+    parse_system(candidate), parse_system(reference)  # bad names fail before any model loads
+    budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
+    if not 0 < budget <= 4096:
+        raise UserError(f"max_new_tokens must be in 1..4096, got {budget}")
+    if json_path is not None and not json_path.parent.exists():
+        raise UserError(f"cannot write {json_path}: folder {json_path.parent} does not exist")
+    plan = BenchPlan(dep, [], dataset or dep.datasets, split or dep.split,
+                     limit if limit is not None else dep.limit, budget, data_dir)
+    requests = collect_requests(plan)
+    target, drafter, tok = build_pair(dep)
+    runner = Runner(target, drafter, tok, dep.context)
+    turns = sum(len(r.turns) for r in requests) * 3
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(f"{len(requests)} requests x 3 systems", total=turns)
+        report = run_force(runner, reference, candidate, requests, budget, lambda: bar.advance(task))
+    report = {**environment(), "deployment": dep.name, **report}
+    if json_path is not None:
+        write_json_atomic(json_path, report)
+    t = Table(title=f"token forcing (delta {report['delta']:.3f} nats"
+                    f"{'' if report['delta_calibrated'] else ', default: reference never diverged from AR'})")
+    for col in ("role", "system", "tokens", "mismatch", "95% CI", "large-margin", "unexplained"):
+        t.add_column(col, justify="left" if col in ("role", "system") else "right")
+    for role, s in report["systems"].items():
+        low, high = s["mismatch_ci95"]
+        t.add_row(role, s["system"], str(s["tokens"]), f"{100 * s['mismatch_rate']:.2f}%",
+                  f"{100 * low:.2f}-{100 * high:.2f}%", str(s["large_margin_events"]), str(s["unexplained_events"]))
+    console.print(t)
+    color = "green" if report["verdict"] == "pass" else "red"
+    console.print(f"[{color}]{report['verdict']}[/{color}]: {report['reason']}")
+    if report["verdict"] != "pass":
+        raise typer.Exit(1)
+
+
+@app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="The user message.")],
     preset: Preset = None,

@@ -142,3 +142,19 @@ def test_tiny_preset_builds_on_cpu():
     assert target.embed.weight.dtype == torch.float32
     assert drafter.cfg.layer.vocab_size == target.cfg.vocab_size
     assert tok.decode(tok.chat_prompt([{"role": "user", "content": "hi"}])).count("hi") == 1
+
+
+@pytest.mark.parametrize("candidate,code,verdict", [("stock:fault=logit_bias", 1, "reject"), ("stock", 0, "pass")])
+def test_force_exit_code_and_evidence(tmp_path, candidate, code, verdict):
+    out = tmp_path / "force.json"
+    proc = specpilot("force", "--preset", "tiny", "--reference", "stock", "--candidate", candidate, "--limit", "3",
+                     "--max-new-tokens", "16", "--json", str(out))
+    assert proc.returncode == code, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["verdict"] == verdict and verdict in proc.stdout
+    for role in ("reference", "candidate", "ar"):
+        assert {"mismatch_rate", "large_margin_events"} <= set(report["systems"][role])
+
+
+def test_force_rejects_bad_names_before_loading():
+    assert_one_line_error(specpilot("force", "--candidate", "stock:fault=typo"), "fault")

@@ -17,6 +17,7 @@ from specpilot.kernels.gemv import gemv_applies, project
 from specpilot.kernels.norm import rms_norm
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
+from specpilot.runtime.faults import NORM_EPS
 from specpilot.spec.masks import Visibility
 
 
@@ -58,6 +59,7 @@ class Block(nn.Module):
 
 class DenseTarget(nn.Module):
     gemv = False  # the LM head through the Triton GEMV too (see layers.use_gemv)
+    fault = "none"  # a deliberately lossy forward, for auditing the judge (runtime/faults.py)
 
     def __init__(self, cfg: DenseConfig, rope_length: int | None = None):
         super().__init__()
@@ -95,7 +97,13 @@ class DenseTarget(nn.Module):
         if mode is Mode.PREFILL:
             h = h[:, -1:]
         final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
-        return project(h, self.head_weight, norm_weight=final, eps=self.cfg.rms_norm_eps, gemv=self.gemv), hidden
+        if self.fault == "fp16_head":
+            normed = rms_norm(h, self.norm, self._eps()) if fused else h
+            return (normed.half() @ self.head_weight.half().t()).to(h.dtype), hidden
+        return project(h, self.head_weight, norm_weight=final, eps=self._eps(), gemv=self.gemv), hidden
+
+    def _eps(self) -> float:
+        return NORM_EPS if self.fault == "norm_eps" else self.cfg.rms_norm_eps
 
     def _trunk(self, tokens, positions, cache, mode, slots, vis, hidden_layers):
         """-> (hidden after the last layer: final-normed, or the raw stream when fused; taps; fused)."""
@@ -111,7 +119,10 @@ class DenseTarget(nn.Module):
 
         x = self.embed(tokens)
         fused = gemv_applies(x, self.gemv)
-        h, kept = run_layers(x, self.layers, self.norm, self.cfg.rms_norm_eps, attn,
+        layers = self.layers
+        if self.fault == "skip_layer":  # the middle layer left out
+            layers = [layer for i, layer in enumerate(self.layers) if i != len(self.layers) // 2]
+        h, kept = run_layers(x, layers, self.norm, self._eps(), attn,
                              lambda i, layer, h, **kw: layer.mlp(h, **kw), hidden_layers, fused=fused)
         hidden = torch.cat([kept[i] for i in hidden_layers], -1) if kept else None
         return h, hidden, fused

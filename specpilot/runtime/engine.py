@@ -16,6 +16,7 @@ from specpilot.errors import UserError
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.models.layers import use_gemv
+from specpilot.runtime.faults import MODEL_FAULTS, distort, force_first_draft
 from specpilot.runtime.graphs import StepGraph
 from specpilot.runtime.options import System
 from specpilot.spec.accept import accept_greedy
@@ -43,11 +44,14 @@ class Engine:
     """Owns the caches and the static step buffers for one target (+ drafter) and one context size."""
 
     def __init__(self, target: DenseTarget, drafter: DFlashDrafter | None = None, *, context: int,
-                 use_graphs: bool = True, block_size: int = 0, gemv: bool = False):
+                 use_graphs: bool = True, block_size: int = 0, gemv: bool = False, fault: str = "none"):
         self.target, self.drafter = target, drafter
         self.device = target.embed.weight.device
         self.context = context
         self.gemv = gemv
+        self.fault = fault
+        if fault == "unverified_accept" and drafter is None:
+            raise UserError("fault unverified_accept needs a drafter (system stock)")
         self.use_graphs = use_graphs and self.device.type == "cuda"
         if target.rope.length < context + 1:
             target.set_rope_length(context + 1, device=self.device)
@@ -97,7 +101,7 @@ class Engine:
     # ----- steps (device only: no host sync, so they can be graph-captured) ------------------------
     def _ar_step(self) -> None:
         logits, _ = self.target(self.token[None], self.pos[None], self.cache, Mode.DECODE)
-        self.token.copy_(logits[0, -1].argmax(-1))
+        self.token.copy_(distort(logits[0, -1], self.fault).argmax(-1))
         self.pos.add_(1)
 
     def _spec_step(self) -> None:
@@ -113,7 +117,9 @@ class Engine:
         vis = Visibility(cache_len=start, start=start)  # a chain: causal among the new rows
         logits, feats = target(tokens[None], positions, self.cache, Mode.VERIFY, slots=positions, vis=vis,
                                hidden_layers=self.hidden_layers)
-        accepted, committed = accept_greedy(drafts, logits[0])
+        accepted, committed = accept_greedy(drafts, distort(logits[0], self.fault))
+        if self.fault == "unverified_accept":
+            accepted, committed = force_first_draft(accepted, committed, drafts)
         self.step_out[0] = accepted
         self.step_out[1:] = committed
         self.ctx_feats.copy_(feats)
@@ -134,7 +140,7 @@ class Engine:
         positions = torch.arange(len(prompt), device=self.device)[None]
         layers = self.hidden_layers if with_hidden else ()
         logits, hidden = self.target(ids, positions, self.cache, Mode.PREFILL, hidden_layers=layers)
-        self.token.copy_(logits[0, -1].argmax(-1))
+        self.token.copy_(distort(logits[0, -1], self.fault).argmax(-1))
         self.pos.fill_(len(prompt))
         return hidden
 
@@ -159,6 +165,7 @@ class Engine:
         if spec and self.drafter is None:
             raise UserError("system 'stock' needs a drafter in the deployment")
         use_gemv(self.target, self.gemv)  # the target may be shared with engines of other systems
+        self.target.fault = self.fault if self.fault in MODEL_FAULTS else "none"
         self._prepare(self._spec if spec else self._ar)
         _sync(self.device)
         t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specpilot.errors import UserError
+from specpilot.runtime.faults import FAULTS
 
 BASES = ("ar", "stock")
 
@@ -32,6 +33,9 @@ OPTIONS: dict[str, Option] = {
         Option("graphs", bool, True, "capture decode/verify steps as CUDA graphs (no effect on the CPU)"),
         Option("gemv", bool, False, "few-row target projections through the Triton weight-streaming GEMV "
                "(default: cuBLAS)"),
+        Option("fault", str, "none", "a deliberately lossy variant, for auditing token forcing "
+               "(logit_bias, fp16_head, skip_layer, topk_truncate, norm_eps, unverified_accept)",
+               choices=FAULTS),
         Option("block_size", int, 0, "draft block size: 0 = the drafter's own, else 2..its own",
                bases=("stock",), minimum=0),
     )

@@ -1,0 +1,36 @@
+"""Deliberately lossy variants of a system, for auditing the token-forcing judge (`stock:fault=...`).
+
+Each one is a shortcut a speed-rewarded optimiser might take; none is ever a default. Engine-level
+faults change how the target's logits become tokens or how drafts are accepted; model-level ones
+change the target's forward (set on the model for the duration of a request, like the GEMV switch).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FAULTS = ("none", "logit_bias", "fp16_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept")
+MODEL_FAULTS = ("fp16_head", "skip_layer", "norm_eps")
+BIAS = 3.0  # logit_bias: added to every tenth token id
+KEEP = 7 / 8  # topk_truncate: the argmax only ever sees the first 7/8 of the vocabulary
+NORM_EPS = 1.0  # norm_eps: the RMSNorm epsilon used instead of the config's
+
+
+def distort(logits: torch.Tensor, fault: str) -> torch.Tensor:
+    """Logits as a faulty system would turn them into tokens (identity for the others)."""
+    if fault == "logit_bias":
+        bias = torch.zeros(logits.shape[-1], dtype=logits.dtype, device=logits.device)
+        bias[::10] = BIAS
+        return logits + bias
+    if fault == "topk_truncate":
+        cut = int(logits.shape[-1] * KEEP)
+        return torch.cat([logits[..., :cut], torch.full_like(logits[..., cut:], float("-inf"))], -1)
+    return logits
+
+
+def force_first_draft(accepted: torch.Tensor, committed: torch.Tensor, drafts: torch.Tensor):
+    """unverified_accept: the first draft is committed even when the target disagrees."""
+    forced = accepted == 0
+    committed = committed.clone()
+    committed[0] = torch.where(forced, drafts[0], committed[0])
+    return accepted + forced.to(accepted.dtype), committed

@@ -1,0 +1,59 @@
+"""The fault suite: every deliberately lossy system is rejected by token forcing, every lossless
+variant passes (CPU; float32, and bf16 where the fault is a loss at that precision)."""
+
+import pytest
+import torch
+
+from specpilot.bench.datasets import load_requests
+from specpilot.bench.harness import Runner
+from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
+from specpilot.forcing.run import force
+from specpilot.models.tokenizer import ByteTokenizer
+
+FAULTS = ["logit_bias", "fp16_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept"]
+LOSSLESS = ["stock", "ar", "stock:block_size=4", "stock:graphs=false"]
+
+
+def near_tie_target(dtype):
+    """Real LLMs have many near-ties; random tiny ones few. In float32, pair up LM-head rows (token 2k+1
+    is token 2k's row nudged by 1e-3) so that the argmax often sits between two almost equal logits.
+    (In bfloat16 such pairs are below the dtype's resolution: stock itself would pick either.)"""
+    cfg = tiny_target_config(vocab=512)
+    target = random_target(cfg, seed=4)
+    if dtype is not torch.float32:
+        return target.to(dtype)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        head = target.lm_head
+        head[1::2] = head[0::2] * (1 + 1e-3 * torch.randn(head[0::2].shape, generator=g))
+    return target.to(dtype)
+
+
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def runner(request):
+    dtype = request.param
+    target = near_tie_target(dtype)
+    drafter = random_drafter(tiny_drafter_config(target.cfg, block_size=8), seed=5).to(dtype)
+    return Runner(target, drafter, ByteTokenizer(512), context=256), dtype
+
+
+@pytest.fixture(scope="module")
+def requests():
+    return load_requests("builtin", "all")[:6]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_faults_are_rejected(runner, requests, fault):
+    runner, dtype = runner
+    if fault == "fp16_head" and dtype is torch.bfloat16:
+        pytest.skip("a float16 head is more precise than a bfloat16 one: no loss to detect there")
+    report = force(runner, "stock", f"stock:fault={fault}", requests, 48)
+    assert report["verdict"] == "reject", report["reason"]
+
+
+@pytest.mark.parametrize("candidate", LOSSLESS)
+def test_lossless_variants_pass(runner, requests, candidate):
+    runner, _ = runner
+    report = force(runner, "stock", candidate, requests, 48)
+    assert report["verdict"] == "pass", report["reason"]
+    assert set(report["systems"]) == {"reference", "candidate", "ar"}
