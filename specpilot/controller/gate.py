@@ -1,0 +1,70 @@
+"""The controller's statistical gate: is a candidate really faster than the baseline?
+
+Gain = geometric mean over requests of per-request rate ratios (candidate tokens/s over baseline
+tokens/s on the same request). Its confidence interval comes from a BCa bootstrap over requests of
+the mean log ratio (`scipy.stats.bootstrap`, paired by construction: one ratio per request). Noise is
+measured, not assumed: an A/A run (baseline against itself) gives the half-width of its own interval
+around 1. A candidate is promoted only when the one-sided 95% lower bound of its gain exceeds
+1 + margin + 2 x noise, where margin is 1%, or 3% when outputs differ (per-request times then
+compare different work token for token, so only tokens/s is compared and the bar is higher).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.stats import bootstrap
+
+MARGIN_SAME = 0.01
+MARGIN_DIVERGED = 0.03
+
+
+@dataclass
+class GainEstimate:
+    gain: float
+    lower: float  # one-sided 95% lower bound
+    upper: float  # one-sided 95% upper bound
+    requests: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def rate_ratios(base_tokens, base_seconds, cand_tokens, cand_seconds) -> np.ndarray:
+    base = np.asarray(base_tokens, float) / np.asarray(base_seconds, float)
+    cand = np.asarray(cand_tokens, float) / np.asarray(cand_seconds, float)
+    return cand / base
+
+
+def estimate(ratios, seed: int = 0, resamples: int = 4000) -> GainEstimate:
+    logs = np.log(np.asarray(ratios, float))
+    if logs.size < 3:
+        raise ValueError(f"a gain needs at least 3 requests, got {logs.size}")
+    if np.allclose(logs, logs[0]):  # a degenerate sample has no spread to bootstrap
+        g = float(math.exp(logs[0]))
+        return GainEstimate(g, g, g, int(logs.size))
+    ci = bootstrap((logs,), np.mean, confidence_level=0.90, method="BCa", n_resamples=resamples,
+                   random_state=np.random.default_rng(seed)).confidence_interval
+    return GainEstimate(float(math.exp(logs.mean())), float(math.exp(ci.low)), float(math.exp(ci.high)),
+                        int(logs.size))
+
+
+def noise_from(aa: GainEstimate) -> float:
+    """A/A noise: how far the A/A interval reaches from 1 on either side."""
+    return max(abs(1 - aa.lower), abs(aa.upper - 1))
+
+
+def decide(candidate: GainEstimate, noise: float, outputs_equal: bool) -> dict:
+    margin = MARGIN_SAME if outputs_equal else MARGIN_DIVERGED
+    bar = 1 + margin + 2 * noise
+    promote = candidate.lower > bar
+    if promote:
+        reason = f"lower bound {candidate.lower:.4f} > {bar:.4f}"
+    elif candidate.upper < 1:
+        reason = f"slower: upper bound {candidate.upper:.4f} < 1"
+    else:
+        reason = f"not proven: lower bound {candidate.lower:.4f} <= {bar:.4f}"
+    return {"verdict": "promote" if promote else "reject", "reason": reason, "bar": bar, "margin": margin,
+            "noise": noise, **candidate.to_json()}

@@ -1,0 +1,48 @@
+"""The controller's gate on a seeded noise model: a real 2% slowdown is detected, A/A never promoted."""
+
+import numpy as np
+import pytest
+
+from specpilot.controller.gate import decide, estimate, noise_from, rate_ratios
+
+
+def timings(n, slowdown, noise, seed):
+    """Per-request decode times of two systems on the same requests: a shared per-request base (long
+    and short answers), each run with its own multiplicative jitter, B slower by `slowdown`."""
+    rng = np.random.default_rng(seed)
+    base = rng.lognormal(0.0, 0.6, n)
+    tokens = rng.integers(64, 512, n)
+    a = base * (1 + rng.normal(0, noise, n))
+    b = base * (1 + slowdown) * (1 + rng.normal(0, noise, n))
+    return tokens, a, tokens, b
+
+
+def test_rate_ratios():
+    assert np.allclose(rate_ratios([100, 50], [1.0, 1.0], [100, 50], [0.5, 2.0]), [2.0, 0.5])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_two_percent_slowdown_is_detected(seed):
+    est = estimate(rate_ratios(*timings(40, 0.02, 0.005, seed)), seed=seed)
+    assert est.upper < 1.0 and abs(est.gain - 1 / 1.02) < 0.005
+    aa = estimate(rate_ratios(*timings(40, 0.0, 0.005, seed + 100)), seed=seed)
+    verdict = decide(est, noise_from(aa), outputs_equal=True)
+    assert verdict["verdict"] == "reject" and verdict["reason"].startswith("slower")
+
+
+def test_aa_is_never_promoted():
+    promoted = 0
+    for seed in range(40):
+        noise = noise_from(estimate(rate_ratios(*timings(30, 0.0, 0.01, seed)), seed=seed))
+        again = estimate(rate_ratios(*timings(30, 0.0, 0.01, seed + 1000)), seed=seed)
+        promoted += decide(again, noise, outputs_equal=True)["verdict"] == "promote"
+    assert promoted == 0
+
+
+def test_a_real_gain_is_promoted_and_diverged_outputs_raise_the_bar():
+    noise = noise_from(estimate(rate_ratios(*timings(40, 0.0, 0.003, 7)), seed=7))
+    fast = estimate(rate_ratios(*timings(40, -0.06, 0.003, 8)), seed=8)  # 6% less time per request
+    assert decide(fast, noise, outputs_equal=True)["verdict"] == "promote"
+    small = estimate(rate_ratios(*timings(40, -0.025, 0.003, 9)), seed=9)
+    assert decide(small, noise, outputs_equal=True)["verdict"] == "promote"
+    assert decide(small, noise, outputs_equal=False)["verdict"] == "reject"  # 3% margin when outputs differ
