@@ -178,6 +178,60 @@ def force(
 
 
 @app.command()
+def compare(
+    a: Annotated[str, typer.Option("--a", help="Baseline system, base[:key=value,...].")] = "stock",
+    b: Annotated[str, typer.Option("--b", help="Candidate system.")] = "stock",
+    a_source: Annotated[str | None, typer.Option(help="Baseline's code: a folder or git commit (default: here).")
+                        ] = None,
+    b_source: Annotated[str | None, typer.Option(help="Candidate's code: a folder or git commit.")] = None,
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    dataset: Annotated[list[str] | None, typer.Option("--dataset", help="Repeatable; default: the deployment's.")
+                       ] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N requests per dataset.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget.")] = None,
+    block: Annotated[int, typer.Option(help="Requests per turn in the A B B A interleaving.")] = 4,
+    gpu: Annotated[str | None, typer.Option(help="CUDA device the workers are pinned to.")] = None,
+    noise: Annotated[float | None, typer.Option(help="Known A/A noise; default: measure it with an A/A run.")
+                     ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds a worker may take per reply before its group is killed.")
+                       ] = 1800,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the evidence card here.")] = None,
+) -> None:
+    """The controller: time A and B on the same requests (workers from their own source trees, code
+    hashes checked, A B B A blocks), and promote B only if its gain's 95% lower bound clears
+    1% (3% if outputs differ) + 2x the A/A noise. Exit 0 on promote, 1 otherwise."""
+    from specpilot.bench.run import environment, write_json_atomic
+    from specpilot.controller.compare import Side, source_tree
+    from specpilot.controller.compare import compare as run_compare
+    from specpilot.runtime.options import parse_system
+
+    dep = _deployment(preset, deployment)
+    parse_system(a), parse_system(b)
+    if block <= 0:
+        raise UserError(f"--block must be positive, got {block}")
+    if json_path is not None and not json_path.parent.exists():
+        raise UserError(f"cannot write {json_path}: folder {json_path.parent} does not exist")
+    spec = {"preset": None if deployment else (preset or "tiny"),
+            "deployment": str(deployment.resolve()) if deployment else None,
+            "datasets": dataset or dep.datasets, "split": dep.split, "limit": limit if limit is not None else dep.limit,
+            "max_new_tokens": max_new_tokens if max_new_tokens is not None else dep.max_new_tokens}
+    with source_tree(a_source) as src_a, source_tree(b_source) as src_b:
+        err.print(f"[dim]timing {a} ({src_a}) against {b} ({src_b})[/dim]")
+        card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise)
+    card = {**environment(), **card}
+    if json_path is not None:
+        write_json_atomic(json_path, card)
+    d = card["decision"]
+    console.print(f"gain {d['gain']:.4f} (95% bounds {d['lower']:.4f} .. {d['upper']:.4f}, {d['requests']} requests), "
+                  f"noise {d['noise']:.4f}, bar {d['bar']:.4f}")
+    color = "green" if d["verdict"] == "promote" else "red"
+    console.print(f"[{color}]{d['verdict']}[/{color}]: {d['reason']}")
+    if d["verdict"] != "promote":
+        raise typer.Exit(1)
+
+
+@app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="The user message.")],
     preset: Preset = None,

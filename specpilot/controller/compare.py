@@ -1,0 +1,165 @@
+"""`specpilot compare`: time two systems on the same requests and decide whether B beats A.
+
+Each side is a system name plus the source tree it runs from (this checkout, another worktree, or a
+git commit checked out into a temporary worktree). Each side gets one worker process
+(controller/worker.py) whose PYTHONPATH is that tree; the worker reports the hash of the code it
+imported and the controller refuses to time a worker whose hash is not the tree's. On one GPU the
+workers take turns over blocks of requests in A B B A order (both warmed up and graph-captured before
+the first block), so drift hits both alike. Workers run in their own process groups and are killed
+as groups on timeout. The controller itself runs from its own install (the `specpilot` command),
+never from an agent's worktree: what it imports is not what it times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from specpilot.controller.gate import decide, estimate, noise_from, rate_ratios
+from specpilot.controller.worker import code_hash
+from specpilot.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Side:
+    system: str
+    source: Path
+
+    @property
+    def expected_hash(self) -> str:
+        return code_hash(self.source / "specpilot")
+
+
+@contextmanager
+def source_tree(ref: str | None):
+    """None or a folder: used as is; anything else: a git commit checked out into a temporary worktree."""
+    if ref is None:
+        yield REPO
+        return
+    if Path(ref).is_dir():
+        yield Path(ref).resolve()
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="specpilot-wt-"))
+    done = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tmp), ref],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"cannot check out {ref!r}: {done.stderr.strip().splitlines()[-1]}")
+    try:
+        yield tmp
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tmp)], capture_output=True)
+
+
+class Worker:
+    def __init__(self, side: Side, spec: dict, gpu: str | None, timeout: float):
+        env = {**os.environ, "PYTHONPATH": str(side.source)}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        self.side, self.timeout = side, timeout
+        # The worker script is the controller's own; only `specpilot` comes from the side's tree.
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("worker.py")),
+                                      json.dumps({**spec, "system": side.system})], cwd=side.source, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.hello = self._read()
+        if self.hello["code_hash"] != side.expected_hash:
+            self.close()
+            raise UserError(f"worker for {side.system} imported {self.hello['package']} whose code hash "
+                            f"{self.hello['code_hash'][:12]} is not that of {side.source} "
+                            f"({side.expected_hash[:12]}): refusing to time it")
+
+    def _read(self) -> dict:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise UserError(f"worker for {self.side.system} timed out after {self.timeout:.0f}s")
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            if ready:
+                line = self.proc.stdout.readline()
+                if not line:
+                    err = self.proc.stderr.read().strip().splitlines()
+                    raise UserError(f"worker for {self.side.system} died: {err[-1] if err else 'no output'}")
+                return json.loads(line)
+
+    def run(self, ids: list[str]) -> list[dict]:
+        self.proc.stdin.write(json.dumps({"run": ids}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["rows"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the whole group: nothing keeps running
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+
+
+def interleaved(a: Worker, b: Worker, ids: list[str], block: int) -> tuple[list[dict], list[dict]]:
+    """Blocks of requests in A B, B A, A B ... order."""
+    rows_a, rows_b = [], []
+    for k, start in enumerate(range(0, len(ids), block)):
+        chunk = ids[start : start + block]
+        order = ((a, rows_a), (b, rows_b)) if k % 2 == 0 else ((b, rows_b), (a, rows_a))
+        for worker, rows in order:
+            rows.extend(worker.run(chunk))
+    return rows_a, rows_b
+
+
+def _by_request(rows: list[dict]) -> dict[str, tuple[int, float, list[int]]]:
+    out: dict[str, tuple[int, float, list[int]]] = {}
+    for r in rows:
+        base = r["id"].split("#")[0]
+        tokens, seconds, seq = out.get(base, (0, 0.0, []))
+        out[base] = (tokens + max(len(r["tokens"]) - 1, 0), seconds + r["decode_s"], seq + r["tokens"])
+    return out
+
+
+def pair_ratios(rows_a: list[dict], rows_b: list[dict]) -> tuple[list[str], list[float], bool]:
+    a, b = _by_request(rows_a), _by_request(rows_b)
+    ids = [i for i in a if a[i][0] and b[i][0]]
+    ratios = rate_ratios([a[i][0] for i in ids], [a[i][1] for i in ids], [b[i][0] for i in ids],
+                         [b[i][1] for i in ids])
+    return ids, ratios.tolist(), all(a[i][2] == b[i][2] for i in a)
+
+
+def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float) -> dict:
+    with ExitStack() as stack:
+        wa = Worker(a, spec, gpu, timeout)
+        stack.callback(wa.close)
+        wb = Worker(b, spec, gpu, timeout)
+        stack.callback(wb.close)
+        rows_a, rows_b = interleaved(wa, wb, wa.hello["requests"], block)
+        ids, ratios, equal = pair_ratios(rows_a, rows_b)
+        return {"a": {"system": a.system, "source": str(a.source), "code_hash": wa.hello["code_hash"]},
+                "b": {"system": b.system, "source": str(b.source), "code_hash": wb.hello["code_hash"]},
+                "requests": ids, "ratios": ratios, "outputs_equal": equal,
+                "rows_a": [{k: r[k] for k in ("id", "decode_s", "prefill_s")} for r in rows_a],
+                "rows_b": [{k: r[k] for k in ("id", "decode_s", "prefill_s")} for r in rows_b]}
+
+
+def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
+            noise: float | None = None) -> dict:
+    """The evidence card: the A/A noise run (unless a noise figure is given), the A/B run, the verdict."""
+    card: dict = {"block": block, "gpu": gpu}
+    if noise is None:
+        aa = measure(a, a, spec, block, gpu, timeout)
+        noise = noise_from(estimate(aa["ratios"]))
+        card["aa"] = {**aa, "estimate": estimate(aa["ratios"]).to_json()}
+    ab = measure(a, b, spec, block, gpu, timeout)
+    card["ab"] = ab
+    card["decision"] = decide(estimate(ab["ratios"]), noise, ab["outputs_equal"])
+    return card
