@@ -24,6 +24,16 @@ err = Console(stderr=True)
 
 Preset = Annotated[str | None, typer.Option("--preset", "-p", help="A named deployment (see `specpilot presets`).")]
 DeploymentFile = Annotated[Path | None, typer.Option("--deployment", "-d", help="A deployment TOML file.")]
+Datasets = Annotated[list[str] | None, typer.Option(
+    "--dataset", help="gsm8k, math500, humaneval, mbpp, mtbench or builtin; repeatable. Default: the deployment's.")]
+Limit = Annotated[int | None, typer.Option(help="At most N requests per dataset.")]
+DataDir = Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")]
+
+
+def _check_output(path: Path | None) -> None:
+    """Fail before any work when the output could not be written."""
+    if path is not None and not path.parent.exists():
+        raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
 
 
 def _deployment(preset: str | None, deployment: Path | None):
@@ -58,13 +68,11 @@ def bench(
     system: Annotated[list[str] | None, typer.Option(
         "--system", "-s", help="A system as base[:key=value,...], repeatable; bases: ar, stock. "
         "AR always runs (it is the reference). Default: ar and stock.")] = None,
-    dataset: Annotated[list[str] | None, typer.Option(
-        "--dataset", help="gsm8k, math500, humaneval, mbpp, mtbench or builtin; repeatable. Default: the deployment's.")
-    ] = None,
+    dataset: Datasets = None,
     split: Annotated[str | None, typer.Option(help="dev (default), sealed or all.")] = None,
-    limit: Annotated[int | None, typer.Option(help="At most N requests per dataset.")] = None,
+    limit: Limit = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation.")] = None,
-    data_dir: Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")] = None,
+    data_dir: DataDir = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every figure and per-request row here.")
                          ] = None,
     oracle: Annotated[bool, typer.Option(help="Also replay the drafter's lattices along AR's output: the chain's "
@@ -90,8 +98,7 @@ def bench(
         raise UserError(f"--limit must be positive, got {plan.limit}")
     if plan.max_new_tokens <= 0:
         raise UserError(f"max_new_tokens must be positive, got {plan.max_new_tokens}")
-    if json_path is not None and not json_path.parent.exists():
-        raise UserError(f"cannot write {json_path}: folder {json_path.parent} does not exist")
+    _check_output(json_path)
     requests = collect_requests(plan)
     needs_drafter = any(s.base == "stock" for s in plan.systems)
     if needs_drafter and dep.drafter is None:
@@ -124,12 +131,11 @@ def force(
     reference: Annotated[str, typer.Option(help="The system it must be as faithful as.")] = "stock",
     preset: Preset = None,
     deployment: DeploymentFile = None,
-    dataset: Annotated[list[str] | None, typer.Option("--dataset", help="Repeatable; default: the deployment's.")
-                       ] = None,
+    dataset: Datasets = None,
     split: Annotated[str | None, typer.Option(help="dev (default), sealed or all.")] = None,
-    limit: Annotated[int | None, typer.Option(help="At most N requests per dataset.")] = None,
+    limit: Limit = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (up to 4096).")] = None,
-    data_dir: Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")] = None,
+    data_dir: DataDir = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the verdict and its evidence here.")
                          ] = None,
 ) -> None:
@@ -147,8 +153,7 @@ def force(
     budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
     if not 0 < budget <= 4096:
         raise UserError(f"max_new_tokens must be in 1..4096, got {budget}")
-    if json_path is not None and not json_path.parent.exists():
-        raise UserError(f"cannot write {json_path}: folder {json_path.parent} does not exist")
+    _check_output(json_path)
     plan = BenchPlan(dep, [], dataset or dep.datasets, split or dep.split,
                      limit if limit is not None else dep.limit, budget, data_dir)
     requests = collect_requests(plan)
@@ -186,9 +191,8 @@ def compare(
     b_source: Annotated[str | None, typer.Option(help="Candidate's code: a folder or git commit.")] = None,
     preset: Preset = None,
     deployment: DeploymentFile = None,
-    dataset: Annotated[list[str] | None, typer.Option("--dataset", help="Repeatable; default: the deployment's.")
-                       ] = None,
-    limit: Annotated[int | None, typer.Option(help="At most N requests per dataset.")] = None,
+    dataset: Datasets = None,
+    limit: Limit = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget.")] = None,
     block: Annotated[int, typer.Option(help="Requests per turn in the A B B A interleaving.")] = 4,
     gpu: Annotated[str | None, typer.Option(help="CUDA device the workers are pinned to.")] = None,
@@ -210,8 +214,7 @@ def compare(
     parse_system(a), parse_system(b)
     if block <= 0:
         raise UserError(f"--block must be positive, got {block}")
-    if json_path is not None and not json_path.parent.exists():
-        raise UserError(f"cannot write {json_path}: folder {json_path.parent} does not exist")
+    _check_output(json_path)
     spec = {"preset": None if deployment else (preset or "tiny"),
             "deployment": str(deployment.resolve()) if deployment else None,
             "datasets": dataset or dep.datasets, "split": dep.split, "limit": limit if limit is not None else dep.limit,
@@ -287,8 +290,7 @@ def train_drafter(
             raise UserError(f"--{name} must be positive, got {value}")
     if block_size < 2:
         raise UserError(f"--block-size must be at least 2, got {block_size}")
-    if not out.parent.exists():
-        raise UserError(f"cannot write {out}: folder {out.parent} does not exist")
+    _check_output(out)
     metrics = run_training(dep, out, console=err, n_prompts=prompts, n_eval=eval_prompts, max_new=max_new_tokens,
                            max_prompt=max_prompt_tokens, steps=steps, block_size=block_size, layers=layers,
                            selector_rank=selector_rank, mask_token_id=mask_token_id, batch=batch, seed=seed)
@@ -317,8 +319,7 @@ def twin(
         raise UserError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     if width < 1:
         raise UserError(f"--width must be at least 1, got {width}")
-    if not out.parent.exists():
-        raise UserError(f"cannot write {out}: folder {out.parent} does not exist")
+    _check_output(out)
     small = load_target(target, torch.float32)
     if depth is not None and depth < small.cfg.num_layers:
         raise UserError(f"--depth {depth} is below the target's {small.cfg.num_layers} layers")

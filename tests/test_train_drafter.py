@@ -7,7 +7,7 @@ from specpilot.bench.datasets import DATASETS, UserError, load_requests
 from specpilot.fixtures.corpus import distill_prompts
 from specpilot.fixtures.distill import Dataset, greedy_batch, target_features
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
-from specpilot.fixtures.train_drafter import TrainConfig, _batch, draft_hidden, drafter_config, evaluate
+from specpilot.fixtures.train_drafter import TrainConfig, block_batch, draft_hidden, drafter_config, evaluate
 from specpilot.kernels.dispatch import kernels_forced
 from specpilot.models.loading import load_drafter, save_drafter
 from specpilot.runtime.engine import Engine
@@ -81,7 +81,7 @@ def test_training_path_drafts_what_the_engine_drafts(target):
 
 
 def offline_chain(drafter, target, ds, anchor, tc):
-    feats, tokens, anchors, _ = _batch(ds, [(0, [anchor])], tc.block_size, drafter.cfg.mask_token_id, "cpu")
+    feats, tokens, anchors, _ = block_batch(ds, [(0, [anchor])], tc.block_size, drafter.cfg.mask_token_id, "cpu")
     with torch.no_grad(), kernels_forced("naive"):
         hidden = draft_hidden(drafter, target.embed.weight, feats, tokens, anchors, 1)
     return drafter.lattice(hidden, target.head_weight, tokens[:, 0], top_k=16).greedy_chain()[0].tolist()

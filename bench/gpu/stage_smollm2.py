@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specpilot.fixtures.pypi import sha256_file  # noqa: E402
+from specpilot.fixtures.pypi import sha256_file
 
 STAGE = Path(".stage")
 PART = 60_000_000

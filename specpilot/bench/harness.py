@@ -73,3 +73,17 @@ class Runner:
             if on_turn:
                 on_turn()
         return records
+
+
+def run_request_major(runner: Runner, systems: dict[str, System], requests: list[Request], max_new_tokens: int,
+                      progress: Callable[[], None] | None = None) -> dict[str, list[TurnRecord]]:
+    """Every system runs request i before any runs request i+1, so slow drift of the machine hits all
+    alike; graphs are captured in a warm-up first. Keys are the caller's (system names, or roles, where
+    the same system may appear twice for a genuine second run)."""
+    for system in systems.values():
+        runner.warmup(system)
+    records: dict[str, list[TurnRecord]] = {key: [] for key in systems}
+    for request in requests:
+        for key, system in systems.items():
+            records[key].extend(runner.run(system, request, max_new_tokens, progress))
+    return records

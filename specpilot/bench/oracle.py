@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from specpilot.fixtures.distill import Dataset, target_features
-from specpilot.fixtures.train_drafter import _batch, draft_hidden
+from specpilot.fixtures.train_drafter import block_batch, draft_hidden
 from specpilot.kernels.dispatch import kernels_forced
 from specpilot.models.dense import DenseTarget
 from specpilot.models.dflash import DFlashDrafter
@@ -29,7 +29,7 @@ def accept_lengths(target: DenseTarget, drafter: DFlashDrafter, prompt: list[int
         return [], []
     feats = target_features(target, [sequence], tuple(drafter.cfg.target_layer_ids))[0]
     ds = Dataset([sequence], [len(prompt)], [feats])
-    feats_b, tokens, anchor_t, labels = _batch(ds, [(0, anchors)], block, drafter.cfg.mask_token_id,
+    feats_b, tokens, anchor_t, labels = block_batch(ds, [(0, anchors)], block, drafter.cfg.mask_token_id,
                                                target.embed.weight.device)
     with kernels_forced("naive"):
         hidden = draft_hidden(drafter, target.embed.weight, feats_b.to(target.embed.weight.dtype), tokens,

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from specpilot.bench.datasets import Request, load_requests
-from specpilot.bench.harness import Runner, TurnRecord
+from specpilot.bench.harness import Runner, TurnRecord, run_request_major
 from specpilot.bench.metrics import summarize
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
@@ -74,14 +74,7 @@ def environment() -> dict:
 
 
 def run_bench(plan: BenchPlan, runner: Runner, requests: list[Request], progress=None) -> dict:
-    """Request-major order (every system runs request i before any runs request i+1) so that slow drift
-    of the machine hits all systems alike. Graphs are captured in a warm-up before any timing."""
-    for system in plan.systems:
-        runner.warmup(system)
-    records: dict[str, list[TurnRecord]] = {s.name: [] for s in plan.systems}
-    for request in requests:
-        for system in plan.systems:
-            records[system.name].extend(runner.run(system, request, plan.max_new_tokens, progress))
+    records = run_request_major(runner, {s.name: s for s in plan.systems}, requests, plan.max_new_tokens, progress)
     ar = next(s.name for s in plan.systems if s.base == "ar")
     summaries = {name: summarize(recs, records[ar]) for name, recs in records.items()}
     if plan.oracle and runner.drafter is not None:

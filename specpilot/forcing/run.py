@@ -3,22 +3,12 @@ under the exact target, calibrate delta from reference vs AR, and give a verdict
 
 from __future__ import annotations
 
-from specpilot.bench.harness import Runner, TurnRecord
+from specpilot.bench.harness import Runner, TurnRecord, run_request_major
 from specpilot.forcing.judge import calibrate_delta, first_divergence, tally, verdict
 from specpilot.forcing.score import score_output
-from specpilot.runtime.options import System, parse_system
+from specpilot.runtime.options import parse_system
 
 ROLES = ("reference", "candidate", "ar")
-
-
-def run_roles(runner: Runner, systems: dict[str, System], requests, max_new: int, progress=None) -> dict:
-    """Request-major runs through the harness, one record list per role: a candidate equal to the
-    reference is a genuine second run of it."""
-    records: dict[str, list[TurnRecord]] = {role: [] for role in systems}
-    for request in requests:
-        for role, s in systems.items():
-            records[role].extend(runner.run(s, request, max_new, progress))
-    return records
 
 
 def near_tie_gaps(target, reference: list[TurnRecord], ar: list[TurnRecord]) -> list[float]:
@@ -35,9 +25,8 @@ def near_tie_gaps(target, reference: list[TurnRecord], ar: list[TurnRecord]) -> 
 
 def force(runner: Runner, reference: str, candidate: str, requests, max_new: int, progress=None) -> dict:
     systems = dict(zip(ROLES, (parse_system(reference), parse_system(candidate), parse_system("ar")), strict=True))
-    for s in systems.values():
-        runner.warmup(s)
-    records = run_roles(runner, systems, requests, max_new, progress)
+    # a candidate equal to the reference is a genuine second run of it (one key per role)
+    records = run_request_major(runner, systems, requests, max_new, progress)
     target = runner.target
     gaps = near_tie_gaps(target, records["reference"], records["ar"])
     delta = calibrate_delta(gaps)
