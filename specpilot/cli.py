@@ -279,6 +279,8 @@ def train_drafter(
     mask_token_id: Annotated[int | None, typer.Option(help="Mask token (default: the last vocabulary id).")] = None,
     batch: Annotated[int, typer.Option(help="Prompts generated at once while distilling.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed for data order, init and sampling.")] = 0,
+    max_minutes: Annotated[float, typer.Option(help="Stop training after this long (then evaluate and save); "
+                                                     "0 = run every step.")] = 0.0,
 ) -> None:
     """Train a DFlash-style drafter for the deployment's target by self-distillation."""
     from specpilot.fixtures.train_drafter import run_training
@@ -290,12 +292,16 @@ def train_drafter(
             raise UserError(f"--{name} must be positive, got {value}")
     if block_size < 2:
         raise UserError(f"--block-size must be at least 2, got {block_size}")
+    if max_minutes < 0:
+        raise UserError(f"--max-minutes must be >= 0, got {max_minutes}")
     _check_output(out)
     metrics = run_training(dep, out, console=err, n_prompts=prompts, n_eval=eval_prompts, max_new=max_new_tokens,
                            max_prompt=max_prompt_tokens, steps=steps, block_size=block_size, layers=layers,
-                           selector_rank=selector_rank, mask_token_id=mask_token_id, batch=batch, seed=seed)
+                           selector_rank=selector_rank, mask_token_id=mask_token_id, batch=batch, seed=seed,
+                           max_minutes=max_minutes)
     console.print(f"held-out tau {metrics['tau']:.3f} (oracle over top-{metrics['top_k']} lattice "
-                  f"{metrics['oracle_tau_top_k']:.3f}) on {metrics['blocks']} blocks; wrote {out}")
+                  f"{metrics['oracle_tau_top_k']:.3f}) on {metrics['blocks']} blocks after "
+                  f"{metrics['steps_done']} steps; wrote {out}")
 
 
 @app.command()

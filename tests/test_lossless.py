@@ -210,3 +210,18 @@ def test_prompt_at_the_context_limit():
         ar = engine.generate(prompt, 10, (), AR)
         stock = engine.generate(prompt, 10, (), STOCK)
     assert stock.tokens == ar.tokens and len(ar.tokens) == 10
+
+
+@pytest.mark.parametrize("base", ["ar", "stock"])
+def test_pad_option_slows_each_step_and_changes_nothing(base):
+    target, drafter = _models("llama-b2")
+    plain = Engine(target, drafter, context=CONTEXT)
+    padded = Engine(target, drafter, context=CONTEXT, pad_us=3000.0)
+    prompt = _prompt(4)
+    system = parse_system(base)
+    fast = plain.generate(prompt, N, (), system)
+    slow = padded.generate(prompt, N, (), parse_system(f"{base}:pad_us=3000"))
+    assert slow.tokens == fast.tokens
+    steps = len(slow.accepted)
+    assert steps > 0
+    assert slow.decode_s >= steps * 3000e-6  # every step waited its 3 ms

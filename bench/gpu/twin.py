@@ -35,9 +35,10 @@ DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mtbench")
 ROWS = (1, 16, 32, 64, 128, 192)
 
 
-def first_turn_prompts(tok, limit: int) -> list[list[int]]:
-    return [tok.chat_prompt([{"role": "user", "content": r.turns[0]}])
-            for d in DATASETS for r in load_requests(d, "dev", limit=limit)]
+def first_turn_prompts(tok, limit: int) -> tuple[list[str], list[list[int]]]:
+    pairs = [(d, tok.chat_prompt([{"role": "user", "content": r.turns[0]}]))
+             for d in DATASETS for r in load_requests(d, "dev", limit=limit)]
+    return [d for d, _ in pairs], [p for _, p in pairs]
 
 
 def run(engine: Engine, prompts, max_new: int, system, eos) -> list:
@@ -58,6 +59,23 @@ def tau(gens) -> float:
     return sum(per) / len(per)
 
 
+def speedup(ar, stock) -> float:
+    """Geometric mean over requests of per-request decode-rate ratios."""
+    ratios = [(a.decode_s / a.decode_tokens) / (s.decode_s / s.decode_tokens)
+              for a, s in zip(ar, stock, strict=True) if a.decode_tokens and s.decode_tokens]
+    return float(torch.tensor(ratios).log().mean().exp())
+
+
+def by_dataset(names: list[str], ar, stock) -> dict:
+    out = {}
+    for d in DATASETS:
+        idx = [i for i, n in enumerate(names) if n == d]
+        if idx:
+            a, s = [ar[i] for i in idx], [stock[i] for i in idx]
+            out[d] = {"requests": len(idx), "tau": tau(s), "speedup": speedup(a, s)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--width", type=int, default=16)
@@ -75,7 +93,7 @@ def main() -> None:
     twin_d = widen_drafter(small_d, args.width, args.depth)
     print(f"[twin] {sum(p.numel() for p in twin_t.parameters()) / 1e9:.2f}B params "
           f"(hidden {twin_t.cfg.hidden_size}, MLP {twin_t.cfg.intermediate_size}, {twin_t.cfg.num_heads} heads)")
-    prompts = first_turn_prompts(tok, args.limit)
+    names, prompts = first_turn_prompts(tok, args.limit)
     eos = tok.eos_ids
     small_ar = run(Engine(small_t, None, context=args.context), prompts, args.max_new, AR, eos)
     small_st = run(Engine(small_t, small_d, context=args.context), prompts, args.max_new, STOCK, eos)
@@ -90,11 +108,11 @@ def main() -> None:
           f"stock tau small {report['small_stock_tau']:.3f} twin {report['twin_stock_tau']:.3f}")
     bw = bandwidth()
     ar_ms = [1000 * g.decode_s / g.decode_tokens for g in twin_ar if g.decode_tokens]
-    speed = [(a.decode_s / a.decode_tokens) / (s.decode_s / s.decode_tokens)
-             for a, s in zip(twin_ar, twin_st, strict=True) if a.decode_tokens and s.decode_tokens]
     floor = step_weight_bytes(twin_t) / (bw["copy_tb_s"] * 1e12) * 1e3
     report.update(bandwidth=bw, twin_ar_ms_per_token=sum(ar_ms) / len(ar_ms), floor_ms=floor,
-                  stock_speedup_geomean=float(torch.tensor(speed).log().mean().exp()))
+                  stock_speedup_geomean=speedup(twin_ar, twin_st),
+                  twin_by_dataset=by_dataset(names, twin_ar, twin_st),
+                  small_by_dataset=by_dataset(names, small_ar, small_st))
     report["verify_ms_twin"] = {n: verify_ms(twin_t, n, args.context) for n in ROWS}
     del small_st, twin_st
     shadow = random_target(twin_t.cfg, seed=0, dtype=dt, device=dev, rope_length=args.context + 1)
@@ -104,6 +122,10 @@ def main() -> None:
     ar = report["twin_ar_ms_per_token"]
     print(f"\ntwin AR {ar:.3f} ms/token, floor {floor:.3f} ms ({100 * floor / ar:.1f}%), "
           f"stock speedup {report['stock_speedup_geomean']:.2f}x")
+    print("dataset     twin tau  twin speedup  small tau  small speedup")
+    for d, t in report["twin_by_dataset"].items():
+        sm = report["small_by_dataset"][d]
+        print(f"{d:10s}  {t['tau']:8.3f}  {t['speedup']:11.2f}x  {sm['tau']:9.3f}  {sm['speedup']:12.2f}x")
     print("rows   twin ms   random ms   diff %")
     for n in ROWS:
         a, b = report["verify_ms_twin"][n], report["verify_ms_random_same_shape"][n]

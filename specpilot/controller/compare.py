@@ -136,6 +136,10 @@ def pair_ratios(rows_a: list[dict], rows_b: list[dict]) -> tuple[list[str], list
     return ids, ratios.tolist(), all(a[i][2] == b[i][2] for i in a)
 
 
+def _timing(row: dict) -> dict:
+    return {k: row[k] for k in ("id", "decode_s", "prefill_s", "steps") if k in row}  # older trees lack steps
+
+
 def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float) -> dict:
     with ExitStack() as stack:
         wa = Worker(a, spec, gpu, timeout)
@@ -144,11 +148,14 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
         stack.callback(wb.close)
         rows_a, rows_b = interleaved(wa, wb, wa.hello["requests"], block)
         ids, ratios, equal = pair_ratios(rows_a, rows_b)
+        if len(ids) < 3:
+            raise UserError(f"only {len(ids)} requests produced decode tokens; the gate needs at least 3 "
+                            "(raise --limit or --max-new-tokens)")
         return {"a": {"system": a.system, "source": str(a.source), "code_hash": wa.hello["code_hash"]},
                 "b": {"system": b.system, "source": str(b.source), "code_hash": wb.hello["code_hash"]},
                 "requests": ids, "ratios": ratios, "outputs_equal": equal,
-                "rows_a": [{k: r[k] for k in ("id", "decode_s", "prefill_s")} for r in rows_a],
-                "rows_b": [{k: r[k] for k in ("id", "decode_s", "prefill_s")} for r in rows_b]}
+                "rows_a": [_timing(r) for r in rows_a],
+                "rows_b": [_timing(r) for r in rows_b]}
 
 
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,

@@ -3,7 +3,7 @@
 The controller starts this file as a script (from the controller's own install) with PYTHONPATH set
 to the system's worktree, so `specpilot` is imported from there; the worker reports the hash of the
 code it actually imported, then serves one JSON command per line on stdin:
-  {"run": [request ids]} -> {"rows": [{"id", "tokens", "decode_s", "prefill_s"}, ...]}
+  {"run": [request ids]} -> {"rows": [{"id", "tokens", "decode_s", "prefill_s", "steps"}, ...]}
   {"quit": true}
 Models are built and graphs captured (warm-up) before the first reply, so no timing includes them.
 """
@@ -56,7 +56,8 @@ def main() -> None:
         rows = []
         for rid in cmd["run"]:
             for rec in runner.run(system, requests[rid], spec["max_new_tokens"]):
-                rows.append({"id": rec.id, "tokens": rec.tokens, "decode_s": rec.decode_s, "prefill_s": rec.prefill_s})
+                rows.append({"id": rec.id, "tokens": rec.tokens, "decode_s": rec.decode_s, "prefill_s": rec.prefill_s,
+                             "steps": len(rec.accepted)})
         _reply({"rows": rows})
 
 

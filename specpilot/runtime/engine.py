@@ -19,6 +19,7 @@ from specpilot.models.layers import use_gemv
 from specpilot.runtime.faults import MODEL_FAULTS, distort, force_first_draft
 from specpilot.runtime.graphs import StepGraph
 from specpilot.runtime.options import System
+from specpilot.runtime.padding import Pad
 from specpilot.spec.accept import accept_greedy
 from specpilot.spec.masks import Visibility
 
@@ -44,7 +45,8 @@ class Engine:
     """Owns the caches and the static step buffers for one target (+ drafter) and one context size."""
 
     def __init__(self, target: DenseTarget, drafter: DFlashDrafter | None = None, *, context: int,
-                 use_graphs: bool = True, block_size: int = 0, gemv: bool = False, fault: str = "none"):
+                 use_graphs: bool = True, block_size: int = 0, gemv: bool = False, fault: str = "none",
+                 pad_us: float = 0.0):
         self.target, self.drafter = target, drafter
         self.device = target.embed.weight.device
         self.context = context
@@ -53,6 +55,7 @@ class Engine:
         if fault == "unverified_accept" and drafter is None:
             raise UserError("fault unverified_accept needs a drafter (system stock)")
         self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.pad = Pad(pad_us, self.device)
         if target.rope.length < context + 1:
             target.set_rope_length(context + 1, device=self.device)
         self.cache = target.new_cache(1, context)
@@ -103,6 +106,7 @@ class Engine:
         logits, _ = self.target(self.token[None], self.pos[None], self.cache, Mode.DECODE)
         self.token.copy_(distort(logits[0, -1], self.fault).argmax(-1))
         self.pos.add_(1)
+        self.pad()
 
     def _spec_step(self) -> None:
         drafter, target = self.drafter, self.target
@@ -126,6 +130,7 @@ class Engine:
         self.ctx_count.copy_(accepted + 1)
         self.token.copy_(committed.gather(0, accepted.view(1)))
         self.pos.add_(accepted + 1)
+        self.pad()
 
     def _draft_chain(self, start: torch.Tensor) -> torch.Tensor:
         """Stock drafting: the drafter's own greedy walk of its lattice, [block - 1] tokens."""

@@ -38,6 +38,8 @@ OPTIONS: dict[str, Option] = {
                choices=FAULTS),
         Option("block_size", int, 0, "draft block size: 0 = the drafter's own, else 2..its own",
                bases=("stock",), minimum=0),
+        Option("pad_us", float, 0.0, "an idle kernel of this many microseconds in every decode step: a known, "
+               "lossless slowdown for testing the controller", minimum=0),
     )
 }
 
