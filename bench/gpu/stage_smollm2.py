@@ -15,6 +15,7 @@ Jobs then use SPECPILOT_MODELS=.models and PYTHONPATH=.:/tmp/site.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -54,6 +55,7 @@ def install_gguf() -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--target", "/tmp/site", str(wheel)], check=True)
     sys.path.insert(0, "/tmp/site")
+    importlib.invalidate_caches()  # /tmp/site may not have existed when this interpreter started
 
 
 def assemble() -> None:
