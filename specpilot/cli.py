@@ -195,7 +195,10 @@ def compare(
     limit: Limit = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget.")] = None,
     block: Annotated[int, typer.Option(help="Requests per turn in the A B B A interleaving.")] = 4,
-    gpu: Annotated[str | None, typer.Option(help="CUDA device the workers are pinned to.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="CUDA device the workers are pinned to (one GPU: A B B A blocks).")
+                   ] = None,
+    gpus: Annotated[str | None, typer.Option(help="Two CUDA devices, e.g. 0,1: paired runs, A and B at the same "
+                                                  "time on different GPUs, then swapped.")] = None,
     noise: Annotated[float | None, typer.Option(help="Known A/A noise; default: measure it with an A/A run.")
                      ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a worker may take per reply before its group is killed.")
@@ -203,8 +206,9 @@ def compare(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the evidence card here.")] = None,
 ) -> None:
     """The controller: time A and B on the same requests (workers from their own source trees, code
-    hashes checked, A B B A blocks), and promote B only if its gain's 95% lower bound clears
-    1% (3% if outputs differ) + 2x the A/A noise. Exit 0 on promote, 1 otherwise."""
+    hashes checked; one GPU: A B B A blocks, two GPUs: paired runs with the GPUs swapped), and promote
+    B only if its gain's 95% lower bound clears 1% (3% if outputs differ) + 2x the A/A noise. Exit 0 on
+    promote, 1 otherwise."""
     from specpilot.bench.run import environment, write_json_atomic
     from specpilot.controller.compare import Side, source_tree
     from specpilot.controller.compare import compare as run_compare
@@ -214,6 +218,11 @@ def compare(
     parse_system(a), parse_system(b)
     if block <= 0:
         raise UserError(f"--block must be positive, got {block}")
+    pair = [g.strip() for g in gpus.split(",")] if gpus else None
+    if pair is not None and (len(pair) != 2 or pair[0] == pair[1] or not all(pair)):
+        raise UserError(f"--gpus takes two different devices, e.g. 0,1; got {gpus!r}")
+    if pair and gpu is not None:
+        raise UserError("give --gpu (one GPU) or --gpus (two), not both")
     _check_output(json_path)
     spec = {"preset": None if deployment else (preset or "tiny"),
             "deployment": str(deployment.resolve()) if deployment else None,
@@ -221,7 +230,7 @@ def compare(
             "max_new_tokens": max_new_tokens if max_new_tokens is not None else dep.max_new_tokens}
     with source_tree(a_source) as src_a, source_tree(b_source) as src_b:
         err.print(f"[dim]timing {a} ({src_a}) against {b} ({src_b})[/dim]")
-        card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise)
+        card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair)
     card = {**environment(), **card}
     if json_path is not None:
         write_json_atomic(json_path, card)

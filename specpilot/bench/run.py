@@ -61,6 +61,8 @@ def environment() -> dict:
                                     capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
+    if os.environ.get("SPECPILOT_COMMIT"):  # a copied tree (the GPU machine) may carry a stale .git
+        commit, dirty = os.environ["SPECPILOT_COMMIT"], None
     cuda = torch.cuda.is_available()
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -5,14 +5,17 @@ git commit checked out into a temporary worktree). Each side gets one worker pro
 (controller/worker.py) whose PYTHONPATH is that tree; the worker reports the hash of the code it
 imported and the controller refuses to time a worker whose hash is not the tree's. On one GPU the
 workers take turns over blocks of requests in A B B A order (both warmed up and graph-captured before
-the first block), so drift hits both alike. Workers run in their own process groups and are killed
-as groups on timeout. The controller itself runs from its own install (the `specpilot` command),
-never from an agent's worktree: what it imports is not what it times.
+the first block), so drift hits both alike. On two GPUs A and B run each block at the same time, one
+per GPU, and the whole run is repeated with the GPUs swapped; each request's ratio is the geometric
+mean of its two pairings, which cancels a difference in speed between the GPUs. Workers run in their
+own process groups and are killed as groups on timeout. The controller itself runs from its own
+install (the `specpilot` command), never from an agent's worktree: what it imports is not what it times.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -94,10 +97,16 @@ class Worker:
                     raise UserError(f"worker for {self.side.system} died: {err[-1] if err else 'no output'}")
                 return json.loads(line)
 
-    def run(self, ids: list[str]) -> list[dict]:
+    def send(self, ids: list[str]) -> None:
         self.proc.stdin.write(json.dumps({"run": ids}) + "\n")
         self.proc.stdin.flush()
+
+    def receive(self) -> list[dict]:
         return self._read()["rows"]
+
+    def run(self, ids: list[str]) -> list[dict]:
+        self.send(ids)
+        return self.receive()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -116,6 +125,18 @@ def interleaved(a: Worker, b: Worker, ids: list[str], block: int) -> tuple[list[
         order = ((a, rows_a), (b, rows_b)) if k % 2 == 0 else ((b, rows_b), (a, rows_a))
         for worker, rows in order:
             rows.extend(worker.run(chunk))
+    return rows_a, rows_b
+
+
+def side_by_side(a: Worker, b: Worker, ids: list[str], block: int) -> tuple[list[dict], list[dict]]:
+    """Both workers (on different GPUs) run each block at the same time."""
+    rows_a, rows_b = [], []
+    for start in range(0, len(ids), block):
+        chunk = ids[start : start + block]
+        a.send(chunk)
+        b.send(chunk)
+        rows_a.extend(a.receive())
+        rows_b.extend(b.receive())
     return rows_a, rows_b
 
 
@@ -140,6 +161,49 @@ def _timing(row: dict) -> dict:
     return {k: row[k] for k in ("id", "decode_s", "prefill_s", "steps") if k in row}  # older trees lack steps
 
 
+def _enough(ids: list[str]) -> None:
+    if len(ids) < 3:
+        raise UserError(f"only {len(ids)} requests produced decode tokens; the gate needs at least 3 "
+                        "(raise --limit or --max-new-tokens)")
+
+
+def _side(side: Side, code_hash: str) -> dict:
+    return {"system": side.system, "source": str(side.source), "code_hash": code_hash}
+
+
+def combine_pairings(first: tuple[list[str], list[float]], second: tuple[list[str], list[float]]
+                     ) -> tuple[list[str], list[float]]:
+    """Per request, the geometric mean of its ratio with A on GPU 0 / B on GPU 1 and with the GPUs
+    swapped: a GPU that is uniformly faster by a factor f scales one ratio by f and the other by 1/f."""
+    two = dict(zip(*second, strict=True))
+    ids = [i for i in first[0] if i in two]
+    one = dict(zip(*first, strict=True))
+    return ids, [math.sqrt(one[i] * two[i]) for i in ids]
+
+
+def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], timeout: float) -> dict:
+    """Two GPUs: A and B run the same requests at the same time on different GPUs, then again with the
+    GPUs swapped; one pairing's workers are closed before the next starts (a GPU holds one model)."""
+    pairings, equal = [], True
+    for gpu_a, gpu_b in ((gpus[0], gpus[1]), (gpus[1], gpus[0])):
+        with ExitStack() as stack:
+            wa = Worker(a, spec, gpu_a, timeout)
+            stack.callback(wa.close)
+            wb = Worker(b, spec, gpu_b, timeout)
+            stack.callback(wb.close)
+            rows_a, rows_b = side_by_side(wa, wb, wa.hello["requests"], block)
+        ids, ratios, same = pair_ratios(rows_a, rows_b)
+        equal = equal and same
+        pairings.append({"gpu_a": gpu_a, "gpu_b": gpu_b, "requests": ids, "ratios": ratios,
+                         "code_hash_a": wa.hello["code_hash"], "code_hash_b": wb.hello["code_hash"],
+                         "rows_a": [_timing(r) for r in rows_a], "rows_b": [_timing(r) for r in rows_b]})
+    ids, ratios = combine_pairings((pairings[0]["requests"], pairings[0]["ratios"]),
+                                   (pairings[1]["requests"], pairings[1]["ratios"]))
+    _enough(ids)
+    return {"mode": "paired", "a": _side(a, pairings[0]["code_hash_a"]), "b": _side(b, pairings[0]["code_hash_b"]),
+            "requests": ids, "ratios": ratios, "outputs_equal": equal, "pairings": pairings}
+
+
 def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float) -> dict:
     with ExitStack() as stack:
         wa = Worker(a, spec, gpu, timeout)
@@ -148,25 +212,29 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
         stack.callback(wb.close)
         rows_a, rows_b = interleaved(wa, wb, wa.hello["requests"], block)
         ids, ratios, equal = pair_ratios(rows_a, rows_b)
-        if len(ids) < 3:
-            raise UserError(f"only {len(ids)} requests produced decode tokens; the gate needs at least 3 "
-                            "(raise --limit or --max-new-tokens)")
-        return {"a": {"system": a.system, "source": str(a.source), "code_hash": wa.hello["code_hash"]},
-                "b": {"system": b.system, "source": str(b.source), "code_hash": wb.hello["code_hash"]},
+        _enough(ids)
+        return {"mode": "interleaved", "a": _side(a, wa.hello["code_hash"]), "b": _side(b, wb.hello["code_hash"]),
                 "requests": ids, "ratios": ratios, "outputs_equal": equal,
                 "rows_a": [_timing(r) for r in rows_a],
                 "rows_b": [_timing(r) for r in rows_b]}
 
 
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
-            noise: float | None = None) -> dict:
-    """The evidence card: the A/A noise run (unless a noise figure is given), the A/B run, the verdict."""
-    card: dict = {"block": block, "gpu": gpu}
+            noise: float | None = None, gpus: list[str] | None = None) -> dict:
+    """The evidence card: the A/A noise run (unless a noise figure is given), the A/B run, the verdict.
+    With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`."""
+    card: dict = {"block": block, "gpu": gpu, "gpus": gpus}
+
+    def run(x: Side, y: Side) -> dict:
+        if gpus and len(gpus) >= 2:
+            return measure_paired(x, y, spec, block, gpus, timeout)
+        return measure(x, y, spec, block, gpu, timeout)
+
     if noise is None:
-        aa = measure(a, a, spec, block, gpu, timeout)
+        aa = run(a, a)
         noise = noise_from(estimate(aa["ratios"]))
         card["aa"] = {**aa, "estimate": estimate(aa["ratios"]).to_json()}
-    ab = measure(a, b, spec, block, gpu, timeout)
+    ab = run(a, b)
     card["ab"] = ab
     card["decision"] = decide(estimate(ab["ratios"]), noise, ab["outputs_equal"])
     return card

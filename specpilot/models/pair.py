@@ -51,7 +51,32 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
             drafter = random_drafter(dcfg, dep.drafter.seed, dtype, device, rope_length=rope)
         check_pair(target.cfg, drafter.cfg)
     tokenizer = _tokenizer(dep, target.cfg)
+    if dep.twin_width > 1 or dep.twin_depth is not None:
+        target, drafter = _twin(dep, target, drafter)
     return target, drafter, tokenizer
+
+
+def _twin(dep: Deployment, target: DenseTarget, drafter: DFlashDrafter | None):
+    """Widen in memory (the fast path: no 50 GB checkpoint to write or read)."""
+    from specpilot.fixtures.twin import widen_drafter, widen_target
+
+    r, depth = dep.twin_width, dep.twin_depth
+    if depth is not None and depth < target.cfg.num_layers:
+        raise UserError(f"[twin] depth {depth} is below the target's {target.cfg.num_layers} layers")
+    small = sum(p.numel() * p.element_size() for p in target.parameters())
+    need = small * r * r * (depth or target.cfg.num_layers) / target.cfg.num_layers
+    if target.embed.weight.device.type == "cpu" and need > 0.5 * _memory_bytes():
+        raise UserError(f"the x{r} twin needs about {need / 1e9:.0f} GB of weights, more than half of this "
+                        "machine's memory: run it on a GPU")
+    wide_target = widen_target(target, r, depth)
+    wide_drafter = widen_drafter(drafter, r, depth) if drafter is not None else None
+    return wide_target, wide_drafter
+
+
+def _memory_bytes() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _hint(path) -> str:
