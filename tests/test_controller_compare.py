@@ -61,3 +61,12 @@ def test_paired_mode_runs_both_pairings():
     for p in ab["pairings"]:
         assert len(p["rows_a"]) == len(p["rows_b"]) == 4
     assert "aa" not in card  # a known noise figure skips the A/A run
+
+
+def test_a_tree_holding_the_controller_is_refused(tmp_path):
+    from specpilot.controller.compare import REPO
+
+    with pytest.raises(UserError, match="inside the tree it was asked to time"), source_tree(str(REPO)):
+        pass
+    with source_tree(str(tmp_path)) as tree:  # a folder without the controller is fine
+        assert tree == tmp_path.resolve()

@@ -9,7 +9,9 @@ the first block), so drift hits both alike. On two GPUs A and B run each block a
 per GPU, and the whole run is repeated with the GPUs swapped; each request's ratio is the geometric
 mean of its two pairings, which cancels a difference in speed between the GPUs. Workers run in their
 own process groups and are killed as groups on timeout. The controller itself runs from its own
-install (the `specpilot` command), never from an agent's worktree: what it imports is not what it times.
+install (the `specpilot` command), never from an agent's worktree: what it imports is not what it
+times. That is enforced: a source folder that contains the controller's own files is refused, and the
+evidence card records the hash of the controller's code next to the hashes of the two sides.
 """
 
 from __future__ import annotations
@@ -44,13 +46,24 @@ class Side:
         return code_hash(self.source / "specpilot")
 
 
+def check_outside(tree: Path) -> None:
+    """An explicitly named tree is one an agent may write: the controller's own code must not be in it,
+    or the judge would import what it judges."""
+    own = Path(__file__).resolve().parent
+    if own.is_relative_to(tree.resolve()):
+        raise UserError(f"the controller runs from {own}, inside the tree it was asked to time ({tree}); run "
+                        "`specpilot compare` from an install outside every tree it times")
+
+
 @contextmanager
 def source_tree(ref: str | None):
-    """None or a folder: used as is; anything else: a git commit checked out into a temporary worktree."""
+    """None: this checkout (a developer timing their own code); a folder: used as is, and refused if the
+    controller itself lives in it; anything else: a git commit checked out into a temporary worktree."""
     if ref is None:
         yield REPO
         return
     if Path(ref).is_dir():
+        check_outside(Path(ref))
         yield Path(ref).resolve()
         return
     tmp = Path(tempfile.mkdtemp(prefix="specpilot-wt-"))
@@ -223,7 +236,9 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
             noise: float | None = None, gpus: list[str] | None = None) -> dict:
     """The evidence card: the A/A noise run (unless a noise figure is given), the A/B run, the verdict.
     With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`."""
-    card: dict = {"block": block, "gpu": gpu, "gpus": gpus}
+    card: dict = {"block": block, "gpu": gpu, "gpus": gpus,
+                  "controller": {"path": str(Path(__file__).resolve().parent),
+                                 "code_hash": code_hash(Path(__file__).resolve().parent)}}
 
     def run(x: Side, y: Side) -> dict:
         if gpus and len(gpus) >= 2:
