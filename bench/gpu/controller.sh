@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Issue 5 on the H200, after bench/gpu/real_pair.sh on the same (still held) machine: the controller on
-# the SmolLM2 pair, single request at a time.
+# Issue 5 on the H200, after the SmolLM2 staging on the same (still held) machine: the controller on the
+# SmolLM2 pair (default) or on the twin (DEPLOY="--preset smollm2-twin" LIMIT=4 MAXNEW=128), single
+# request at a time.
 #   1. stock vs stock: measures the A/A noise, then times stock against itself (must not promote);
 #   2. stock vs stock:pad_us=X, X = 3% of stock's measured step time (an idle kernel in every step, a
 #      known lossless slowdown): must not promote, and its gain should read about 1/1.03.
 # Evidence cards come back as JSON; a "not promoted" verdict exits 1 by design.
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
-common=(--deployment bench/gpu/smollm2-pair.toml --limit "${LIMIT:-8}" --max-new-tokens "${MAXNEW:-256}" --gpu 0)
-python3 -m specpilot.cli compare --a stock --b stock "${common[@]}" --json "$OUT/compare_stock_stock.json"
+read -r -a deploy <<< "${DEPLOY:---deployment bench/gpu/smollm2-pair.toml}"
+tag="${TAG:-smollm2}"
+common=("${deploy[@]}" --limit "${LIMIT:-8}" --max-new-tokens "${MAXNEW:-256}" --gpu 0)
+python3 -m specpilot.cli compare --a stock --b stock "${common[@]}" --json "$OUT/compare_stock_stock_${tag}.json"
 echo "compare stock stock: exit $?"
-read -r pad noise < <(python3 - "$OUT/compare_stock_stock.json" <<'PY'
+read -r pad noise < <(python3 - "$OUT/compare_stock_stock_${tag}.json" <<'PY'
 import json, sys
 card = json.load(open(sys.argv[1]))
 rows = card["ab"]["rows_a"]
@@ -20,5 +23,5 @@ PY
 )
 echo "stock step: pad ${pad} us = 3% of it; A/A noise ${noise}"
 python3 -m specpilot.cli compare --a stock --b "stock:pad_us=${pad}" --noise "$noise" "${common[@]}" \
-    --json "$OUT/compare_stock_pad.json"
+    --json "$OUT/compare_stock_pad_${tag}.json"
 echo "compare stock pad: exit $?"

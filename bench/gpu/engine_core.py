@@ -120,15 +120,7 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
     def step():
         target(tokens, positions, cache, Mode.VERIFY, slots=positions, vis=vis)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.inference_mode():
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        step()
-    return timed(graph.replay)
+    return timed(capture(step).replay)
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int]) -> dict:
@@ -139,6 +131,39 @@ def gemv_ar(target, prompt: list[int], reference: list[int]) -> dict:
     ms = 1000 * gen.decode_s / gen.decode_tokens
     same = next((i for i, (a, b) in enumerate(zip(gen.tokens, reference, strict=False)) if a != b), len(reference))
     return {"ar_ms_per_token": ms, "tokens_equal_to_cublas_ar_before_first_divergence": same}
+
+
+def capture(step) -> torch.cuda.CUDAGraph:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.inference_mode():
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def projections_only(target, bw: dict) -> dict:
+    """The decode step's GEMVs alone (every layer's qkv, o, gate_up, down, then the LM head), back to back
+    in one graph with no other kernel between them: what cuBLAS reaches without the small kernels, as
+    F.linear on a [1, K] row (what the model calls) and as torch.mv."""
+    weights = [w for layer in target.layers
+               for w in (layer.attn.wqkv.weight, layer.attn.wo.weight, layer.mlp.w13.weight, layer.mlp.w2.weight)]
+    weights.append(target.head_weight)
+    xs = {k: torch.randn(1, k, dtype=torch.bfloat16, device="cuda") for k in {w.shape[1] for w in weights}}
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    out = {"bytes": nbytes}
+    for variant in ("linear", "mv"):
+        def step(variant=variant):
+            for w in weights:
+                x = xs[w.shape[1]]
+                torch.nn.functional.linear(x, w) if variant == "linear" else torch.mv(w, x[0])
+        ms = timed(capture(step).replay, reps=50)
+        rate = nbytes / ms / 1e9
+        out[variant] = {"ms": ms, "tb_s": rate, "pct_of_copy_bw": 100 * rate / bw["copy_tb_s"]}
+    return out
 
 
 def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str]) -> dict:
@@ -175,6 +200,11 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str]) -> dict:
         print(f"[{name}] AR with Triton GEMV {g['ar_ms_per_token']:.3f} ms/token -> "
               f"{g['pct_of_floor_copy_bw']:.1f}% of floor; same tokens as cuBLAS AR for "
               f"{g['tokens_equal_to_cublas_ar_before_first_divergence']}")
+    if "ceiling" in parts:
+        c = out["projections_only"] = projections_only(target, bw)
+        print(f"[{name}] projections alone in one graph: F.linear {c['linear']['tb_s']:.2f} TB/s "
+              f"({c['linear']['pct_of_copy_bw']:.1f}% of copy), torch.mv {c['mv']['tb_s']:.2f} TB/s "
+              f"({c['mv']['pct_of_copy_bw']:.1f}%)")
     if "verify" in parts:
         out["verify_ms"] = {n: verify_ms(target, n) for n in WIDTHS}
         print(f"[{name}] verify ms: " + " ".join(f"{n}:{v:.3f}" for n, v in out["verify_ms"].items()))
@@ -203,7 +233,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--parts", default="gemv,verify,stock", help="what to time beside AR")
+    ap.add_argument("--parts", default="gemv,verify,stock,ceiling", help="what to time beside AR")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
