@@ -14,7 +14,7 @@ train)
     python3 bench/gpu/stage_smollm2.py assemble
     python3 -m specpilot.cli train-drafter --deployment bench/gpu/smollm2-target.toml --out .models/smollm2-dflash \
         --prompts "${PROMPTS:-2000}" --eval-prompts "${EVAL:-64}" --max-new-tokens "${MAXNEW:-256}" \
-        --steps "${STEPS:-3000}" --max-minutes "${MINUTES:-3.5}" --block-size "${BLOCK:-16}" --layers "${LAYERS:-3}" --selector-rank 32 --seed 0 \
+        --steps "${STEPS:-3000}" --max-minutes "${MINUTES:-3.5}" --block-size "${BLOCK:-16}" --layers "${LAYERS:-3}" --selector-rank 32 --seed 0 --batch "${BATCH:-256}" \
         2>&1 | tail -n 3
     mkdir -p "$OUT/smollm2-dflash" && cp .models/smollm2-dflash/* "$OUT/smollm2-dflash/"
     ;;
