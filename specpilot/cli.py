@@ -228,6 +228,11 @@ def compare(
             "deployment": str(deployment.resolve()) if deployment else None,
             "datasets": dataset or dep.datasets, "split": dep.split, "limit": limit if limit is not None else dep.limit,
             "max_new_tokens": max_new_tokens if max_new_tokens is not None else dep.max_new_tokens}
+    from specpilot.bench.datasets import load_requests
+
+    count = sum(len(load_requests(d, spec["split"], None, spec["limit"])) for d in spec["datasets"])
+    if count < 3:  # checked before any worker starts: the gate needs 3 paired requests
+        raise UserError(f"only {count} requests selected; the gate needs at least 3 (raise --limit)")
     with source_tree(a_source) as src_a, source_tree(b_source) as src_b:
         err.print(f"[dim]timing {a} ({src_a}) against {b} ({src_b})[/dim]")
         card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair)

@@ -158,3 +158,14 @@ def test_force_exit_code_and_evidence(tmp_path, candidate, code, verdict):
 
 def test_force_rejects_bad_names_before_loading():
     assert_one_line_error(specpilot("force", "--candidate", "stock:fault=typo"), "fault")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--gpus", "0"], "two different devices"),
+    (["--gpus", "1,1"], "two different devices"),
+    (["--gpus", "0,1", "--gpu", "0"], "not both"),
+    (["--limit", "2"], "at least 3"),
+    (["--a-source", "."], "inside the tree it was asked to time"),
+])
+def test_compare_bad_input_is_one_line(args, needle):
+    assert_one_line_error(specpilot("compare", "--preset", "tiny", "--max-new-tokens", "8", *args), needle)
