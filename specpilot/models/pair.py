@@ -32,6 +32,8 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
     from specpilot.models.loading import load_drafter, load_target
 
     device, dtype = dep.torch_device(), dep.torch_dtype()
+    if dep.target.path is not None:
+        _fetch_if_known(dep.target.path)
     for spec, what in ((dep.target, "target"), (dep.drafter, "drafter")):
         if spec is not None and spec.path is not None and not spec.path.is_dir():
             raise UserError(f"{what} checkpoint folder not found: {spec.path}" + _hint(spec.path))
@@ -77,6 +79,18 @@ def _memory_bytes() -> int:
     import os
 
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _fetch_if_known(path) -> None:
+    """A model `specpilot models fetch` knows (SmolLM2) is fetched on first use, like a hub download;
+    a folder that exists is never touched (the GPU machine stages its own copy, offline)."""
+    import sys
+
+    from specpilot.fixtures.smollm2 import fetch_smollm2, models_dir
+
+    if path == models_dir() / "smollm2" and not path.exists():
+        print(f"fetching SmolLM2-135M-Instruct into {path} (once)", file=sys.stderr)
+        fetch_smollm2(path, progress=lambda s: print(s, file=sys.stderr))
 
 
 def _hint(path) -> str:
