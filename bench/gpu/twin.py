@@ -12,6 +12,7 @@ Correctness first, table last, JSON to $OUT/twin.json.
 
 Usage: PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data \
        python3 bench/gpu/twin.py [--width 16] [--limit 4] [--max-new 256]
+Dry run of the same code here: PYTHONPATH=. python bench/gpu/twin.py --device cpu --width 2 --limit 1 --max-new 16
 """
 
 from __future__ import annotations
@@ -81,61 +82,78 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--drafter", default="checkpoints/smollm2-dflash", help="the small pair's drafter folder")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of every step but the GPU timings "
+                    "(e.g. --device cpu --width 2 --limit 1 --max-new 16)")
     args = ap.parse_args()
-    dev, dt = "cuda", torch.bfloat16
+    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "commit": os.environ.get("SPECPILOT_COMMIT"), "width": args.width,
+              "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu (dry run)",
+              "drafter": {"path": args.drafter,
+                          **json.loads((Path(args.drafter) / "training.json").read_text())["metrics"]}}
+    twin_t, twin_ar = fidelity(report, args)
+    if args.device.startswith("cuda"):
+        timings(report, twin_t, twin_ar, args.context)
+    with open(os.path.join(os.environ.get("OUT", "."), "twin.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print_table(report)
+
+
+def fidelity(report: dict, args):
+    """Correctness first: the small pair and the twin side by side, and the bf16-vs-float32 yardstick."""
+    dev, dt, ctx = args.device, torch.bfloat16, args.context
     folder = models_dir() / "smollm2"
     tok = HFTokenizer(folder)
-    small_t = load_target(folder, dt, dev, rope_length=args.context + 1)
-    small_d = load_drafter(Path(args.drafter), dt, dev, rope_length=args.context + 1)
-    twin_t = widen_target(small_t, args.width, args.depth)
-    twin_d = widen_drafter(small_d, args.width, args.depth)
+    small_t = load_target(folder, dt, dev, rope_length=ctx + 1)
+    small_d = load_drafter(Path(args.drafter), dt, dev, rope_length=ctx + 1)
+    twin_t, twin_d = widen_target(small_t, args.width, args.depth), widen_drafter(small_d, args.width, args.depth)
     print(f"[twin] {sum(p.numel() for p in twin_t.parameters()) / 1e9:.2f}B params "
           f"(hidden {twin_t.cfg.hidden_size}, MLP {twin_t.cfg.intermediate_size}, {twin_t.cfg.num_heads} heads)")
     names, prompts = first_turn_prompts(tok, args.limit)
-    eos = tok.eos_ids
-    small_ar = run(Engine(small_t, None, context=args.context), prompts, args.max_new, AR, eos)
-    small_st = run(Engine(small_t, small_d, context=args.context), prompts, args.max_new, STOCK, eos)
-    twin_ar = run(Engine(twin_t, None, context=args.context), prompts, args.max_new, AR, eos)
-    twin_st = run(Engine(twin_t, twin_d, context=args.context), prompts, args.max_new, STOCK, eos)
-    fid = free_running([g.tokens for g in small_ar], [g.tokens for g in twin_ar])
+
+    def gens(target, drafter, system):
+        return run(Engine(target, drafter, context=ctx), prompts, args.max_new, system, tok.eos_ids)
+
+    small_ar, small_st = gens(small_t, None, AR), gens(small_t, small_d, STOCK)
+    twin_ar, twin_st = gens(twin_t, None, AR), gens(twin_t, twin_d, STOCK)
     outputs = [g.tokens for g in small_ar]
-    fid["forced"] = forced_agreement(small_t, twin_t, prompts, outputs)
-    exact_t = load_target(folder, torch.float32, dev, rope_length=args.context + 1)
-    exact_ar = run(Engine(exact_t, None, context=args.context), prompts, args.max_new, AR, eos)
-    noise = free_running([g.tokens for g in exact_ar], outputs)
-    noise["forced"] = forced_agreement(exact_t, small_t, prompts, [g.tokens for g in exact_ar])
-    del exact_t
-    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(), "width": args.width,
-              "drafter": {"path": args.drafter,
-                          **json.loads((Path(args.drafter) / "training.json").read_text())["metrics"]},
-              "requests": len(prompts), "fidelity": fid, "bf16_vs_fp32_small": noise,
-              "small_stock_tau": tau(small_st),
-              "twin_stock_tau": tau(twin_st)}
+    fid = {**free_running(outputs, [g.tokens for g in twin_ar]),
+           "forced": forced_agreement(small_t, twin_t, prompts, outputs)}
+    exact_t = load_target(folder, torch.float32, dev, rope_length=ctx + 1)
+    exact_out = [g.tokens for g in gens(exact_t, None, AR)]
+    noise = {**free_running(exact_out, outputs), "forced": forced_agreement(exact_t, small_t, prompts, exact_out)}
+    report.update(requests=len(prompts), fidelity=fid, bf16_vs_fp32_small=noise, small_stock_tau=tau(small_st),
+                  twin_stock_tau=tau(twin_st), stock_speedup_geomean=speedup(twin_ar, twin_st),
+                  twin_by_dataset=by_dataset(names, twin_ar, twin_st),
+                  small_by_dataset=by_dataset(names, small_ar, small_st))
     print(f"[fidelity] twin vs SmolLM2 (bf16): free-running {100 * fid['token_agreement']:.2f}% tokens equal, "
           f"teacher-forced {100 * fid['forced']['token_agreement']:.2f}%; SmolLM2 bf16 vs float32: free-running "
           f"{100 * noise['token_agreement']:.2f}%, teacher-forced {100 * noise['forced']['token_agreement']:.2f}%")
     print(f"[fidelity] stock tau small {report['small_stock_tau']:.3f} twin {report['twin_stock_tau']:.3f}")
+    return twin_t, twin_ar
+
+
+def timings(report: dict, twin_t, twin_ar, context: int) -> None:
+    """AR against the weight-pass floor; verify cost of the twin against a random model of its shape."""
     bw = bandwidth()
     ar_ms = [1000 * g.decode_s / g.decode_tokens for g in twin_ar if g.decode_tokens]
     floor = step_weight_bytes(twin_t) / (bw["copy_tb_s"] * 1e12) * 1e3
-    report.update(bandwidth=bw, twin_ar_ms_per_token=sum(ar_ms) / len(ar_ms), floor_ms=floor,
-                  stock_speedup_geomean=speedup(twin_ar, twin_st),
-                  twin_by_dataset=by_dataset(names, twin_ar, twin_st),
-                  small_by_dataset=by_dataset(names, small_ar, small_st))
-    report["verify_ms_twin"] = {n: verify_ms(twin_t, n, args.context) for n in ROWS}
-    del small_st, twin_st
-    shadow = random_target(twin_t.cfg, seed=0, dtype=dt, device=dev, rope_length=args.context + 1)
-    report["verify_ms_random_same_shape"] = {n: verify_ms(shadow, n, args.context) for n in ROWS}
-    with open(os.path.join(os.environ.get("OUT", "."), "twin.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    ar = report["twin_ar_ms_per_token"]
-    print(f"\ntwin AR {ar:.3f} ms/token, floor {floor:.3f} ms ({100 * floor / ar:.1f}%), "
-          f"stock speedup {report['stock_speedup_geomean']:.2f}x")
+    report.update(bandwidth=bw, twin_ar_ms_per_token=sum(ar_ms) / len(ar_ms), floor_ms=floor)
+    report["verify_ms_twin"] = {n: verify_ms(twin_t, n, context) for n in ROWS}
+    shadow = random_target(twin_t.cfg, seed=0, dtype=torch.bfloat16, device="cuda", rope_length=context + 1)
+    report["verify_ms_random_same_shape"] = {n: verify_ms(shadow, n, context) for n in ROWS}
+
+
+def print_table(report: dict) -> None:
+    if "twin_ar_ms_per_token" in report:
+        ar, floor = report["twin_ar_ms_per_token"], report["floor_ms"]
+        print(f"\ntwin AR {ar:.3f} ms/token, floor {floor:.3f} ms ({100 * floor / ar:.1f}%)")
+    print(f"stock speedup on the twin {report['stock_speedup_geomean']:.2f}x")
     print("dataset     twin tau  twin speedup  small tau  small speedup")
     for d, t in report["twin_by_dataset"].items():
         sm = report["small_by_dataset"][d]
         print(f"{d:10s}  {t['tau']:8.3f}  {t['speedup']:11.2f}x  {sm['tau']:9.3f}  {sm['speedup']:12.2f}x")
+    if "verify_ms_twin" not in report:
+        return
     print("rows   twin ms   random ms   diff %")
     for n in ROWS:
         a, b = report["verify_ms_twin"][n], report["verify_ms_random_same_shape"][n]
