@@ -46,3 +46,13 @@ def test_a_real_gain_is_promoted_and_diverged_outputs_raise_the_bar():
     small = estimate(rate_ratios(*timings(40, -0.025, 0.003, 9)), seed=9)
     assert decide(small, noise, outputs_equal=True)["verdict"] == "promote"
     assert decide(small, noise, outputs_equal=False)["verdict"] == "reject"  # 3% margin when outputs differ
+
+
+def test_a_difference_inside_the_noise_is_not_called_slower():
+    from specpilot.controller.gate import GainEstimate
+
+    # The H200 stock-vs-stock run: identical systems, interval just below 1, A/A noise 0.42%.
+    verdict = decide(GainEstimate(0.9966, 0.9942, 0.9985, 40), 0.0042, outputs_equal=True)
+    assert verdict["verdict"] == "reject" and verdict["reason"].startswith("not proven")
+    verdict = decide(GainEstimate(0.9678, 0.9659, 0.9694, 40), 0.0042, outputs_equal=True)  # the 3% pad
+    assert verdict["reason"].startswith("slower")

@@ -62,8 +62,8 @@ def decide(candidate: GainEstimate, noise: float, outputs_equal: bool) -> dict:
     promote = candidate.lower > bar
     if promote:
         reason = f"lower bound {candidate.lower:.4f} > {bar:.4f}"
-    elif candidate.upper < 1:
-        reason = f"slower: upper bound {candidate.upper:.4f} < 1"
+    elif candidate.upper < 1 - 2 * noise:  # a slowdown inside the A/A noise is no finding either way
+        reason = f"slower: upper bound {candidate.upper:.4f} < {1 - 2 * noise:.4f} (1 - 2x noise)"
     else:
         reason = f"not proven: lower bound {candidate.lower:.4f} <= {bar:.4f}"
     return {"verdict": "promote" if promote else "reject", "reason": reason, "bar": bar, "margin": margin,
