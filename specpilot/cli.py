@@ -295,6 +295,9 @@ def train_drafter(
     seed: Annotated[int, typer.Option(help="Seed for data order, init and sampling.")] = 0,
     max_minutes: Annotated[float, typer.Option(help="Stop training after this long (then evaluate and save); "
                                                      "0 = run every step.")] = 0.0,
+    resume: Annotated[Path | None, typer.Option(help="Continue training this drafter checkpoint (its block size, "
+                                                     "layers and selector are kept) on freshly distilled data.")
+                      ] = None,
 ) -> None:
     """Train a DFlash-style drafter for the deployment's target by self-distillation."""
     from specpilot.fixtures.train_drafter import run_training
@@ -308,11 +311,13 @@ def train_drafter(
         raise UserError(f"--block-size must be at least 2, got {block_size}")
     if max_minutes < 0:
         raise UserError(f"--max-minutes must be >= 0, got {max_minutes}")
+    if resume is not None and not resume.is_dir():
+        raise UserError(f"--resume: drafter checkpoint folder not found: {resume}")
     _check_output(out)
     metrics = run_training(dep, out, console=err, n_prompts=prompts, n_eval=eval_prompts, max_new=max_new_tokens,
                            max_prompt=max_prompt_tokens, steps=steps, block_size=block_size, layers=layers,
                            selector_rank=selector_rank, mask_token_id=mask_token_id, batch=batch, seed=seed,
-                           max_minutes=max_minutes)
+                           max_minutes=max_minutes, resume=resume)
     console.print(f"held-out tau {metrics['tau']:.3f} (oracle over top-{metrics['top_k']} lattice "
                   f"{metrics['oracle_tau_top_k']:.3f}) on {metrics['blocks']} blocks after "
                   f"{metrics['steps_done']} steps; wrote {out}")

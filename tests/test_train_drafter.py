@@ -1,5 +1,8 @@
 """Drafter self-distillation: data generation, the training path against the serving path, learning."""
 
+import copy
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -7,7 +10,14 @@ from specpilot.bench.datasets import DATASETS, UserError, load_requests
 from specpilot.fixtures.corpus import distill_prompts
 from specpilot.fixtures.distill import Dataset, greedy_batch, target_features
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
-from specpilot.fixtures.train_drafter import TrainConfig, block_batch, draft_hidden, drafter_config, evaluate
+from specpilot.fixtures.train_drafter import (
+    TrainConfig,
+    block_batch,
+    draft_hidden,
+    drafter_config,
+    evaluate,
+    train,
+)
 from specpilot.kernels.dispatch import kernels_forced
 from specpilot.models.loading import load_drafter, save_drafter
 from specpilot.runtime.engine import Engine
@@ -112,3 +122,35 @@ def test_corpus_is_deterministic_and_holds_no_benchmark_prompt():
         for request in requests:
             for turn in request.turns:
                 assert turn[:120] not in corpus
+
+
+def test_resumed_training_starts_where_the_first_run_ended(looping_target, trained):
+    drafter, metrics, eval_ds, tc, train_ds = trained
+    again, resumed = train(looping_target, train_ds, eval_ds, replace(tc, steps=20), init=copy.deepcopy(drafter))
+    assert resumed["ce_start"] < 0.5 * metrics["ce_start"]  # not a fresh start
+    assert resumed["ce_start"] < metrics["ce_end"] + 0.5
+    assert again.cfg == drafter.cfg
+
+
+def test_train_drafter_command_and_resume(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "specpilot.cli", "train-drafter", "--preset", "tiny",
+                               "--prompts", "12", "--eval-prompts", "3", "--max-new-tokens", "8", *args],
+                              capture_output=True, text=True, timeout=600)
+
+    first = run("--out", str(tmp_path / "d1"), "--steps", "4", "--block-size", "4", "--layers", "1",
+                "--selector-rank", "8")
+    assert first.returncode == 0, first.stderr
+    assert "held-out tau" in first.stdout
+    second = run("--out", str(tmp_path / "d2"), "--steps", "3", "--resume", str(tmp_path / "d1"), "--layers", "2")
+    assert second.returncode == 0, second.stderr
+    record = json.loads((tmp_path / "d2" / "training.json").read_text())
+    assert record["resumed_from"]["path"] == str(tmp_path / "d1")
+    assert record["resumed_from"]["training"]["metrics"]["steps_done"] == 4
+    assert record["metrics"]["train_config"]["layers"] == 1  # the checkpoint's depth, not --layers
+    missing = run("--out", str(tmp_path / "d3"), "--resume", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "not found" in missing.stderr
