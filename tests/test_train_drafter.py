@@ -154,3 +154,35 @@ def test_train_drafter_command_and_resume(tmp_path):
     assert record["metrics"]["train_config"]["layers"] == 1  # the checkpoint's depth, not --layers
     missing = run("--out", str(tmp_path / "d3"), "--resume", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+def test_other_seeds_never_train_on_the_held_out_prompts(monkeypatch):
+    """run_training's split: held-out prompts come from the seed-0 draw whatever the seed."""
+    import specpilot.fixtures.train_drafter as td
+
+    seen = {}
+
+    def fake_build(target, ids, *args, **kwargs):
+        seen.setdefault("calls", []).append([tuple(p) for p in ids])
+        return Dataset([], [], [])
+
+    def fake_train(*args, **kwargs):
+        raise StopIteration  # the split is all this test needs
+
+    monkeypatch.setattr("specpilot.fixtures.distill.build_dataset", fake_build)
+    monkeypatch.setattr(td, "train", fake_train)
+    from rich.console import Console
+
+    from specpilot.deployment import load_deployment
+
+    held = {}
+    for seed in (0, 1):
+        seen.clear()
+        with pytest.raises(StopIteration):
+            td.run_training(load_deployment("tiny"), None, Console(quiet=True), n_prompts=30, n_eval=5, max_new=4,
+                            max_prompt=512, steps=1, block_size=4, layers=1, selector_rank=0, mask_token_id=None,
+                            batch=8, seed=seed)
+        train_ids, eval_ids = seen["calls"]
+        held[seed] = set(eval_ids)
+        assert not held[seed] & set(train_ids)
+    assert held[0] == held[1]
