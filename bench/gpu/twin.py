@@ -8,12 +8,12 @@ Needs the staged SmolLM2 under $SPECPILOT_MODELS (bench/gpu/stage_smollm2.py) an
    disagreement bf16 rounding alone produces. Stock tau of the widened pair against the small pair's.
 2. Cost fidelity: the twin's verify step for 1..192 rows against a random-weight model of its shape.
 3. AR on the twin against its weight-pass floor; stock tau and speedup over AR.
+4. Last, the fidelity check again in float32 (twin and SmolLM2 free-running, --fp32-tokens per request).
 Correctness first, table last, JSON to $OUT/twin.json.
 
 Usage: PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data \
        python3 bench/gpu/twin.py [--width 16] [--limit 4] [--max-new 256]
 Dry run of the same code here: PYTHONPATH=. python bench/gpu/twin.py --device cpu --width 2 --limit 1 --max-new 16
-4. Last, the fidelity check again in float32 (twin and SmolLM2 free-running, --fp32-tokens per request).
 """
 
 from __future__ import annotations
