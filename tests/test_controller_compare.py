@@ -1,6 +1,8 @@
 """The controller's runner: workers import the code they were asked for, take turns, and report."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specpilot.controller.compare import Side, compare, measure, source_tree
 from specpilot.errors import UserError
@@ -70,3 +72,17 @@ def test_a_tree_holding_the_controller_is_refused(tmp_path):
         pass
     with source_tree(str(tmp_path)) as tree:  # a folder without the controller is fine
         assert tree == tmp_path.resolve()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0.5, 2.0), min_size=1, max_size=20), st.floats(0.5, 2.0), st.randoms())
+def test_pairing_cancels_any_uniform_gpu_factor(gains, factor, rnd):
+    from specpilot.controller.compare import combine_pairings
+
+    ids = [f"r{i}" for i in range(len(gains))]
+    swapped = list(zip(ids, [g * factor for g in gains], strict=True))
+    rnd.shuffle(swapped)  # the second pairing may list requests in another order
+    got_ids, ratios = combine_pairings((ids, [g / factor for g in gains]),
+                                       ([i for i, _ in swapped], [r for _, r in swapped]))
+    assert got_ids == ids
+    assert ratios == pytest.approx(gains, rel=1e-9)

@@ -1,6 +1,8 @@
 """Fidelity readings: free-running and teacher-forced agreement of two targets."""
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specpilot.bench.fidelity import forced_agreement, forced_argmax, free_running
 from specpilot.fixtures.random_models import random_target, tiny_target_config
@@ -43,3 +45,21 @@ def test_forced_agreement_sees_a_twin_as_equal_and_a_different_model_as_not():
         bf16 = random_target(tiny_target_config(vocab=300), seed=3, dtype=torch.bfloat16)
     near = forced_agreement(small, bf16, batch, outputs)["token_agreement"]
     assert near > differ["token_agreement"]
+
+
+token_lists = st.lists(st.lists(st.integers(0, 5), max_size=12), min_size=1, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(token_lists, st.data())
+def test_free_running_properties(a, data):
+    b = [data.draw(st.lists(st.integers(0, 5), max_size=12)) for _ in a]
+    out = free_running(a, b)
+    assert 0.0 <= out["token_agreement"] <= 1.0
+    assert free_running(a, a) == {"token_agreement": 1.0, "first_divergence": [None] * len(a)}
+    for s, t, first in zip(a, b, out["first_divergence"], strict=True):
+        if first is None:
+            assert s == t
+        else:
+            assert s[:first] == t[:first] and (first == min(len(s), len(t)) or s[first] != t[first])
+    assert free_running(b, a)["token_agreement"] == out["token_agreement"]
