@@ -176,9 +176,14 @@ def force(
         t.add_row(role, s["system"], str(s["tokens"]), f"{100 * s['mismatch_rate']:.2f}%",
                   f"{100 * low:.2f}-{100 * high:.2f}%", str(s["large_margin_events"]), str(s["unexplained_events"]))
     console.print(t)
-    color = "green" if report["verdict"] == "pass" else "red"
-    console.print(f"[{color}]{report['verdict']}[/{color}]: {report['reason']}")
-    if report["verdict"] != "pass":
+    _verdict(report["verdict"], report["reason"], good="pass")
+
+
+def _verdict(verdict: str, reason: str, good: str) -> None:
+    """Print a judge's verdict; exit 1 unless it is the good one."""
+    color = "green" if verdict == good else "red"
+    console.print(f"[{color}]{verdict}[/{color}]: {reason}")
+    if verdict != good:
         raise typer.Exit(1)
 
 
@@ -242,10 +247,7 @@ def compare(
     d = card["decision"]
     console.print(f"gain {d['gain']:.4f} (95% bounds {d['lower']:.4f} .. {d['upper']:.4f}, {d['requests']} requests), "
                   f"noise {d['noise']:.4f}, bar {d['bar']:.4f}")
-    color = "green" if d["verdict"] == "promote" else "red"
-    console.print(f"[{color}]{d['verdict']}[/{color}]: {d['reason']}")
-    if d["verdict"] != "promote":
-        raise typer.Exit(1)
+    _verdict(d["verdict"], d["reason"], good="promote")
 
 
 @app.command()

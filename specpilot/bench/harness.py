@@ -46,12 +46,11 @@ class Runner:
     def engine(self, system: System) -> Engine:
         drafter = self.drafter if system.base == "stock" else None
         block = system.get("block_size") if drafter else 0
-        key = (system.base, system.get("graphs"), block, system.get("gemv"), system.get("fault"),
-               system.get("pad_us"))
+        kwargs = {"use_graphs": system.get("graphs"), "block_size": block, "gemv": system.get("gemv"),
+                  "fault": system.get("fault"), "pad_us": system.get("pad_us")}
+        key = (system.base, *kwargs.values())
         if key not in self._engines:
-            self._engines[key] = Engine(self.target, drafter, context=self.context, use_graphs=system.get("graphs"),
-                                        block_size=block, gemv=system.get("gemv"), fault=system.get("fault"),
-                                        pad_us=system.get("pad_us"))
+            self._engines[key] = Engine(self.target, drafter, context=self.context, **kwargs)
         return self._engines[key]
 
     def warmup(self, system: System) -> None:

@@ -130,6 +130,17 @@ class Worker:
         self.proc.wait()
 
 
+@contextmanager
+def two_workers(a: Side, b: Side, spec: dict, gpu_a: str | None, gpu_b: str | None, timeout: float):
+    """A's and B's workers, both killed (as process groups) however the block exits."""
+    with ExitStack() as stack:
+        wa = Worker(a, spec, gpu_a, timeout)
+        stack.callback(wa.close)
+        wb = Worker(b, spec, gpu_b, timeout)
+        stack.callback(wb.close)
+        yield wa, wb
+
+
 def interleaved(a: Worker, b: Worker, ids: list[str], block: int) -> tuple[list[dict], list[dict]]:
     """Blocks of requests in A B, B A, A B ... order."""
     rows_a, rows_b = [], []
@@ -199,11 +210,7 @@ def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], ti
     GPUs swapped; one pairing's workers are closed before the next starts (a GPU holds one model)."""
     pairings, equal = [], True
     for gpu_a, gpu_b in ((gpus[0], gpus[1]), (gpus[1], gpus[0])):
-        with ExitStack() as stack:
-            wa = Worker(a, spec, gpu_a, timeout)
-            stack.callback(wa.close)
-            wb = Worker(b, spec, gpu_b, timeout)
-            stack.callback(wb.close)
+        with two_workers(a, b, spec, gpu_a, gpu_b, timeout) as (wa, wb):
             rows_a, rows_b = side_by_side(wa, wb, wa.hello["requests"], block)
         ids, ratios, same = pair_ratios(rows_a, rows_b)
         equal = equal and same
@@ -218,11 +225,7 @@ def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], ti
 
 
 def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float) -> dict:
-    with ExitStack() as stack:
-        wa = Worker(a, spec, gpu, timeout)
-        stack.callback(wa.close)
-        wb = Worker(b, spec, gpu, timeout)
-        stack.callback(wb.close)
+    with two_workers(a, b, spec, gpu, gpu, timeout) as (wa, wb):
         rows_a, rows_b = interleaved(wa, wb, wa.hello["requests"], block)
         ids, ratios, equal = pair_ratios(rows_a, rows_b)
         _enough(ids)
