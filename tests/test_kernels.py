@@ -81,7 +81,7 @@ def test_rope_qkv(device, dtype, tol, norm, want_q):
 
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
 @pytest.mark.parametrize("rows", [1, 3, 4])
-@pytest.mark.parametrize("n,k", [(40, 300), (96, 1100)])
+@pytest.mark.parametrize("n,k", [(40, 300), (96, 1100), (64, 512)])
 @pytest.mark.parametrize("fusion", ["plain", "bias", "norm", "gate_up", "norm_gate_up", "residual"])
 def test_gemv(device, dtype, tol, rows, n, k, fusion):
     from specpilot.kernels.gemv.naive import gemv_naive
@@ -103,3 +103,14 @@ def test_gemv(device, dtype, tol, rows, n, k, fusion):
     want = gemv_naive(x, w, **kw)
     assert got.shape == want.shape
     assert rel(got, want) <= max(tol, 1e-2 if tol == 0 else tol)
+
+
+def test_pdl_only_for_cuda_tensors_and_can_be_turned_off(monkeypatch):
+    from specpilot.kernels.dispatch import pdl_on
+
+    assert not pdl_on(torch.ones(2))  # CPU tensors (and the interpreter) never launch with PDL
+    if CUDA:
+        monkeypatch.setenv("SPECPILOT_PDL", "0")
+        assert not pdl_on(torch.ones(2, device="cuda"))
+        monkeypatch.setenv("SPECPILOT_PDL", "1")
+        assert pdl_on(torch.ones(2, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)

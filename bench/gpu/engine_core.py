@@ -124,13 +124,26 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int]) -> dict:
-    """AR with the few-row projections through the Triton GEMV (autotuned during the warm-up)."""
-    eng = Engine(target, None, context=CONTEXT, gemv=True)
-    eng.warmup(AR)
-    gen = eng.generate(prompt, NEW, (), AR)
-    ms = 1000 * gen.decode_s / gen.decode_tokens
-    same = next((i for i, (a, b) in enumerate(zip(gen.tokens, reference, strict=False)) if a != b), len(reference))
-    return {"ar_ms_per_token": ms, "tokens_equal_to_cublas_ar_before_first_divergence": same}
+    """AR with the few-row projections through the Triton GEMV (autotuned during the warm-up), launched
+    with programmatic dependent launch (the default on Hopper) and without (SPECPILOT_PDL=0): the same
+    kernels and configs, so equal tokens say PDL's early starts read nothing stale."""
+    out = {}
+    for key, env in (("pdl", "1"), ("no_pdl", "0")):
+        os.environ["SPECPILOT_PDL"] = env
+        eng = Engine(target, None, context=CONTEXT, gemv=True)
+        eng.warmup(AR)
+        gen = eng.generate(prompt, NEW, (), AR)
+        eng.pos.fill_(PROMPT)
+        out[key] = {"ar_ms_per_token": 1000 * gen.decode_s / gen.decode_tokens,
+                    "ar_graph_replay_ms": timed(eng._ar.graph.replay, reps=100), "tokens": gen.tokens}
+        del eng
+        gc.collect()
+    os.environ.pop("SPECPILOT_PDL")
+    tokens = out["pdl"].pop("tokens")
+    same = next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), len(reference))
+    return {**out["pdl"], "no_pdl": {k: v for k, v in out["no_pdl"].items() if k != "tokens"},
+            "pdl_equals_no_pdl": tokens == out["no_pdl"]["tokens"],
+            "tokens_equal_to_cublas_ar_before_first_divergence": same}
 
 
 def capture(step) -> torch.cuda.CUDAGraph:
@@ -197,9 +210,11 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str]) -> dict:
     if "gemv" in parts:
         g = out["gemv"] = gemv_ar(target, prompt, gen.tokens)
         g["pct_of_floor_copy_bw"] = 100 * floor_copy / g["ar_ms_per_token"]
+        g["no_pdl"]["pct_of_floor_copy_bw"] = 100 * floor_copy / g["no_pdl"]["ar_ms_per_token"]
         print(f"[{name}] AR with Triton GEMV {g['ar_ms_per_token']:.3f} ms/token -> "
-              f"{g['pct_of_floor_copy_bw']:.1f}% of floor; same tokens as cuBLAS AR for "
-              f"{g['tokens_equal_to_cublas_ar_before_first_divergence']}")
+              f"{g['pct_of_floor_copy_bw']:.1f}% of floor (without PDL {g['no_pdl']['ar_ms_per_token']:.3f}, "
+              f"{g['no_pdl']['pct_of_floor_copy_bw']:.1f}%); PDL tokens == no-PDL tokens {g['pdl_equals_no_pdl']}; "
+              f"same tokens as cuBLAS AR for {g['tokens_equal_to_cublas_ar_before_first_divergence']}")
     if "ceiling" in parts:
         c = out["projections_only"] = projections_only(target, bw)
         print(f"[{name}] projections alone in one graph: F.linear {c['linear']['tb_s']:.2f} TB/s "

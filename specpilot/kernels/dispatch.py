@@ -83,3 +83,20 @@ def fix_triton_interpreter() -> None:
 
     patched._specpilot_fixed = True
     interpreter._patch_lang_tensor = patched
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl_on(t: torch.Tensor) -> bool:
+    """Launch the decode kernels with programmatic dependent launch (Hopper and later): a kernel's blocks
+    start while the previous kernel drains, stream what no earlier kernel writes (weights), then wait
+    (`griddepcontrol.wait`) before reading activations. It changes when kernels run, never what they
+    compute. SPECPILOT_PDL=0 turns it off (for A/B timing)."""
+    if not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    if os.environ.get("SPECPILOT_PDL", "1").strip() == "0":
+        return False
+    return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9

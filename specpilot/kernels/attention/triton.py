@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.kernels.dispatch import fix_triton_interpreter
+from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
 from specpilot.spec.masks import Visibility
 
 fix_triton_interpreter()
@@ -89,10 +89,13 @@ def _split_kernel(
     T, L, window, qk_scale, row_tiles,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring)."""
+    if USE_GDC:  # q and the cache rows come from the previous kernels: wait first (see dispatch.pdl_on)
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     split = tl.program_id(1)
     tile = pid % row_tiles
@@ -214,10 +217,13 @@ def _combine_kernel(
     part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     so_b, so_t, so_h, T,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     """Program (b * Hkv + h, row block, head_dim block): merge the NUM_SPLITS partials of ROWS folded
     rows: out = sum_i 2^(m_i - m) acc_i / sum_i 2^(m_i - m) l_i with m = max_i m_i."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     bh = tl.program_id(0)
     M = T * G
     offs_m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
@@ -334,6 +340,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part_acc = torch.empty(b * hkv, splits, rows, d, dtype=torch.float32, device=q.device)
 
     grid = (b * hkv * cfg.row_tiles, splits)
+    pdl = pdl_on(q)
+    launch = {"launch_pdl": True} if pdl else {}
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,
         out, part_m, part_l, part_acc,
@@ -344,8 +352,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         t, length, window, float(scale) * LOG2E, cfg.row_tiles,
         HKV=hkv, G=g, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         CAUSAL=causal, HAS_WINDOW=has_window,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
     )
     if splits > 1:
         # Combine: up to 16 rows per program; head_dim cut in blocks (>= 32) until ~128 programs.
@@ -357,6 +365,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         _combine_kernel[(b * hkv, row_blocks, d // block_d)](
             part_m, part_l, part_acc, out,
             out.stride(0), out.stride(1), out.stride(2), t,
-            HKV=hkv, G=g, D=d, NUM_SPLITS=splits, ROWS=combine_rows, BLOCK_D=block_d, num_warps=4,
+            HKV=hkv, G=g, D=d, NUM_SPLITS=splits, ROWS=combine_rows, BLOCK_D=block_d, USE_GDC=pdl, num_warps=4,
+            **launch,
         )
     return out

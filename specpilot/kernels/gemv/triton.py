@@ -1,14 +1,24 @@
 """Weight-streaming GEMV for decode steps (a handful of rows): y[m, n] = sum_k x[m, k] W[n, k].
 
-Each program owns BLOCK_N output columns and streams their weight rows once, BLOCK_K at a time, for
-all rows of x together (rows padded to 16 so the product runs on the tensor cores; the weight bytes
-are the cost, the arithmetic is free). Optional fusions, each removing a launch and a round trip:
+One row (the AR decode step) goes through `_stream_kernel`: each program owns BLOCK_N outputs and
+streams their weight rows BLOCK_K at a time, multiply-accumulating in float32 on the CUDA cores (no
+tensor-core padding). On Hopper it is launched with programmatic dependent launch: it lets the next
+kernel start as soon as all its blocks run, loads its first weight tile, and only then waits for the
+previous kernel's output, so weight streaming continues across kernel boundaries. The norm prologue
+here is one pass: the row's sum of squares accumulates beside the product and scales it at the end
+(exact in real arithmetic; rounding differs from the reference's intermediate roundings).
+
+Two to four rows go through `_gemv_kernel`: each program owns BLOCK_N output columns and streams
+their weight rows once, BLOCK_K at a time, for all rows of x together (rows padded to 16 so the
+product runs on the tensor cores; the weight bytes are the cost, the arithmetic is free).
+
+Optional fusions in both, each removing a launch and a round trip:
   * norm prologue: x is RMS-normalised on the fly (every program recomputes the row statistics from
     L2, a few KB), so no separate norm kernel runs before the projection;
   * gate/up: the program also streams the matching rows of the up half and writes silu(gate) * up;
   * residual epilogue: y = residual + x W^T.
-Rounding mirrors the references (normalised value, weight product, GEMM output, silu, residual sum
-each rounded to the dtype), so the fused path computes what the unfused one does.
+In `_gemv_kernel` rounding mirrors the references (normalised value, weight product, GEMM output,
+silu, residual sum each rounded to the dtype), so the fused path computes what the unfused one does.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv import MAX_ROWS
 
 ROWS = tl.constexpr(16)  # rows padded to the smallest tensor-core tile
@@ -77,6 +88,83 @@ def _gemv_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, eps, stride
     tl.store(y_ptr + rows[:, None] * stride_y + n[None, :], out.to(dtype), mask=rmask[:, None] & nmask[None, :])
 
 
+@triton.jit
+def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
+                   HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GATE_UP: tl.constexpr,
+                   USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    dtype: tl.constexpr = y_ptr.dtype.element_ty
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    k = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + n[:, None].to(tl.int64) * K
+    up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
+    if USE_GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    # The first weight tile: no earlier kernel writes weights, so it streams before the wait.
+    w = _tile(w_rows, 0, k, nmask, K, EVEN_N, EVEN_K)
+    w_up = w
+    if GATE_UP:
+        w_up = _tile(up_rows, 0, k, nmask, K, EVEN_N, EVEN_K)
+    if USE_GDC:  # from here on the previous kernel's writes (x, residual) are complete and visible
+        tl.extra.cuda.gdc_wait()
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for i in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = i * BLOCK_K
+        if i > 0:
+            w = _tile(w_rows, k0, k, nmask, K, EVEN_N, EVEN_K)
+            if GATE_UP:
+                w_up = _tile(up_rows, k0, k, nmask, K, EVEN_N, EVEN_K)
+        if EVEN_K:
+            x = tl.load(x_ptr + k0 + k).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            ss += x * x
+            if EVEN_K:
+                x = x * tl.load(nw_ptr + k0 + k).to(tl.float32)
+            else:
+                x = x * tl.load(nw_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+        if GATE_UP:
+            acc_up += w_up.to(tl.float32) * x[None, :]
+    out = tl.sum(acc, axis=1)
+    out_up = tl.sum(acc_up, axis=1)
+    if HAS_NORM:
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        out = out * rstd
+        out_up = out_up * rstd
+    if HAS_BIAS:
+        out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+    out = out.to(dtype).to(tl.float32)
+    if GATE_UP:
+        silu = (out / (1.0 + tl.exp(-out))).to(dtype).to(tl.float32)
+        out = silu * out_up.to(dtype).to(tl.float32)
+    if HAS_RES:
+        out = out + tl.load(r_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + n, out.to(dtype), mask=nmask)
+
+
+@triton.jit
+def _tile(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    if EVEN_N and EVEN_K:
+        return tl.load(rows + k0 + k[None, :])
+    return tl.load(rows + k0 + k[None, :], mask=nmask[:, None] & (k0 + k < K)[None, :], other=0.0)
+
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) measured best for the 8B / 27B projections on the H200
+# (bench/gpu/gemv_pdl.py), plus neighbours.
+_STREAM_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+                   for bn, bk, w, s in ((16, 512, 8, 2), (16, 512, 4, 2), (16, 256, 4, 4), (8, 512, 4, 4),
+                                        (64, 128, 4, 4), (32, 256, 8, 2))]
+_EVEN = triton.heuristics({"EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
+                           "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
+_STREAM = _EVEN(_stream_kernel)
+_STREAM_TUNED = triton.autotune(configs=_STREAM_CONFIGS, key=["N", "K", "HAS_NORM", "GATE_UP"])(_STREAM)
+
+
 # Tuned per shape on the GPU at the first call (outside graph capture: the engine warms up first).
 # Tests pass tune=False (one fixed config: compiling every config for every test shape takes minutes),
 # and so does Triton's CPU interpreter, which cannot time configs.
@@ -107,10 +195,25 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     flags = dict(HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
                  GATE_UP=gate_up)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    if config is not None:
+    if x2.shape[0] == 1:
+        _stream(args, flags, grid, x, tune, config)
+    elif config is not None:
         _gemv_kernel[grid](*args, **flags, **config)
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **flags)
     else:
         _gemv_kernel[grid](*args, **flags, **_FIXED)
     return y.view(*x.shape[:-1], n)
+
+
+def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config: dict | None) -> None:
+    x2, nw, w, b, r2, y, _, n, k, eps = args[:10]
+    pdl = pdl_on(x)
+    call = (x2, nw, w, b, r2, y, n, k, eps)
+    launch = {"launch_pdl": True} if pdl else {}
+    if config is not None:
+        _STREAM[grid](*call, **flags, USE_GDC=pdl, **config, **launch)
+    elif tune and not _INTERPRET:
+        _STREAM_TUNED[grid](*call, **flags, USE_GDC=pdl, **launch)
+    else:
+        _STREAM[grid](*call, **flags, USE_GDC=pdl, **_FIXED, **launch)

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.kernels.dispatch import pdl_on
+
 
 @triton.jit
 def _round(x, dtype: tl.constexpr):
@@ -31,7 +33,10 @@ def _norm_rope(src, cos1, sin1, w_ptr, eps, HALF: tl.constexpr, HAS_NORM: tl.con
 @triton.jit
 def _rope_qkv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_out, k_cache, v_cache,
                      eps, T, L, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
-                     HEAD_OFFSET: tl.constexpr, HAS_NORM: tl.constexpr):
+                     HEAD_OFFSET: tl.constexpr, HAS_NORM: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:  # everything here reads the previous kernel's output: wait first (see dispatch.pdl_on)
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)  # b * T + t
     head = tl.program_id(1) + HEAD_OFFSET  # 0..HQ-1: query heads; HQ..HQ+HKV-1: key/value heads
     D: tl.constexpr = 2 * HALF
@@ -64,10 +69,11 @@ def rope_qkv_triton(qkv, positions, cos_table, sin_table, q_norm, k_norm, eps, k
     qkv = qkv.contiguous()
     q_out = torch.empty(b, t, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     norm = k_norm is not None
+    pdl = pdl_on(qkv)
     heads = num_heads + num_kv_heads if want_q else num_kv_heads
     _rope_qkv_kernel[(b * t, heads)](
         qkv, positions.contiguous(), slots.contiguous(), cos_table, sin_table, q_norm if norm else qkv,
         k_norm if norm else qkv, q_out, k_cache, v_cache, eps, t, k_cache.shape[2], HQ=num_heads,
         HKV=num_kv_heads, HALF=head_dim // 2, HEAD_OFFSET=0 if want_q else num_heads, HAS_NORM=norm,
-        num_warps=1 if head_dim <= 128 else 2)
+        USE_GDC=pdl, num_warps=1 if head_dim <= 128 else 2, **({"launch_pdl": True} if pdl else {}))
     return q_out if want_q else None
