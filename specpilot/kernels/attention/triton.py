@@ -94,7 +94,6 @@ def _split_kernel(
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring)."""
     if USE_GDC:  # q and the cache rows come from the previous kernels: wait first (see dispatch.pdl_on)
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -222,7 +221,6 @@ def _combine_kernel(
     """Program (b * Hkv + h, row block, head_dim block): merge the NUM_SPLITS partials of ROWS folded
     rows: out = sum_i 2^(m_i - m) acc_i / sum_i 2^(m_i - m) l_i with m = max_i m_i."""
     if USE_GDC:
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     bh = tl.program_id(0)
     M = T * G

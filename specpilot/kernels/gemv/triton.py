@@ -99,8 +99,6 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
     k = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
-    if USE_GDC:
-        tl.extra.cuda.gdc_launch_dependents()
     # The first weight tile: no earlier kernel writes weights, so it streams before the wait.
     w = _tile(w_rows, 0, k, nmask, K, EVEN_N, EVEN_K)
     w_up = w
@@ -130,6 +128,8 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
         acc += w.to(tl.float32) * x[None, :]
         if GATE_UP:
             acc_up += w_up.to(tl.float32) * x[None, :]
+    if USE_GDC:  # every weight byte is loaded: the next kernel may start and stream its own
+        tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1)
     out_up = tl.sum(acc_up, axis=1)
     if HAS_NORM:
