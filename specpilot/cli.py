@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -206,6 +207,9 @@ def compare(
                                                   "time on different GPUs, then swapped.")] = None,
     noise: Annotated[float | None, typer.Option(help="Known A/A noise; default: measure it with an A/A run.")
                      ] = None,
+    aa_card: Annotated[Path | None, typer.Option(help="Evidence card of an earlier compare of the same deployment "
+                                                      "and mode: reuse its A/A run (noise, slot difference) "
+                                                      "instead of timing a new one.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a worker may take per reply before its group is killed.")
                        ] = 1800,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the evidence card here.")] = None,
@@ -229,6 +233,7 @@ def compare(
     if pair and gpu is not None:
         raise UserError("give --gpu (one GPU) or --gpus (two), not both")
     _check_output(json_path)
+    aa = _aa_run(aa_card) if aa_card is not None else None
     spec = {"preset": None if deployment else (preset or "tiny"),
             "deployment": str(deployment.resolve()) if deployment else None,
             "datasets": dataset or dep.datasets, "split": dep.split, "limit": limit if limit is not None else dep.limit,
@@ -240,14 +245,43 @@ def compare(
         raise UserError(f"only {count} requests selected; the gate needs at least 3 (raise --limit)")
     with source_tree(a_source) as src_a, source_tree(b_source) as src_b:
         err.print(f"[dim]timing {a} ({src_a}) against {b} ({src_b})[/dim]")
-        card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair)
-    card = {**environment(), **card}
+        card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair, aa=aa)
+    card = {**environment(), **card, **({"aa_card": str(aa_card)} if aa_card else {})}
     if json_path is not None:
         write_json_atomic(json_path, card)
     d = card["decision"]
     console.print(f"gain {d['gain']:.4f} (95% bounds {d['lower']:.4f} .. {d['upper']:.4f}, {d['requests']} requests), "
                   f"noise {d['noise']:.4f}, bar {d['bar']:.4f}")
+    _print_slots(card.get("slots"))
     _verdict(d["verdict"], d["reason"], good="promote")
+
+
+def _aa_run(path: Path) -> dict:
+    """The A/A run of an earlier evidence card, checked for what compare needs from it."""
+    try:
+        aa = json.loads(path.read_text())["aa"]
+        if not (len(aa["requests"]) == len(aa["ratios"]) >= 3 and {"gain", "lower", "upper"} <= set(aa["estimate"])):
+            raise ValueError
+    except FileNotFoundError:
+        raise UserError(f"--aa-card {path}: no such file") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"--aa-card {path}: not an evidence card with an A/A run (written by compare without "
+                        "--noise)") from None
+    return aa
+
+
+def _print_slots(slots: dict | None) -> None:
+    if not slots:
+        return
+    c = slots["corrected"]
+    if c:
+        console.print(f"gain with the A/A slot difference ({slots['aa_gain']:.4f}) divided out: {c['gain']:.4f} "
+                      f"({c['lower']:.4f} .. {c['upper']:.4f}); a reading, not the verdict's input")
+    if slots["differ"]:
+        advice = (" For launch-bound deployments prefer one GPU (interleaved blocks) to paired runs."
+                  if slots["mode"] == "paired" else " More requests (--limit) narrow it.")
+        err.print(f"[yellow]warning: the two slots differ by {abs(1 - slots['aa_gain']):.1%} in the A/A run; gains "
+                  f"smaller than that cannot be promoted here.{advice}[/yellow]")
 
 
 @app.command()

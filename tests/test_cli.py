@@ -166,6 +166,8 @@ def test_force_rejects_bad_names_before_loading():
     (["--gpus", "0,1", "--gpu", "0"], "not both"),
     (["--limit", "2"], "at least 3"),
     (["--a-source", "."], "inside the tree it was asked to time"),
+    (["--aa-card", "no-such-card.json"], "no such file"),
+    (["--aa-card", "pyproject.toml"], "not an evidence card with an A/A run"),
 ])
 def test_compare_bad_input_is_one_line(args, needle):
     assert_one_line_error(specpilot("compare", "--preset", "tiny", "--max-new-tokens", "8", *args), needle)

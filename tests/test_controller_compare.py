@@ -21,6 +21,19 @@ def test_aa_and_ab_evidence_card():
     assert "aa" in card and len(card["aa"]["ratios"]) == 4
 
 
+def test_an_earlier_aa_run_is_reused_in_its_own_mode_only():
+    with source_tree(None) as here:
+        first = compare(Side("ar", here), Side("ar", here), SPEC, block=2, timeout=300)
+        card = compare(Side("ar", here), Side("stock", here), SPEC, block=2, timeout=300, aa=first["aa"])
+        assert card["aa"] is first["aa"]  # no new A/A run
+        assert card["decision"]["noise"] == first["decision"]["noise"]
+        assert card["slots"]["aa_gain"] == first["aa"]["estimate"]["gain"]
+        assert card["slots"]["corrected"]["requests"] == 4
+        with pytest.raises(UserError, match="not comparable"):
+            compare(Side("ar", here), Side("stock", here), SPEC, block=2, timeout=300, aa=first["aa"],
+                    gpus=["0", "1"])
+
+
 def test_a_commit_runs_from_its_own_worktree():
     with source_tree("HEAD") as tree:
         assert tree.name.startswith("specpilot-wt-")

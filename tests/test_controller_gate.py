@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specpilot.controller.gate import decide, estimate, noise_from, rate_ratios
+from specpilot.controller.gate import decide, estimate, noise_from, rate_ratios, slot_corrected
 
 
 def timings(n, slowdown, noise, seed):
@@ -56,3 +56,15 @@ def test_a_difference_inside_the_noise_is_not_called_slower():
     assert verdict["verdict"] == "reject" and verdict["reason"].startswith("not proven")
     verdict = decide(GainEstimate(0.9678, 0.9659, 0.9694, 40), 0.0042, outputs_equal=True)  # the 3% pad
     assert verdict["reason"].startswith("slower")
+
+
+def test_a_slot_difference_is_divided_out_per_request():
+    # Slot B runs 11% slow in both runs (paired mode on a launch-bound model); B's system is 3% slower.
+    rng = np.random.default_rng(3)
+    ids = [f"r{i}" for i in range(20)]
+    aa = (1 / 1.11) * (1 + rng.normal(0, 0.002, 20))
+    ab = (1 / 1.11 / 1.03) * (1 + rng.normal(0, 0.002, 20))
+    assert estimate(ab).gain == pytest.approx(1 / 1.11 / 1.03, rel=0.01)
+    got = slot_corrected(ids, aa, ids[::-1], ab[::-1])  # matched by request id, not by position
+    assert got.gain == pytest.approx(1 / 1.03, rel=0.002) and got.lower < 1 / 1.03 < got.upper
+    assert slot_corrected(ids[:2], aa[:2], ids, ab) is None  # fewer than 3 common requests

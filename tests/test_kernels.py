@@ -102,15 +102,16 @@ def test_gemv(device, dtype, tol, rows, n, k, fusion):
     got = gemv_triton(x, w, tune=False, **kw)
     want = gemv_naive(x, w, **kw)
     assert got.shape == want.shape
-    assert rel(got, want) <= max(tol, 1e-2 if tol == 0 else tol)
+    # float32: the kernels sum ~1000 products in another order than cuBLAS (~sqrt(K) ulp apart)
+    assert rel(got, want) <= (1e-2 if tol == 0 else max(tol, 1e-5))
 
 
-def test_pdl_only_for_cuda_tensors_and_can_be_turned_off(monkeypatch):
+def test_pdl_only_for_cuda_tensors_and_only_when_asked(monkeypatch):
     from specpilot.kernels.dispatch import pdl_on
 
     assert not pdl_on(torch.ones(2))  # CPU tensors (and the interpreter) never launch with PDL
     if CUDA:
-        monkeypatch.setenv("SPECPILOT_PDL", "0")
-        assert not pdl_on(torch.ones(2, device="cuda"))
+        monkeypatch.delenv("SPECPILOT_PDL", raising=False)
+        assert not pdl_on(torch.ones(2, device="cuda"))  # opt-in
         monkeypatch.setenv("SPECPILOT_PDL", "1")
         assert pdl_on(torch.ones(2, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)

@@ -29,7 +29,15 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from specpilot.controller.gate import decide, estimate, noise_from, rate_ratios
+from specpilot.controller.gate import (
+    ROLE_BIAS_WARN,
+    GainEstimate,
+    decide,
+    estimate,
+    noise_from,
+    rate_ratios,
+    slot_corrected,
+)
 from specpilot.controller.worker import code_hash
 from specpilot.errors import UserError
 
@@ -236,23 +244,36 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
 
 
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
-            noise: float | None = None, gpus: list[str] | None = None) -> dict:
-    """The evidence card: the A/A noise run (unless a noise figure is given), the A/B run, the verdict.
+            noise: float | None = None, gpus: list[str] | None = None, aa: dict | None = None) -> dict:
+    """The evidence card: the A/A run (unless a noise figure or an earlier A/A run `aa` is given), the
+    A/B run, the verdict, and with an A/A run the gain with the slots' difference divided out.
     With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`."""
     card: dict = {"block": block, "gpu": gpu, "gpus": gpus,
                   "controller": {"path": str(Path(__file__).resolve().parent),
                                  "code_hash": code_hash(Path(__file__).resolve().parent)}}
+    paired = bool(gpus and len(gpus) >= 2)
 
     def run(x: Side, y: Side) -> dict:
-        if gpus and len(gpus) >= 2:
+        if paired:
             return measure_paired(x, y, spec, block, gpus, timeout)
         return measure(x, y, spec, block, gpu, timeout)
 
-    if noise is None:
+    if aa is None and noise is None:
         aa = run(a, a)
-        noise = noise_from(estimate(aa["ratios"]))
-        card["aa"] = {**aa, "estimate": estimate(aa["ratios"]).to_json()}
+        aa["estimate"] = estimate(aa["ratios"]).to_json()
+    if aa is not None:
+        if aa.get("mode") != ("paired" if paired else "interleaved"):
+            raise UserError(f"the A/A run was timed in {aa.get('mode')} mode, this run is "
+                            f"{'paired' if paired else 'interleaved'}: their slots are not comparable")
+        card["aa"] = aa
+        if noise is None:
+            noise = noise_from(GainEstimate(**aa["estimate"]))
     ab = run(a, b)
     card["ab"] = ab
     card["decision"] = decide(estimate(ab["ratios"]), noise, ab["outputs_equal"])
+    if aa is not None:
+        corrected = slot_corrected(aa["requests"], aa["ratios"], ab["requests"], ab["ratios"])
+        card["slots"] = {"mode": aa["mode"], "aa_gain": aa["estimate"]["gain"],
+                         "differ": abs(1 - aa["estimate"]["gain"]) > ROLE_BIAS_WARN,
+                         "corrected": corrected.to_json() if corrected else None}
     return card

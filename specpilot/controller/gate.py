@@ -56,6 +56,25 @@ def noise_from(aa: GainEstimate) -> float:
     return max(abs(1 - aa.lower), abs(aa.upper - 1))
 
 
+ROLE_BIAS_WARN = 0.02  # an A/A gain this far from 1 is a systematic difference between the two slots
+
+
+def slot_corrected(aa_ids, aa_ratios, ab_ids, ab_ratios) -> GainEstimate | None:
+    """The A/B gain with the A/A run's per-request difference divided out (ab_i / aa_i per request).
+
+    The two slots of a run need not be equal: in paired mode A's and B's workers run at the same time
+    and on the H200 one slot ran 11% slower than the other whatever the GPU (launch-bound SmolLM2) or
+    1.1% (the twin). Dividing by the A/A ratio of the same request removes what the slots add, not what
+    the systems differ by. None when fewer than 3 requests are common to both runs. A reading for the
+    card: the verdict still uses the uncorrected gain and the A/A noise, which already contains the
+    slot difference, so no correction can promote anything."""
+    aa = dict(zip(aa_ids, aa_ratios, strict=True))
+    common = [(r, aa[i]) for i, r in zip(ab_ids, ab_ratios, strict=True) if i in aa]
+    if len(common) < 3:
+        return None
+    return estimate([r / q for r, q in common])
+
+
 def decide(candidate: GainEstimate, noise: float, outputs_equal: bool) -> dict:
     margin = MARGIN_SAME if outputs_equal else MARGIN_DIVERGED
     bar = 1 + margin + 2 * noise

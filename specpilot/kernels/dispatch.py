@@ -94,9 +94,11 @@ def pdl_on(t: torch.Tensor) -> bool:
     """Launch the decode kernels with programmatic dependent launch (Hopper and later): a kernel's blocks
     start while the previous kernel drains, stream what no earlier kernel writes (weights), then wait
     (`griddepcontrol.wait`) before reading activations. It changes when kernels run, never what they
-    compute. SPECPILOT_PDL=0 turns it off (for A/B timing)."""
+    compute. Off unless SPECPILOT_PDL=1: on the H200 (2026-11-29) PDL launches that let the next kernel
+    start at a kernel's beginning made the AR step slower (bench/results/..._engine_core_gemv_pdl_h200.json);
+    the GEMV now lets it start only after its last weight load, which is not yet measured."""
     if not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    if os.environ.get("SPECPILOT_PDL", "1").strip() == "0":
+    if os.environ.get("SPECPILOT_PDL", "0").strip() != "1":
         return False
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9
