@@ -1,7 +1,9 @@
 """Where a decode step's time goes: torch.profiler over eager AR steps of a random-weight model.
 
-Usage: PYTHONPATH=. python bench/gpu/profile_step.py [--model dense-8b] [--rows 1]
-Prints the kernels by total CUDA time and writes the table to $OUT/profile_<model>.txt.
+Usage: PYTHONPATH=. python bench/gpu/profile_step.py [--model dense-8b] [--rows 1] [--gemv]
+Prints the kernels by total CUDA time (and their sum per step: the step's busy time; the graph-replayed
+step of engine_core.py minus this is the time between kernels) and writes the table to
+$OUT/profile_<model>_<rows>[_gemv].txt. --gemv: few-row projections through the Triton GEMV.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench.gpu.engine_core import CONTEXT, MODELS
 from specpilot.fixtures.random_models import random_target
 from specpilot.models.dense import Mode
+from specpilot.models.layers import use_gemv
 from specpilot.spec.masks import Visibility
 
 
@@ -22,9 +25,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="dense-8b")
     ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--gemv", action="store_true", help="few-row projections through the Triton GEMV")
     args = ap.parse_args()
     cfg = MODELS[args.model]
     target = random_target(cfg, seed=0, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
+    use_gemv(target, args.gemv)
     cache = target.new_cache(1, CONTEXT)
     start = torch.tensor([512], device="cuda")
     n = args.rows
@@ -43,10 +48,14 @@ def main() -> None:
             for _ in range(5):
                 step()
             torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90)
-    print(table)
-    with open(os.path.join(os.environ.get("OUT", "."), f"profile_{args.model}_{n}.txt"), "w") as f:
-        f.write(table)
+    events = prof.key_averages()
+    table = events.table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90)
+    busy_ms = sum(e.self_device_time_total for e in events) / 5 / 1000  # self: each kernel once
+    summary = f"kernels busy {busy_ms:.3f} ms per step ({args.model}, {n} rows, gemv={args.gemv})"
+    print(table + "\n" + summary)
+    name = f"profile_{args.model}_{n}{'_gemv' if args.gemv else ''}.txt"
+    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as f:
+        f.write(table + "\n" + summary + "\n")
 
 
 if __name__ == "__main__":
