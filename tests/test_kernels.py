@@ -80,6 +80,35 @@ def test_rope_qkv(device, dtype, tol, norm, want_q):
 
 
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("fusion", ["plain", "norm", "bias", "norm_bias"])
+@pytest.mark.parametrize("hidden,hq,hkv,d", [(96, 3, 1, 32), (200, 4, 2, 64)])
+def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d):
+    """Projection + rope + K/V write in one kernel against the projection then the rope reference."""
+    from specpilot.kernels.qkv_rope.naive import qkv_rope_naive
+    from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
+
+    g = torch.Generator().manual_seed(hidden + d + len(fusion))
+    length = 24
+    x = torch.randn(1, 1, hidden, generator=g).to(device, dtype)
+    w = (torch.randn((hq + 2 * hkv) * d, hidden, generator=g) / hidden ** 0.5).to(device, dtype)
+    bias = torch.randn(w.shape[0], generator=g).to(device, dtype) if "bias" in fusion else None
+    nw = (1 + 0.1 * torch.randn(hidden, generator=g)).to(device, dtype) if "norm" in fusion else None
+    positions = torch.randint(0, 100, (1, 1), generator=g).to(device)
+    slots = torch.randint(0, length, (1, 1), generator=g).to(device)
+    cos, sin = rope_table(128, d, 10000.0, None, device=device)
+    caches = [torch.full((1, hkv, length, d), float("nan"), dtype=dtype, device=device) for _ in range(4)]
+    q1 = qkv_rope_triton(x, w, bias, nw, 1e-5, positions, cos, sin, caches[0], caches[1], slots, hq, hkv, d,
+                         tune=False)
+    q2 = qkv_rope_naive(x, w, bias, nw, 1e-5, positions, cos, sin, caches[2], caches[3], slots, hq, hkv, d)
+    bound = 1e-2 if tol == 0 else max(tol, 1e-5)
+    assert q1.shape == q2.shape and rel(q1, q2) <= bound
+    for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
+        written = ~torch.isnan(want)
+        assert torch.equal(~torch.isnan(got), written) and written.sum() == hkv * d  # the slot, nothing else
+        assert rel(got[written], want[written]) <= bound
+
+
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
 @pytest.mark.parametrize("rows", [1, 3, 4])
 @pytest.mark.parametrize("n,k", [(40, 300), (96, 1100), (64, 512)])
 @pytest.mark.parametrize("fusion", ["plain", "bias", "norm", "gate_up", "norm_gate_up", "residual"])
@@ -115,3 +144,25 @@ def test_pdl_only_for_cuda_tensors_and_only_when_asked(monkeypatch):
         assert not pdl_on(torch.ones(2, device="cuda"))  # opt-in
         monkeypatch.setenv("SPECPILOT_PDL", "1")
         assert pdl_on(torch.ones(2, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
+
+
+def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
+    """AR with gemv=true (streaming GEMV, fused q/k/v + rope) equals the default path's AR on a tiny
+    float32 model, and the fused prologue really ran."""
+    import specpilot.models.layers as layers
+    from specpilot.fixtures.random_models import random_target, tiny_target_config
+    from specpilot.runtime.engine import Engine
+    from specpilot.runtime.options import parse_system
+
+    device = "cuda" if CUDA else "cpu"
+    if not CUDA:
+        monkeypatch.setenv("SPECPILOT_KERNELS", "triton")  # the interpreter runs the Triton kernels
+    calls = []
+    fused_prologue = layers.qkv_rope
+    monkeypatch.setattr(layers, "qkv_rope", lambda *a, **k: calls.append(1) or fused_prologue(*a, **k))
+    target = random_target(tiny_target_config(), seed=3, device=device)
+    prompt, ar = list(range(5, 20)), parse_system("ar")
+    plain = Engine(target, None, context=64).generate(prompt, 12, (), ar).tokens
+    assert not calls
+    fused = Engine(target, None, context=64, gemv=True).generate(prompt, 12, (), ar).tokens
+    assert calls and fused == plain

@@ -14,6 +14,7 @@ from torch import nn
 from specpilot.kernels.attention import attend
 from specpilot.kernels.gemv import project
 from specpilot.kernels.norm import add_rms_norm, rms_norm
+from specpilot.kernels.qkv_rope import qkv_rope, qkv_rope_applies
 from specpilot.kernels.rope import rope_qkv
 from specpilot.models.config import DenseConfig
 from specpilot.spec.masks import Visibility
@@ -80,6 +81,9 @@ class Attention(nn.Module):
     def _prologue(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, want_q: bool, norm_weight=None):
         cfg = self.cfg
         qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
+        if want_q and qkv_rope_applies(x, self.gemv, cfg.qk_norm, cfg.head_dim):  # one launch instead of two
+            return qkv_rope(x, self.wqkv.weight, self.wqkv.bias, norm_weight, cfg.rms_norm_eps, positions, rope.cos,
+                            rope.sin, k_cache, v_cache, slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         qkv = project(x, self.wqkv.weight, self.wqkv.bias, norm_weight=norm_weight, eps=cfg.rms_norm_eps,
                       gemv=self.gemv)
         return rope_qkv(qkv, positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, k_cache, v_cache, slots,

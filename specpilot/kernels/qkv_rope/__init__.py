@@ -1,0 +1,25 @@
+"""The attention prologue of a one-row decode step in one launch: the q/k/v projection (with the norm
+before it), rotary embedding, K/V into the cache. Part of the `gemv` option; models with per-head q/k
+norms (Qwen3) keep the separate rope kernel, which needs a whole head's statistics."""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.kernels.gemv import gemv_applies
+
+PAIRS = 8  # rotary pairs per program: 2 x 8 weight rows, each row's partner half a head away
+
+
+def qkv_rope_applies(x: torch.Tensor, gemv: bool, qk_norm: bool, head_dim: int) -> bool:
+    rows = x.numel() // x.shape[-1]
+    return rows == 1 and not qk_norm and (head_dim // 2) % PAIRS == 0 and gemv_applies(x, gemv)
+
+
+def qkv_rope(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache, slots,
+             num_heads, num_kv_heads, head_dim, tune: bool = True):
+    """x [1, 1, H] -> q [1, 1, Hq, D]; writes the row's K/V [1, Hkv, L, D] at its slot."""
+    from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
+
+    return qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache,
+                           slots, num_heads, num_kv_heads, head_dim, tune=tune)

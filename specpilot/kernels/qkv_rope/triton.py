@@ -1,0 +1,122 @@
+"""One-row q/k/v projection with rotary embedding and the K/V cache write in its epilogue.
+
+The grid is laid out so that rotary pairs meet in one program: program p of head h owns the PAIRS
+rows h*D + i and their partners h*D + D/2 + i (i in its slice of the first half), streams both sets of
+weight rows like the streaming GEMV (gemv/triton.py: first tile before the PDL wait, one-pass norm),
+rounds the projection to the dtype, and then, by the head's kind, rotates and stores q, rotates and
+writes k into the cache slot, or writes v. Rounding after the projection mirrors the rope reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from specpilot.kernels.dispatch import pdl_on
+from specpilot.kernels.gemv.triton import _tile
+from specpilot.kernels.qkv_rope import PAIRS
+from specpilot.kernels.rope.triton import _round
+
+
+@triton.jit
+def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache,
+                     K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, PAIRS: tl.constexpr,
+                     HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr,
+                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    dtype: tl.constexpr = q_out.dtype.element_ty
+    D: tl.constexpr = 2 * HALF
+    pid = tl.program_id(0)
+    head = pid // (HALF // PAIRS)
+    i = (pid % (HALF // PAIRS)) * PAIRS + tl.arange(0, PAIRS)  # positions in the first half of the head
+    rows_a = head * D + i
+    full = i < HALF  # all true: heads divide evenly
+    k = tl.arange(0, BLOCK_K)
+    a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
+    b_ptrs = a_ptrs + HALF * K
+    wa = _tile(a_ptrs, 0, k, full, K, True, EVEN_K)
+    wb = _tile(b_ptrs, 0, k, full, K, True, EVEN_K)
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+    acc_a = tl.zeros([PAIRS, BLOCK_K], dtype=tl.float32)
+    acc_b = tl.zeros([PAIRS, BLOCK_K], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for it in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = it * BLOCK_K
+        if it > 0:
+            wa = _tile(a_ptrs, k0, k, full, K, True, EVEN_K)
+            wb = _tile(b_ptrs, k0, k, full, K, True, EVEN_K)
+        if EVEN_K:
+            x = tl.load(x_ptr + k0 + k).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            ss += x * x
+            if EVEN_K:
+                x = x * tl.load(nw_ptr + k0 + k).to(tl.float32)
+            else:
+                x = x * tl.load(nw_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+        acc_a += wa.to(tl.float32) * x[None, :]
+        acc_b += wb.to(tl.float32) * x[None, :]
+    if USE_GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    a = tl.sum(acc_a, axis=1)
+    b = tl.sum(acc_b, axis=1)
+    if HAS_NORM:
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        a = a * rstd
+        b = b * rstd
+    if HAS_BIAS:
+        a += tl.load(b_ptr + rows_a).to(tl.float32)
+        b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
+    a = _round(a, dtype)
+    b = _round(b, dtype)
+    slot = tl.load(slot_ptr).to(tl.int64)
+    if head < HQ + HKV:  # q or k: rotate (rotate-half convention; cos/sin cast to the dtype first)
+        pos = tl.load(pos_ptr).to(tl.int64)
+        cos1 = _round(tl.load(cos_ptr + pos * D + i), dtype)
+        sin1 = _round(tl.load(sin_ptr + pos * D + i), dtype)
+        first = _round(_round(a * cos1, dtype) + _round(-b * sin1, dtype), dtype)
+        second = _round(_round(b * cos1, dtype) + _round(a * sin1, dtype), dtype)
+        if head < HQ:
+            tl.store(q_out + head * D + i, first.to(dtype))
+            tl.store(q_out + head * D + HALF + i, second.to(dtype))
+        else:
+            off = ((head - HQ) * L + slot) * D
+            tl.store(k_cache + off + i, first.to(dtype))
+            tl.store(k_cache + off + HALF + i, second.to(dtype))
+    else:
+        off = ((head - HQ - HKV) * L + slot) * D
+        tl.store(v_cache + off + i, a.to(dtype))
+        tl.store(v_cache + off + HALF + i, b.to(dtype))
+
+
+_CONFIGS = [triton.Config({"BLOCK_K": bk}, num_warps=w, num_stages=s)
+            for bk, w, s in ((512, 4, 2), (512, 8, 2), (256, 4, 4), (1024, 8, 2))]
+_EVEN = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
+_PLAIN = _EVEN(_qkv_rope_kernel)
+_TUNED = triton.autotune(configs=_CONFIGS, key=["K", "HQ", "HKV", "HALF", "HAS_NORM"])(_PLAIN)
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache, slots,
+                    num_heads, num_kv_heads, head_dim, tune: bool = True):
+    hidden = weight.shape[1]
+    if x.numel() != hidden or k_cache.shape[0] != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
+        raise ValueError("the fused q/k/v + rope kernel takes one row of one sequence and contiguous caches")
+    half = head_dim // 2
+    q = torch.empty(1, 1, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    pdl = pdl_on(x)
+    args = (x.reshape(-1), norm_weight if norm_weight is not None else x, weight,
+            bias if bias is not None else weight, positions.reshape(-1), slots.reshape(-1), cos_table, sin_table,
+            q, k_cache, v_cache, hidden, k_cache.shape[2], eps)
+    meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, PAIRS=PAIRS, HAS_NORM=norm_weight is not None,
+                HAS_BIAS=bias is not None, USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
+    grid = ((num_heads + 2 * num_kv_heads) * (half // PAIRS),)
+    if tune and not _INTERPRET:
+        _TUNED[grid](*args, **meta)
+    else:
+        _PLAIN[grid](*args, **meta, BLOCK_K=128, num_warps=4)
+    return q
