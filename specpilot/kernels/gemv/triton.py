@@ -2,9 +2,9 @@
 
 One row (the AR decode step) goes through `_stream_kernel`: each program owns BLOCK_N outputs and
 streams their weight rows BLOCK_K at a time, multiply-accumulating in float32 on the CUDA cores (no
-tensor-core padding). On Hopper it is launched with programmatic dependent launch: it lets the next
-kernel start as soon as all its blocks run, loads its first weight tile, and only then waits for the
-previous kernel's output, so weight streaming continues across kernel boundaries. The norm prologue
+tensor-core padding). With programmatic dependent launch (Hopper, SPECPILOT_PDL=1) it loads its first
+weight tile before waiting for the previous kernel's output and lets the next kernel start after its
+own last weight load, so weight streaming continues across kernel boundaries. The norm prologue
 here is one pass: the row's sum of squares accumulates beside the product and scales it at the end
 (exact in real arithmetic; rounding differs from the reference's intermediate roundings).
 
@@ -96,46 +96,10 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
-    k = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
-    # The first weight tile: no earlier kernel writes weights, so it streams before the wait.
-    w = _tile(w_rows, 0, k, nmask, K, EVEN_N, EVEN_K)
-    w_up = w
-    if GATE_UP:
-        w_up = _tile(up_rows, 0, k, nmask, K, EVEN_N, EVEN_K)
-    if USE_GDC:  # from here on the previous kernel's writes (x, residual) are complete and visible
-        tl.extra.cuda.gdc_wait()
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i in range(0, tl.cdiv(K, BLOCK_K)):
-        k0 = i * BLOCK_K
-        if i > 0:
-            w = _tile(w_rows, k0, k, nmask, K, EVEN_N, EVEN_K)
-            if GATE_UP:
-                w_up = _tile(up_rows, k0, k, nmask, K, EVEN_N, EVEN_K)
-        if EVEN_K:
-            x = tl.load(x_ptr + k0 + k).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
-        if HAS_NORM:
-            ss += x * x
-            if EVEN_K:
-                x = x * tl.load(nw_ptr + k0 + k).to(tl.float32)
-            else:
-                x = x * tl.load(nw_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-        if GATE_UP:
-            acc_up += w_up.to(tl.float32) * x[None, :]
-    if USE_GDC:  # every weight byte is loaded: the next kernel may start and stream its own
-        tl.extra.cuda.gdc_launch_dependents()
-    out = tl.sum(acc, axis=1)
-    out_up = tl.sum(acc_up, axis=1)
-    if HAS_NORM:
-        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
-        out = out * rstd
-        out_up = out_up * rstd
+    out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
+                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K)
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     out = out.to(dtype).to(tl.float32)
@@ -145,6 +109,63 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
     if HAS_RES:
         out = out + tl.load(r_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     tl.store(y_ptr + n, out.to(dtype), mask=nmask)
+
+
+@triton.jit
+def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
+                 USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
+                 EVEN_K: tl.constexpr):
+    """sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
+    x' = rms_norm(x) * norm weight when HAS_NORM (one pass: the row's rstd scales the sums at the end).
+    The first weight tile streams before the PDL wait (no earlier kernel writes weights); after the last
+    weight load the next kernel may start."""
+    k = tl.arange(0, BLOCK_K)
+    w = _tile(rows, 0, k, nmask, K, EVEN_N, EVEN_K)
+    w2 = w
+    if TWO:
+        w2 = _tile(rows2, 0, k, nmask, K, EVEN_N, EVEN_K)
+    if USE_GDC:  # from here on the previous kernel's writes (x, residual) are complete and visible
+        tl.extra.cuda.gdc_wait()
+    acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for i in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = i * BLOCK_K
+        if i > 0:
+            w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K)
+            if TWO:
+                w2 = _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K)
+        x, sq = _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM, EVEN_K)
+        if HAS_NORM:
+            ss += sq
+        acc += w.to(tl.float32) * x[None, :]
+        if TWO:
+            acc2 += w2.to(tl.float32) * x[None, :]
+    if USE_GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    out = tl.sum(acc, axis=1)
+    out2 = tl.sum(acc2, axis=1)
+    if HAS_NORM:
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        out = out * rstd
+        out2 = out2 * rstd
+    return out, out2
+
+
+@triton.jit
+def _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM: tl.constexpr, EVEN_K: tl.constexpr):
+    """x[k0 + k] in float32 (times the norm weight when HAS_NORM) and its squares, for the row's rstd."""
+    if EVEN_K:
+        x = tl.load(x_ptr + k0 + k).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+    sq = x * x
+    if HAS_NORM:
+        if EVEN_K:
+            x = x * tl.load(nw_ptr + k0 + k).to(tl.float32)
+        else:
+            x = x * tl.load(nw_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+    return x, sq
 
 
 @triton.jit

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv.triton import _tile
+from specpilot.kernels.gemv.triton import _stream_rows
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
 
@@ -33,41 +33,9 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
     i = (pid % (HALF // PAIRS)) * PAIRS + tl.arange(0, PAIRS)  # positions in the first half of the head
     rows_a = head * D + i
     full = i < HALF  # all true: heads divide evenly
-    k = tl.arange(0, BLOCK_K)
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
-    b_ptrs = a_ptrs + HALF * K
-    wa = _tile(a_ptrs, 0, k, full, K, True, EVEN_K)
-    wb = _tile(b_ptrs, 0, k, full, K, True, EVEN_K)
-    if USE_GDC:
-        tl.extra.cuda.gdc_wait()
-    acc_a = tl.zeros([PAIRS, BLOCK_K], dtype=tl.float32)
-    acc_b = tl.zeros([PAIRS, BLOCK_K], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for it in range(0, tl.cdiv(K, BLOCK_K)):
-        k0 = it * BLOCK_K
-        if it > 0:
-            wa = _tile(a_ptrs, k0, k, full, K, True, EVEN_K)
-            wb = _tile(b_ptrs, k0, k, full, K, True, EVEN_K)
-        if EVEN_K:
-            x = tl.load(x_ptr + k0 + k).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
-        if HAS_NORM:
-            ss += x * x
-            if EVEN_K:
-                x = x * tl.load(nw_ptr + k0 + k).to(tl.float32)
-            else:
-                x = x * tl.load(nw_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
-        acc_a += wa.to(tl.float32) * x[None, :]
-        acc_b += wb.to(tl.float32) * x[None, :]
-    if USE_GDC:
-        tl.extra.cuda.gdc_launch_dependents()
-    a = tl.sum(acc_a, axis=1)
-    b = tl.sum(acc_b, axis=1)
-    if HAS_NORM:
-        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
-        a = a * rstd
-        b = b * rstd
+    a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
+                        BLOCK_K, True, EVEN_K)
     if HAS_BIAS:
         a += tl.load(b_ptr + rows_a).to(tl.float32)
         b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
