@@ -166,3 +166,43 @@ def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
     assert not calls
     fused = Engine(target, None, context=64, gemv=True).generate(prompt, 12, (), ar).tokens
     assert calls and fused == plain
+
+
+def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it(monkeypatch):
+    import specpilot.kernels.gemv.triton as gemv_mod
+    from specpilot.kernels.gemv import choice
+    from specpilot.kernels.gemv.triton import gemv_triton
+
+    choice.forget()
+    x, w = torch.randn(1, 64), torch.randn(32, 64)
+    launched = []
+
+    class Spy:  # stands in for the compiled kernel: records the config each launch asked for
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append({k: kw[k] for k in ("BLOCK_N", "BLOCK_K") if k in kw})
+
+    monkeypatch.setattr(gemv_mod, "_STREAM", Spy())
+    monkeypatch.setattr(gemv_mod, "_STREAM_TUNED", Spy())
+    fastest = {"gemv": 2, "qkv_rope": 1}
+
+    def step():
+        gemv_triton(x, w)
+        choice.step_config(("qkv_rope", 64))
+
+    def measure(_):  # a step's time: how far each key's config is from its fastest candidate
+        total = 0.0
+        for key in choice.record_keys(step):
+            cfg = choice.step_config(key)
+            total += 5.0 if cfg is None else abs(choice.CANDIDATES[key[0]].index(cfg) - fastest[key[0]])
+        return total
+
+    report = choice.tune_step(step, measure)
+    assert len(report) == 2
+    for key in choice.record_keys(step):
+        assert choice.step_config(key) == choice.CANDIDATES[key[0]][fastest[key[0]]]
+    launched.clear()
+    gemv_triton(x, w)
+    want = choice.CANDIDATES["gemv"][2]
+    assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"]}]
+    assert choice.tune_step(step, measure) == {}  # known keys are not tuned again
+    choice.forget()

@@ -51,6 +51,7 @@ class Engine:
         self.device = target.embed.weight.device
         self.context = context
         self.gemv = gemv
+        self.gemv_tuning: dict = {}
         self.fault = fault
         if fault == "unverified_accept" and drafter is None:
             raise UserError("fault unverified_accept needs a drafter (system stock)")
@@ -159,8 +160,26 @@ class Engine:
         step.prepare()
 
     def warmup(self, system: System) -> None:
-        """Capture the step graph outside any timed region (a throwaway request)."""
+        """Capture the step graph outside any timed region (a throwaway request). With `gemv` on CUDA,
+        first choose the one-row kernels' configs by timing the captured AR step (kernels/gemv/choice.py)."""
         self.generate([0] * 4, 2 * max(self.block, 1) + 2, (), system)
+        if self.gemv and self.use_graphs and not self.gemv_tuning:
+            self.gemv_tuning = self._tune_gemv()
+            self.generate([0] * 4, 2 * max(self.block, 1) + 2, (), system)
+
+    def _tune_gemv(self) -> dict:
+        from specpilot.kernels.gemv.choice import graph_ms, tune_step
+
+        def reset() -> None:
+            self.pos.fill_(8)
+
+        with torch.inference_mode():
+            reset()
+            report = tune_step(self._ar_step, lambda step: graph_ms(step, reset))
+        for graph in (self._ar, getattr(self, "_spec", None)):
+            if isinstance(graph, StepGraph):
+                graph.graph = None  # recaptured with the chosen configs
+        return report or {"note": "every kernel already had a config chosen in this process"}
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int],

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv import MAX_ROWS
+from specpilot.kernels.gemv.choice import step_config
 
 ROWS = tl.constexpr(16)  # rows padded to the smallest tensor-core tile
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
@@ -232,6 +233,7 @@ def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config:
     pdl = pdl_on(x)
     call = (x2, nw, w, b, r2, y, n, k, eps)
     launch = {"launch_pdl": True} if pdl else {}
+    config = config or step_config(("gemv", n, k, *sorted(flags.items())))
     if config is not None:
         _STREAM[grid](*call, **flags, USE_GDC=pdl, **config, **launch)
     elif tune and not _INTERPRET:

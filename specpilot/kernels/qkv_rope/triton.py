@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
+from specpilot.kernels.gemv.choice import step_config
 from specpilot.kernels.gemv.triton import _stream_rows
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
@@ -83,7 +84,11 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, PAIRS=PAIRS, HAS_NORM=norm_weight is not None,
                 HAS_BIAS=bias is not None, USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
     grid = ((num_heads + 2 * num_kv_heads) * (half // PAIRS),)
-    if tune and not _INTERPRET:
+    chosen = step_config(("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None,
+                          bias is not None))
+    if chosen is not None:
+        _PLAIN[grid](*args, **meta, **chosen)
+    elif tune and not _INTERPRET:
         _TUNED[grid](*args, **meta)
     else:
         _PLAIN[grid](*args, **meta, BLOCK_K=128, num_warps=4)

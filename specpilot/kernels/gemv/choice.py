@@ -1,0 +1,91 @@
+"""Block configs of the one-row kernels, chosen by timing the whole captured decode step.
+
+Triton's autotuner times each kernel alone, where ramp-up and drain dominate; in a step the kernels
+run back to back and what counts is the step. `tune_step` walks the kernels a step launches (recorded
+by key: kernel kind, shape, fusions) and, one key at a time with the others held, gives the key the
+candidate config under which the captured step replays fastest. The choice is process-wide, like
+Triton's own autotuning cache; kernels whose key has no choice fall back to the autotuner.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+_CHOSEN: dict[tuple, dict] = {}
+_SEEN: list[tuple] = []
+_RECORDING = [False]
+
+# Candidates per kernel kind: what the H200 chain runs picked per projection, plus neighbours.
+CANDIDATES = {
+    "gemv": [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": st}
+             for bn, bk, w, st in ((16, 512, 8, 2), (16, 512, 4, 2), (16, 256, 4, 4), (8, 512, 4, 4),
+                                   (64, 128, 4, 4), (32, 256, 8, 2))],
+    "qkv_rope": [{"BLOCK_K": bk, "num_warps": w, "num_stages": st}
+                 for bk, w, st in ((512, 4, 2), (512, 8, 2), (256, 4, 4), (1024, 8, 2))],
+}
+
+
+def step_config(key: tuple) -> dict | None:
+    """The config chosen for this kernel key, if any (and note the key while a step is recorded)."""
+    if _RECORDING[0] and key not in _SEEN:
+        _SEEN.append(key)
+    return _CHOSEN.get(key)
+
+
+def forget() -> None:
+    _CHOSEN.clear()
+
+
+def record_keys(step: Callable[[], None]) -> list[tuple]:
+    """The one-row kernel keys one eager run of `step` launches, in launch order."""
+    _SEEN.clear()
+    _RECORDING[0] = True
+    try:
+        step()
+    finally:
+        _RECORDING[0] = False
+    return list(_SEEN)
+
+
+def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], float]) -> dict:
+    """Coordinate descent over the keys `step` launches: each key gets the candidate under which
+    `measure(step)` (milliseconds of the whole step) is lowest. Returns {key: {config, ms by candidate}}."""
+    report = {}
+    for key in record_keys(step):
+        if key in _CHOSEN:  # tuned by an earlier engine of this process
+            continue
+        times = []
+        for i, cfg in enumerate(CANDIDATES[key[0]]):
+            _CHOSEN[key] = cfg
+            times.append((measure(step), i))
+        best = min(times)[1]
+        _CHOSEN[key] = CANDIDATES[key[0]][best]
+        report[repr(key)] = {"config": _CHOSEN[key], "ms": [t for t, _ in times]}
+    return report
+
+
+def graph_ms(step: Callable[[], None], reset: Callable[[], None], reps: int = 10) -> float:
+    """Median milliseconds of one replay of `step` captured as a CUDA graph (state reset first)."""
+    import torch
+
+    reset()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles the kernel for a new config outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    reset()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del graph
+    return statistics.median(times)
