@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.controller.gate import (
-    ROLE_BIAS_WARN,
+    SLOT_DIFF_WARN,
     GainEstimate,
     decide,
     estimate,
@@ -274,6 +274,6 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
     if aa is not None:
         corrected = slot_corrected(aa["requests"], aa["ratios"], ab["requests"], ab["ratios"])
         card["slots"] = {"mode": aa["mode"], "aa_gain": aa["estimate"]["gain"],
-                         "differ": abs(1 - aa["estimate"]["gain"]) > ROLE_BIAS_WARN,
+                         "differ": abs(1 - aa["estimate"]["gain"]) > SLOT_DIFF_WARN,
                          "corrected": corrected.to_json() if corrected else None}
     return card

@@ -56,7 +56,7 @@ def noise_from(aa: GainEstimate) -> float:
     return max(abs(1 - aa.lower), abs(aa.upper - 1))
 
 
-ROLE_BIAS_WARN = 0.02  # an A/A gain this far from 1 is a systematic difference between the two slots
+SLOT_DIFF_WARN = 0.02  # an A/A gain this far from 1 is a systematic difference between the two slots
 
 
 def slot_corrected(aa_ids, aa_ratios, ab_ids, ab_ratios) -> GainEstimate | None:
