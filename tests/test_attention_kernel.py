@@ -71,15 +71,38 @@ def make_case(gen, b, t, hq, hkv, d, length, tree_kind="none", window=None, dtyp
     tree_kind=st.sampled_from(["none", "rand", "ones"]),
     window=st.sampled_from([None, 4, 17]),
     splits=st.sampled_from([None, 1, 3]),
+    fuse=st.booleans(),
 )
-def test_matches_reference(seed, b, t, g, hkv, d, length, tree_kind, window, splits):
+def test_matches_reference(seed, b, t, g, hkv, d, length, tree_kind, window, splits, fuse):
     gen = torch.Generator().manual_seed(seed)
     q, k, v, vis = make_case(gen, b, t, g * hkv, hkv, d, length, tree_kind, window)
     scale = d**-0.5
-    out = attend_triton(q, k, v, vis, scale, num_splits=splits)
+    out = attend_triton(q, k, v, vis, scale, num_splits=splits, fuse_combine=fuse)
     ref = attend_naive(q, k, v, vis, scale)
     assert out.dtype == q.dtype and out.is_contiguous()
     assert rel_err(out, ref) <= 1e-4
+
+
+def test_fused_combine_merges_in_the_split_launch_and_resets_its_counters(monkeypatch):
+    gen = torch.Generator().manual_seed(21)
+    q, k, v, vis = make_case(gen, 2, 3, 8, 2, 16, 200, "rand")
+    ref = attend_naive(q, k, v, vis, 0.25)
+
+    class NoCombine:
+        def __getitem__(self, grid):
+            raise AssertionError("the combine kernel ran although the split launch merges")
+
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):  # scratch a split has not written yet reads as NaN
+        out = real_empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(kernel_module, "_combine_kernel", NoCombine())
+    monkeypatch.setattr(kernel_module.torch, "empty", poisoned_empty)
+    for _ in range(2):  # the second call finds the counters reset by the first
+        assert rel_err(attend_triton(q, k, v, vis, 0.25, num_splits=4, fuse_combine=True), ref) <= 1e-4
+        assert int(kernel_module._counters(q.device).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("tree_kind", ["none", "rand"])
@@ -217,13 +240,14 @@ def test_split_heuristic_fills_the_gpu(length, t):
 @pytest.mark.parametrize("length", [1024, 4096])
 @pytest.mark.parametrize("t", [1, 16, 64])
 @pytest.mark.parametrize("tree_kind", ["none", "rand"])
-def test_bf16_realistic(length, t, tree_kind):
+@pytest.mark.parametrize("fuse", [False, True])
+def test_bf16_realistic(length, t, tree_kind, fuse):
     gen = torch.Generator().manual_seed(length + t)
     q, k, v, vis = make_case(gen, 1, t, 32, 8, 128, length, tree_kind, dtype=torch.bfloat16)
     for cl in (length // 3, length - t):
         vis.cache_len.fill_(cl)
         vis.start.fill_(cl)
-        out = attend_triton(q, k, v, vis, 128**-0.5)
+        out = attend_triton(q, k, v, vis, 128**-0.5, fuse_combine=fuse)
         ref = attend_naive(q.float(), k.float(), v.float(), vis, 128**-0.5)
         assert out.dtype == torch.bfloat16
         assert rel_err(out, ref) <= 2e-2
@@ -231,7 +255,8 @@ def test_bf16_realistic(length, t, tree_kind):
 
 @needs_cuda
 @pytest.mark.parametrize("t", [1, 16])
-def test_cuda_graph_replay_tracks_lengths(t):
+@pytest.mark.parametrize("fuse", [False, True])
+def test_cuda_graph_replay_tracks_lengths(t, fuse):
     gen = torch.Generator().manual_seed(t)
     length = 2048
     q, k, v, vis = make_case(gen, 2, t, 32, 8, 128, length, "none", dtype=torch.bfloat16)
@@ -241,11 +266,11 @@ def test_cuda_graph_replay_tracks_lengths(t):
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
-            attend_triton(q, k, v, vis, 0.1)
+            attend_triton(q, k, v, vis, 0.1, fuse_combine=fuse)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = attend_triton(q, k, v, vis, 0.1)
+        out = attend_triton(q, k, v, vis, 0.1, fuse_combine=fuse)
     for cl, st_ in [((5, 1500), (5, 1500)), ((1800, 0), (1800, 0)), ((64, 1000), (70, 900)), ((0, 2000), (0, 2000))]:
         vis.cache_len.copy_(torch.tensor(cl))
         vis.start.copy_(torch.tensor(st_))

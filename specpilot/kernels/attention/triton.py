@@ -81,7 +81,7 @@ def _in_window(offs_t, offs_s, start, window):
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, cache_len_ptr, start_ptr, tree_ptr,
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, count_ptr,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_h, sk_l,
     sv_b, sv_h, sv_l,
@@ -90,6 +90,7 @@ def _split_kernel(
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
+    FUSE_COMBINE: tl.constexpr,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring)."""
@@ -199,16 +200,50 @@ def _split_kernel(
             vis = vis & _in_window(offs_t, offs_s, start, window)
         m_i, l_i, acc = _softmax_step(q, k, v, vis, qk_scale, m_i, l_i, acc, True, PRECISION)
 
+    o_ptrs = (out_ptr + b.to(tl.int64) * so_b + offs_t[:, None] * so_t + (h * G + offs_g)[:, None] * so_h
+              + offs_d[None, :])
     if NUM_SPLITS == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        o_ptrs = (out_ptr + b.to(tl.int64) * so_b + offs_t[:, None] * so_t + (h * G + offs_g)[:, None] * so_h
-                  + offs_d[None, :])
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         part = (bh * NUM_SPLITS + split).to(tl.int64) * M + offs_m
         tl.store(part_m_ptr + part, m_i, mask=row_ok)
         tl.store(part_l_ptr + part, l_i, mask=row_ok)
         tl.store(part_acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
+        if FUSE_COMBINE:
+            # The tile's last split to finish merges all of them: no combine kernel. The barrier orders
+            # every thread's partial stores before the counter's release; the acquire orders the merge's
+            # loads after the other splits' stores; the last one resets the counter for the next launch.
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+            if done == NUM_SPLITS - 1:
+                o = _merge(part_m_ptr, part_l_ptr, part_acc_ptr, bh.to(tl.int64) * NUM_SPLITS * M + offs_m, M,
+                           row_ok, offs_d, D, NUM_SPLITS, BLOCK_M, D)
+                tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+                tl.atomic_xchg(count_ptr + pid, 0)
+
+
+@triton.jit
+def _merge(part_m_ptr, part_l_ptr, part_acc_ptr, base, M, row_ok, offs_d, D: tl.constexpr,
+           NUM_SPLITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge the NUM_SPLITS partials of ROWS folded rows (base: their offsets in split 0):
+    out = sum_i 2^(m_i - m) acc_i / sum_i 2^(m_i - m) l_i with m = max_i m_i. Loads bypass L1 (.cg):
+    in the fused combine other programs wrote these partials during this launch."""
+    m_max = tl.full([ROWS], float("-inf"), tl.float32)
+    for sp in tl.static_range(NUM_SPLITS):
+        m_max = tl.maximum(m_max, tl.load(part_m_ptr + base + sp * M, mask=row_ok, other=float("-inf"),
+                                          cache_modifier=".cg"))
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    denom = tl.zeros([ROWS], tl.float32)
+    numer = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for sp in tl.static_range(NUM_SPLITS):
+        m_sp = tl.load(part_m_ptr + base + sp * M, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        w = tl.exp2(m_sp - m_max)  # 0: empty
+        denom += w * tl.load(part_l_ptr + base + sp * M, mask=row_ok, other=0.0, cache_modifier=".cg")
+        acc = tl.load(part_acc_ptr + (base + sp * M)[:, None] * D + offs_d[None, :], mask=row_ok[:, None],
+                      other=0.0, cache_modifier=".cg")
+        numer += w[:, None] * acc
+    return numer / tl.where(denom > 0, denom, 1.0)[:, None]
 
 
 @triton.jit
@@ -227,20 +262,8 @@ def _combine_kernel(
     offs_m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     row_ok = offs_m < M
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    base = bh.to(tl.int64) * NUM_SPLITS * M + offs_m
-
-    m_max = tl.full([ROWS], float("-inf"), tl.float32)
-    for sp in tl.static_range(NUM_SPLITS):
-        m_max = tl.maximum(m_max, tl.load(part_m_ptr + base + sp * M, mask=row_ok, other=float("-inf")))
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    denom = tl.zeros([ROWS], tl.float32)
-    numer = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    for sp in tl.static_range(NUM_SPLITS):
-        w = tl.exp2(tl.load(part_m_ptr + base + sp * M, mask=row_ok, other=float("-inf")) - m_max)  # 0: empty
-        denom += w * tl.load(part_l_ptr + base + sp * M, mask=row_ok, other=0.0)
-        acc = tl.load(part_acc_ptr + (base + sp * M)[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        numer += w[:, None] * acc
-    o = numer / tl.where(denom > 0, denom, 1.0)[:, None]
+    o = _merge(part_m_ptr, part_l_ptr, part_acc_ptr, bh.to(tl.int64) * NUM_SPLITS * M + offs_m, M, row_ok, offs_d,
+               D, NUM_SPLITS, ROWS, BLOCK_D)
     b = bh // HKV
     h = bh % HKV
     o_ptrs = (out_ptr + b.to(tl.int64) * so_b + (offs_m // G)[:, None] * so_t + (h * G + offs_m % G)[:, None] * so_h
@@ -305,12 +328,27 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: V
         raise ValueError("cache_len and start must be [B] tensors")
 
 
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MAX_FUSED_TILES = 4096  # row tiles (B x Hkv x tiles) one fused-combine launch can count
+
+
+def _counters(device: torch.device) -> torch.Tensor | None:
+    """Per-tile arrival counters of the fused combine: zeros, allocated once per device outside graph
+    capture (a graph keeps the pointer), reset by the kernel itself after each use."""
+    if device not in _COUNTERS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _COUNTERS[device] = torch.zeros(MAX_FUSED_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
-                  scale: float, num_splits: int | None = None) -> torch.Tensor:
+                  scale: float, num_splits: int | None = None, fuse_combine: bool = False) -> torch.Tensor:
     """q [B, T, Hq, D] (any strides); k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D], q's dtype.
 
     No host synchronisation: cache_len / start stay on the device; the grid depends only on shapes.
-    num_splits overrides the heuristic split count (for tests and tuning)."""
+    num_splits overrides the heuristic split count (for tests and tuning). fuse_combine: the last split
+    of each row tile to finish merges the partials (one launch instead of two)."""
     _check(q, k_cache, v_cache, vis)
     b, t, hq, d = q.shape
     hkv, length = k_cache.shape[1], k_cache.shape[2]
@@ -338,11 +376,12 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part_acc = torch.empty(b * hkv, splits, rows, d, dtype=torch.float32, device=q.device)
 
     grid = (b * hkv * cfg.row_tiles, splits)
+    counters = _counters(q.device) if fuse_combine and splits > 1 and grid[0] <= MAX_FUSED_TILES else None
     pdl = pdl_on(q)
     launch = {"launch_pdl": True} if pdl else {}
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,
-        out, part_m, part_l, part_acc,
+        out, part_m, part_l, part_acc, counters if counters is not None else cache_len,
         *q.stride(),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -351,9 +390,9 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         HKV=hkv, G=g, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
+        FUSE_COMBINE=counters is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
     )
-    if splits > 1:
+    if splits > 1 and counters is None:
         # Combine: up to 16 rows per program; head_dim cut in blocks (>= 32) until ~128 programs.
         combine_rows = min(triton.next_power_of_2(rows), 16)
         row_blocks = triton.cdiv(rows, combine_rows)
