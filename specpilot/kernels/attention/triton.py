@@ -30,6 +30,8 @@ Combine. With NUM_SPLITS == 1 the program normalises and writes the output direc
 writes (max, sum, acc) to fp32 scratch [B * Hkv, NUM_SPLITS, M(, D)] and `_combine_kernel` (a block
 of up to 16 folded rows x a head_dim block per program) merges the splits:
 out = sum_i 2^(m_i - m) acc_i / sum_i 2^(m_i - m) l_i. Rows that see nothing come out as zeros.
+With fuse_combine (the `gemv` option) there is no second launch: each split bumps its row tile's
+arrival counter after writing its partials, and the split that arrives last merges them.
 
 Grid: (B * Hkv * row_tiles, NUM_SPLITS), NUM_SPLITS chosen so that one to two waves of the SMs are
 busy (see `_config`; tuned on an H200 for B=1, Hq=32, Hkv=8, D=128, T=1/16/64, L=1k..32k).
