@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.gpu.engine_core import CONTEXT, MODELS
 from specpilot.fixtures.random_models import random_target
+from specpilot.kernels.gemv import choice
 from specpilot.models.dense import Mode
 from specpilot.models.layers import use_gemv
 from specpilot.spec.masks import Visibility
@@ -43,6 +44,8 @@ def main() -> None:
     with torch.inference_mode():
         for _ in range(3):
             step()
+        if args.gemv:  # the configs the engine would run: chosen by timing the captured step
+            choice.tune_step(step, lambda s: choice.graph_ms(s, lambda: None))
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
