@@ -1,0 +1,117 @@
+"""Every Triton kernel the decode step can launch compiles for the H200 (sm_90), here, without a GPU.
+
+Triton's NVIDIA backend and its bundled ptxas build cubins offline, so a kernel that would not build
+on the GPU (a type error in a branch the CPU interpreter runs differently, an unsupported atomic or
+cache modifier) fails here instead of costing a device run. With USE_GDC the PTX must hold the
+programmatic-dependent-launch wait.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton")
+# Other test modules switch Triton's CPU interpreter on (no GPU here), and kernels decorated under it
+# cannot be compiled: then the only test of this module reruns the module in a process without it.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError:  # pragma: no cover - older or CPU-only Triton builds
+    pytest.skip("this Triton cannot compile offline", allow_module_level=True)
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the tests below run in this process")
+def test_kernels_build_for_hopper_in_a_process_without_the_interpreter():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    if " passed" not in proc.stdout:
+        pytest.skip("this Triton install cannot build offline: " + proc.stdout.strip().splitlines()[-1])
+
+
+def hopper(test):
+    return pytest.mark.skipif(INTERPRETED, reason="run in a process without the interpreter")(test)
+P = "*bf16"
+
+
+def build(fn, types: dict, constexprs: dict, **options) -> str:
+    """Compile fn for sm_90; pointer and integer arguments get Triton's usual divisibility hint."""
+    names = fn.arg_names
+    sig = {n: types.get(n, "constexpr") for n in names}
+    assert set(types) | set(constexprs) == set(names), set(names) ^ (set(types) | set(constexprs))
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if types.get(n, "").startswith("*")}
+    try:
+        kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), target=HOPPER,
+                                options=options)
+    except RuntimeError as exc:
+        if "ptxas" in str(exc).lower() and "not found" in str(exc).lower():
+            pytest.skip("no ptxas in this Triton install")
+        raise
+    return kernel.asm["ptx"]
+
+
+@hopper
+@pytest.mark.parametrize("gdc", [False, True])
+@pytest.mark.parametrize("fusion", [dict(HAS_NORM=True, GATE_UP=True, HAS_RES=False, HAS_BIAS=False),
+                                    dict(HAS_NORM=False, GATE_UP=False, HAS_RES=True, HAS_BIAS=True)])
+@pytest.mark.parametrize("even", [True, False])
+def test_stream_gemv_builds(gdc, fusion, even):
+    from specpilot.kernels.gemv.triton import _stream_kernel
+
+    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
+             "eps": "fp32"}
+    ptx = build(_stream_kernel, types, dict(**fusion, USE_GDC=gdc, BLOCK_N=16, BLOCK_K=512, EVEN_N=even, EVEN_K=even),
+                num_warps=8, num_stages=2)
+    assert ("griddepcontrol.wait" in ptx) == gdc and ("griddepcontrol.launch_dependents" in ptx) == gdc
+
+
+@hopper
+@pytest.mark.parametrize("gdc", [False, True])
+def test_qkv_rope_builds(gdc):
+    from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
+
+    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
+             "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
+             "eps": "fp32"}
+    ptx = build(_qkv_rope_kernel, types, dict(HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=True, HAS_BIAS=True,
+                                              USE_GDC=gdc, BLOCK_K=512, EVEN_K=True), num_warps=4, num_stages=2)
+    assert ("griddepcontrol.wait" in ptx) == gdc
+
+
+@hopper
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_split_attention_builds(fuse, causal):
+    from specpilot.kernels.attention.triton import _split_kernel
+
+    ints = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
+            "T", "L", "window", "row_tiles")
+    types = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
+             "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
+             "count_ptr": "*i32", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32"}
+    ptx = build(_split_kernel, types, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
+                                           HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse),
+                num_warps=4, num_stages=3)
+    assert "griddepcontrol.wait" in ptx
+    assert ("atom" in ptx) == fuse  # the arrival counter only in the fused combine
+
+
+@hopper
+def test_combine_and_rope_build():
+    from specpilot.kernels.attention.triton import _combine_kernel
+    from specpilot.kernels.rope.triton import _rope_qkv_kernel
+
+    build(_combine_kernel, {"part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "out_ptr": P,
+                            "so_b": "i32", "so_t": "i32", "so_h": "i32", "T": "i32"},
+          dict(HKV=8, G=4, D=128, NUM_SPLITS=16, ROWS=4, BLOCK_D=32, USE_GDC=True), num_warps=4)
+    types = {**{n: P for n in ("qkv_ptr", "qn_ptr", "kn_ptr", "q_out", "k_cache", "v_cache")}, "pos_ptr": "*i64",
+             "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "eps": "fp32", "T": "i32", "L": "i32"}
+    ptx = build(_rope_qkv_kernel, types, dict(HQ=40, HKV=8, HALF=64, HEAD_OFFSET=0, HAS_NORM=True, USE_GDC=True),
+                num_warps=1)
+    assert "griddepcontrol.wait" in ptx
