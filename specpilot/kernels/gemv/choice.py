@@ -16,13 +16,16 @@ _CHOSEN: dict[tuple, dict] = {}
 _SEEN: list[tuple] = []
 _RECORDING = [False]
 
-# Candidates per kernel kind: what the H200 chain runs picked per projection, plus neighbours.
+# Candidates per kernel kind: what the H200 chain runs picked per projection, plus neighbours, plus
+# small tiles for the fused gate/up, which streams two row sets: ptxas puts (16, 512, 4 warps) at 255
+# registers a thread there (two blocks an SM), (8, 256, 4) near the plain kernel's ~75.
 CANDIDATES = {
     "gemv": [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": st}
              for bn, bk, w, st in ((16, 512, 8, 2), (16, 512, 4, 2), (16, 256, 4, 4), (8, 512, 4, 4),
-                                   (64, 128, 4, 4), (32, 256, 8, 2))],
+                                   (64, 128, 4, 4), (32, 256, 8, 2), (8, 256, 4, 4), (8, 512, 8, 2),
+                                   (16, 256, 8, 2))],
     "qkv_rope": [{"BLOCK_K": bk, "num_warps": w, "num_stages": st}
-                 for bk, w, st in ((512, 4, 2), (512, 8, 2), (256, 4, 4), (1024, 8, 2))],
+                 for bk, w, st in ((512, 4, 2), (512, 8, 2), (256, 4, 4), (1024, 8, 2), (256, 8, 2))],
 }
 
 

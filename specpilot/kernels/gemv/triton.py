@@ -31,7 +31,7 @@ import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv import MAX_ROWS
-from specpilot.kernels.gemv.choice import step_config
+from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 
 ROWS = tl.constexpr(16)  # rows padded to the smallest tensor-core tile
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
@@ -176,11 +176,9 @@ def _tile(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
     return tl.load(rows + k0 + k[None, :], mask=nmask[:, None] & (k0 + k < K)[None, :], other=0.0)
 
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages) measured best for the 8B / 27B projections on the H200
-# (bench/gpu/gemv_pdl.py), plus neighbours.
-_STREAM_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-                   for bn, bk, w, s in ((16, 512, 8, 2), (16, 512, 4, 2), (16, 256, 4, 4), (8, 512, 4, 4),
-                                        (64, 128, 4, 4), (32, 256, 8, 2))]
+# Triton's autotuner is the fallback when no config was chosen in a captured step (choice.py); same candidates.
+_STREAM_CONFIGS = [triton.Config({"BLOCK_N": c["BLOCK_N"], "BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"],
+                                 num_stages=c["num_stages"]) for c in CANDIDATES["gemv"]]
 _EVEN = triton.heuristics({"EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
                            "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _STREAM = _EVEN(_stream_kernel)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv.choice import step_config
+from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.gemv.triton import _stream_rows
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
@@ -62,8 +62,8 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
         tl.store(v_cache + off + HALF + i, b.to(dtype))
 
 
-_CONFIGS = [triton.Config({"BLOCK_K": bk}, num_warps=w, num_stages=s)
-            for bk, w, s in ((512, 4, 2), (512, 8, 2), (256, 4, 4), (1024, 8, 2))]
+_CONFIGS = [triton.Config({"BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"], num_stages=c["num_stages"])
+            for c in CANDIDATES["qkv_rope"]]
 _EVEN = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _PLAIN = _EVEN(_qkv_rope_kernel)
 _TUNED = triton.autotune(configs=_CONFIGS, key=["K", "HQ", "HKV", "HALF", "HAS_NORM"])(_PLAIN)
