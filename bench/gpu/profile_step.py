@@ -19,6 +19,7 @@ from specpilot.fixtures.random_models import random_target
 from specpilot.kernels.gemv import choice
 from specpilot.models.dense import Mode
 from specpilot.models.layers import use_gemv
+from specpilot.runtime.graphs import replay_ms
 from specpilot.spec.masks import Visibility
 
 
@@ -45,7 +46,7 @@ def main() -> None:
         for _ in range(3):
             step()
         if args.gemv:  # the configs the engine would run: chosen by timing the captured step
-            choice.tune_step(step, lambda s: choice.graph_ms(s, lambda: None))
+            choice.tune_step(step, lambda s: replay_ms(s, lambda: None))
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):

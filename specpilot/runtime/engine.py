@@ -17,7 +17,7 @@ from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.models.layers import use_gemv
 from specpilot.runtime.faults import MODEL_FAULTS, distort, force_first_draft
-from specpilot.runtime.graphs import StepGraph
+from specpilot.runtime.graphs import StepGraph, replay_ms
 from specpilot.runtime.options import System
 from specpilot.runtime.padding import Pad
 from specpilot.spec.accept import accept_greedy
@@ -168,14 +168,14 @@ class Engine:
             self.generate([0] * 4, 2 * max(self.block, 1) + 2, (), system)
 
     def _tune_gemv(self) -> dict:
-        from specpilot.kernels.gemv.choice import graph_ms, tune_step
+        from specpilot.kernels.gemv.choice import tune_step
 
         def reset() -> None:
             self.pos.fill_(8)
 
         with torch.inference_mode():
             reset()
-            report = tune_step(self._ar_step, lambda step: graph_ms(step, reset))
+            report = tune_step(self._ar_step, lambda step: replay_ms(step, reset))
         for graph in (self._ar, getattr(self, "_spec", None)):
             if isinstance(graph, StepGraph):
                 graph.graph = None  # recaptured with the chosen configs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -41,3 +42,21 @@ class StepGraph:
         with torch.cuda.graph(graph):
             self.fn()
         return graph
+
+
+def replay_ms(step: Callable[[], None], reset: Callable[[], None], reps: int = 10) -> float:
+    """Median milliseconds of one replay of `step` captured as a graph, its state reset before capture
+    and before timing (the capture's warm-up runs also compile kernels for new configs)."""
+    reset()
+    graph = StepGraph(step, use_graph=True)
+    graph.prepare()
+    reset()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)

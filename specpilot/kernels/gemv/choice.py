@@ -9,7 +9,6 @@ Triton's own autotuning cache; kernels whose key has no choice fall back to the 
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 _CHOSEN: dict[tuple, dict] = {}
@@ -67,28 +66,3 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
         report[repr(key)] = {"config": _CHOSEN[key], "ms": [t for t, _ in times]}
     return report
 
-
-def graph_ms(step: Callable[[], None], reset: Callable[[], None], reps: int = 10) -> float:
-    """Median milliseconds of one replay of `step` captured as a CUDA graph (state reset first)."""
-    import torch
-
-    reset()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # compiles the kernel for a new config outside capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    reset()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    del graph
-    return statistics.median(times)
