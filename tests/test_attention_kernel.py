@@ -279,3 +279,30 @@ def test_cuda_graph_replay_tracks_lengths(t, fuse):
         torch.cuda.synchronize()
         ref = attend_naive(q.float(), k.float(), v.float(), vis, 0.1)
         assert rel_err(out, ref) <= 2e-2, (cl, st_)
+
+
+@needs_cuda
+@pytest.mark.parametrize("fraction", ["0.5", "0.01"])
+def test_l2_prefetch_changes_nothing(monkeypatch, fraction):
+    """Prefetching a weight into L2 during attention (the `gemv` decode step) leaves the output bit for bit."""
+    from specpilot.kernels.l2_prefetch import prefetch_lines
+
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, vis = make_case(gen, 1, 1, 32, 8, 128, 1024, "none", dtype=torch.bfloat16)
+    vis.cache_len.fill_(700)
+    vis.start.fill_(700)
+    weight = torch.randn(4096, 4096, generator=gen).to("cuda", torch.bfloat16)
+    monkeypatch.setenv("SPECPILOT_PREFETCH", fraction)
+    assert prefetch_lines(weight) > 0
+    for fuse in (False, True):
+        plain = attend_triton(q, k, v, vis, 128**-0.5, fuse_combine=fuse)
+        warmed = attend_triton(q, k, v, vis, 128**-0.5, fuse_combine=fuse, prefetch=weight)
+        assert torch.equal(plain, warmed)
+    monkeypatch.setenv("SPECPILOT_PREFETCH", "0")
+    assert prefetch_lines(weight) == 0
+
+
+def test_l2_prefetch_only_on_cuda():
+    from specpilot.kernels.l2_prefetch import prefetch_lines
+
+    assert prefetch_lines(None) == 0 and prefetch_lines(torch.randn(64, 64)) == 0

@@ -82,7 +82,8 @@ def test_rope_qkv(device, dtype, tol, norm, want_q):
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
 @pytest.mark.parametrize("fusion", ["plain", "norm", "bias", "norm_bias"])
 @pytest.mark.parametrize("hidden,hq,hkv,d", [(96, 3, 1, 32), (200, 4, 2, 64)])
-def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d):
+@pytest.mark.parametrize("pairs", [8, 4])
+def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d, pairs):
     """Projection + rope + K/V write in one kernel against the projection then the rope reference."""
     from specpilot.kernels.qkv_rope.naive import qkv_rope_naive
     from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
@@ -98,7 +99,7 @@ def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d):
     cos, sin = rope_table(128, d, 10000.0, None, device=device)
     caches = [torch.full((1, hkv, length, d), float("nan"), dtype=dtype, device=device) for _ in range(4)]
     q1 = qkv_rope_triton(x, w, bias, nw, 1e-5, positions, cos, sin, caches[0], caches[1], slots, hq, hkv, d,
-                         tune=False)
+                         tune=False, pairs=pairs)
     q2 = qkv_rope_naive(x, w, bias, nw, 1e-5, positions, cos, sin, caches[2], caches[3], slots, hq, hkv, d)
     bound = 1e-2 if tol == 0 else max(tol, 1e-5)
     assert q1.shape == q2.shape and rel(q1, q2) <= bound

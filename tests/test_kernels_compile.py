@@ -72,14 +72,14 @@ def test_stream_gemv_builds(gdc, fusion, even):
 
 
 @hopper
-@pytest.mark.parametrize("gdc", [False, True])
-def test_qkv_rope_builds(gdc):
+@pytest.mark.parametrize("gdc,pairs", [(False, 8), (True, 8), (True, 4)])
+def test_qkv_rope_builds(gdc, pairs):
     from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
 
     types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
              "eps": "fp32"}
-    ptx = build(_qkv_rope_kernel, types, dict(HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=True, HAS_BIAS=True,
+    ptx = build(_qkv_rope_kernel, types, dict(HQ=32, HKV=8, HALF=64, PAIRS=pairs, HAS_NORM=True, HAS_BIAS=True,
                                               USE_GDC=gdc, BLOCK_K=512, EVEN_K=True), num_warps=4, num_stages=2)
     assert ("griddepcontrol.wait" in ptx) == gdc
 
@@ -87,19 +87,23 @@ def test_qkv_rope_builds(gdc):
 @hopper
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("causal", [True, False])
-def test_split_attention_builds(fuse, causal):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_split_attention_builds(fuse, causal, prefetch):
     from specpilot.kernels.attention.triton import _split_kernel
 
     ints = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
             "T", "L", "window", "row_tiles")
     types = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
              "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
-             "count_ptr": "*i32", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32"}
+             "count_ptr": "*i32", "pf_ptr": P, "pf_lines": "i32", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32"}
     ptx = build(_split_kernel, types, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
-                                           HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse),
+                                           HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse,
+                                           PREFETCH=prefetch, PF_ELEMS=64),
                 num_warps=4, num_stages=3)
-    assert "griddepcontrol.wait" in ptx
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     assert ("atom" in ptx) == fuse  # the arrival counter only in the fused combine
+    # The prefetch survives compilation (its result is unused: only its side effect counts).
+    assert ("prefetch.global.L2" in ptx) == prefetch
 
 
 @hopper
@@ -114,4 +118,4 @@ def test_combine_and_rope_build():
              "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "eps": "fp32", "T": "i32", "L": "i32"}
     ptx = build(_rope_qkv_kernel, types, dict(HQ=40, HKV=8, HALF=64, HEAD_OFFSET=0, HAS_NORM=True, USE_GDC=True),
                 num_warps=1)
-    assert "griddepcontrol.wait" in ptx
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx

@@ -225,3 +225,26 @@ def test_pad_option_slows_each_step_and_changes_nothing(base):
     steps = len(slow.accepted)
     assert steps > 0
     assert slow.decode_s >= steps * 3000e-6  # every step waited its 3 ms
+
+
+@torch.no_grad()
+def test_lookahead_reads_change_nothing(setup):
+    """The CUDA-graph path enqueues step k + 1 before reading step k (runtime/graphs.Lookahead); on the
+    CPU the same bookkeeping runs synchronously: same tokens and accounting, with stops and cuts, and a
+    step launched past the end leaves the next request unharmed."""
+    _, target, drafter, engine = setup
+    ahead = Engine(target, drafter, context=CONTEXT)
+    ahead.use_graphs = True  # the step graphs themselves stay eager on the CPU
+    prompt = _prompt(5)
+    ar = engine.generate(prompt, N, (), AR).tokens
+    stop = next(t for j, t in enumerate(ar) if j > 3 and t not in ar[:j])
+    oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=2)
+    oracle.use_graphs = True
+    for eng, system in ((ahead, AR), (ahead, STOCK), (oracle, STOCK)):
+        for n, stops in ((N, ()), (N, (stop,)), (1, ()), (2, ()), (7, ())):
+            gen = eng.generate(prompt, n, stops, system)
+            want = ar[: ar.index(stop) + 1] if stops else ar[:n]
+            assert gen.tokens == want, (system.name, n, stops)
+            assert sum(gen.accepted) == len(gen.tokens) - 1
+        looked = eng._ahead[id(eng.step_out if system.base == "stock" else eng.token)]
+        assert looked.launched >= 1 and looked.launched <= len(gen.accepted) + 1

@@ -1,8 +1,9 @@
 """Generation loops: AR greedy decoding and stock speculative decoding, one request at a time.
 
 Both share the target's kernels, precision, static caches and (on CUDA) graph capture: an AR baseline
-that runs eagerly would flatter every speedup. Each decode step is one graph replay followed by one
-host sync that reads the step's committed tokens.
+that runs eagerly would flatter every speedup. Each decode step is one graph replay and one host sync
+that reads the step's committed tokens; with graphs the next step is already enqueued while the host
+waits (runtime/graphs.Lookahead), so the host's read and launch never leave the GPU idle.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.models.layers import use_gemv
 from specpilot.runtime.faults import MODEL_FAULTS, distort, force_first_draft
-from specpilot.runtime.graphs import StepGraph, replay_ms
+from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
 from specpilot.runtime.options import System
 from specpilot.runtime.padding import Pad
 from specpilot.spec.accept import accept_greedy
@@ -52,6 +53,7 @@ class Engine:
         self.context = context
         self.gemv = gemv
         self.gemv_tuning: dict = {}
+        self._ahead: dict[int, Lookahead] = {}  # pinned read-back buffers by step output (CUDA graphs)
         self.fault = fault
         if fault == "unverified_accept" and drafter is None:
             raise UserError("fault unverified_accept needs a drafter (system stock)")
@@ -150,6 +152,14 @@ class Engine:
         self.pos.fill_(len(prompt))
         return hidden
 
+    def _lookahead(self, result: torch.Tensor) -> Lookahead:
+        key = id(result)
+        if key not in self._ahead:
+            self._ahead[key] = Lookahead(result)
+        ahead = self._ahead[key]
+        ahead.reset()
+        return ahead
+
     def _prepare(self, step: StepGraph) -> None:
         """Capture a new graph from a known state (its warm-up runs advance the state, which is harmless
         here: the request's prefill resets it, and every slot a step reads was written this request)."""
@@ -203,20 +213,29 @@ class Engine:
         t1 = time.perf_counter()
         out, accepted = [first], []
         stops = set(stop_ids)
+        step, result = (self._spec, self.step_out) if spec else (self._ar, self.token)
+        ahead = self._lookahead(result) if self.use_graphs else None
+        k = 0
         while first not in stops and len(out) < max_new_tokens:
-            if spec:
-                self._spec()
-                step = self.step_out.tolist()
-                new = step[1 : step[0] + 2]
+            if ahead is None:
+                step()
+                values = result.tolist()
             else:
-                self._ar()
-                new = [int(self.token.item())]
+                if k == 0:
+                    ahead.launch(step)
+                if len(out) + 1 < max_new_tokens:  # step k + 1 may be needed: in flight while k is read
+                    ahead.launch(step)
+                values = ahead.read(k)
+            k += 1
+            new = values[1 : values[0] + 2] if spec else values
             accepted.append(len(new))
             out.extend(new)
             if stops.intersection(new):
                 break
-        _sync(self.device)
+        # The last token is on the host now; a step launched ahead past a stop is not waited for here
+        # (its writes lie past this request's positions and the next request's prefill resets the state).
         t2 = time.perf_counter()
+        _sync(self.device)
         out = _cut(out, stops, max_new_tokens)
         if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
             accepted[-1] = len(out) - 1 - sum(accepted[:-1])

@@ -44,6 +44,42 @@ class StepGraph:
         return graph
 
 
+class Lookahead:
+    """Reads each step's output on the host one step late: step k + 1 is enqueued before the host waits
+    for step k, so the GPU does not idle while the host reads a token and launches the next graph.
+    Still one host sync per step; each output is copied to one of two pinned buffers as its step ends."""
+
+    def __init__(self, out: torch.Tensor):
+        self.out = out
+        cuda = out.is_cuda  # on the CPU (tests) the same bookkeeping runs synchronously
+        self.host = [torch.empty(out.shape, dtype=out.dtype, pin_memory=cuda) for _ in range(2)]
+        self.done = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self.launched = 0
+        self.read_upto = 0
+
+    def launch(self, step: Callable[[], None]) -> None:
+        if self.launched > self.read_upto + 1:
+            raise RuntimeError("Lookahead: a third step launched before the first one was read")
+        step()
+        i = self.launched % 2  # its buffer was read before this launch (read k precedes launch k + 2)
+        self.host[i].copy_(self.out, non_blocking=True)
+        if self.done[i] is not None:
+            self.done[i].record()
+        self.launched += 1
+
+    def read(self, k: int) -> list[int]:
+        """Step k's output (the oldest step launched and not yet read)."""
+        if k != self.read_upto or k >= self.launched:
+            raise RuntimeError(f"Lookahead: read {k} out of order ({self.read_upto} next, {self.launched} launched)")
+        if self.done[k % 2] is not None:
+            self.done[k % 2].synchronize()
+        self.read_upto += 1
+        return self.host[k % 2].tolist()
+
+    def reset(self) -> None:
+        self.launched = self.read_upto = 0
+
+
 def replay_ms(step: Callable[[], None], reset: Callable[[], None], reps: int = 10) -> float:
     """Median milliseconds of one replay of `step` captured as a graph, its state reset before capture
     and before timing (the capture's warm-up runs also compile kernels for new configs)."""

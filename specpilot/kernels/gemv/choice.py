@@ -23,8 +23,11 @@ CANDIDATES = {
              for bn, bk, w, st in ((16, 512, 8, 2), (16, 512, 4, 2), (16, 256, 4, 4), (8, 512, 4, 4),
                                    (64, 128, 4, 4), (32, 256, 8, 2), (8, 256, 4, 4), (8, 512, 8, 2),
                                    (16, 256, 8, 2))],
-    "qkv_rope": [{"BLOCK_K": bk, "num_warps": w, "num_stages": st}
-                 for bk, w, st in ((512, 4, 2), (512, 8, 2), (256, 4, 4), (1024, 8, 2), (256, 8, 2))],
+    # PAIRS: rotary pairs per program (2 x PAIRS weight rows): 4 gives the 8-row programs the plain
+    # projections chose on the H200, 8 half as many programs.
+    "qkv_rope": [{"PAIRS": p, "BLOCK_K": bk, "num_warps": w, "num_stages": st}
+                 for p, bk, w, st in ((8, 512, 4, 2), (8, 512, 8, 2), (8, 256, 4, 4), (8, 1024, 8, 2), (8, 256, 8, 2),
+                                      (4, 512, 8, 2), (4, 512, 4, 2), (4, 256, 4, 4))],
 }
 
 

@@ -8,7 +8,8 @@ import torch
 
 from specpilot.kernels.gemv import gemv_applies
 
-PAIRS = 8  # rotary pairs per program: 2 x 8 weight rows, each row's partner half a head away
+PAIRS = 8  # rotary pairs per program by default (2 x 8 weight rows, each row's partner half a head
+# away); the step tuning may choose 4 (kernels/gemv/choice.py), which any head this admits divides
 
 
 def qkv_rope_applies(x: torch.Tensor, gemv: bool, qk_norm: bool, head_dim: int) -> bool:

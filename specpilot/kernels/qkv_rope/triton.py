@@ -1,6 +1,6 @@
 """One-row q/k/v projection with rotary embedding and the K/V cache write in its epilogue.
 
-The grid is laid out so that rotary pairs meet in one program: program p of head h owns the PAIRS
+The grid is laid out so that rotary pairs meet in one program: program p of head h owns PAIRS
 rows h*D + i and their partners h*D + D/2 + i (i in its slice of the first half), streams both sets of
 weight rows like the streaming GEMV (gemv/triton.py: first tile before the PDL wait, one-pass norm),
 rounds the projection to the dtype, and then, by the head's kind, rotates and stores q, rotates and
@@ -63,15 +63,16 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
 
 
 _CONFIGS = [triton.Config({"BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"], num_stages=c["num_stages"])
-            for c in CANDIDATES["qkv_rope"]]
+            for c in CANDIDATES["qkv_rope"] if c["PAIRS"] == PAIRS]  # the autotuner keeps the grid's PAIRS
 _EVEN = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _PLAIN = _EVEN(_qkv_rope_kernel)
-_TUNED = triton.autotune(configs=_CONFIGS, key=["K", "HQ", "HKV", "HALF", "HAS_NORM"])(_PLAIN)
+_TUNED = triton.autotune(configs=_CONFIGS, key=["K", "HQ", "HKV", "HALF", "HAS_NORM", "PAIRS"])(_PLAIN)
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache, slots,
-                    num_heads, num_kv_heads, head_dim, tune: bool = True):
+                    num_heads, num_kv_heads, head_dim, tune: bool = True, pairs: int = PAIRS):
+    """pairs: rotary pairs per program where no config was chosen in the step (a chosen config names its own)."""
     hidden = weight.shape[1]
     if x.numel() != hidden or k_cache.shape[0] != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("the fused q/k/v + rope kernel takes one row of one sequence and contiguous caches")
@@ -81,15 +82,19 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     args = (x.reshape(-1), norm_weight if norm_weight is not None else x, weight,
             bias if bias is not None else weight, positions.reshape(-1), slots.reshape(-1), cos_table, sin_table,
             q, k_cache, v_cache, hidden, k_cache.shape[2], eps)
-    meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, PAIRS=PAIRS, HAS_NORM=norm_weight is not None,
+    meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, HAS_NORM=norm_weight is not None,
                 HAS_BIAS=bias is not None, USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
-    grid = ((num_heads + 2 * num_kv_heads) * (half // PAIRS),)
     chosen = step_config(("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None,
                           bias is not None))
     if chosen is not None:
+        pairs = chosen["PAIRS"]
+    if half % pairs:
+        raise ValueError(f"head_dim {head_dim}: half of it is not a multiple of {pairs} rotary pairs")
+    grid = ((num_heads + 2 * num_kv_heads) * (half // pairs),)
+    if chosen is not None:
         _PLAIN[grid](*args, **meta, **chosen)
     elif tune and not _INTERPRET:
-        _TUNED[grid](*args, **meta)
+        _TUNED[grid](*args, **meta, PAIRS=pairs)
     else:
-        _PLAIN[grid](*args, **meta, BLOCK_K=128, num_warps=4)
+        _PLAIN[grid](*args, **meta, PAIRS=pairs, BLOCK_K=128, num_warps=4)
     return q
