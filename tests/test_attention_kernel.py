@@ -105,6 +105,32 @@ def test_fused_combine_merges_in_the_split_launch_and_resets_its_counters(monkey
         assert int(kernel_module._counters(q.device).abs().sum()) == 0
 
 
+def test_decode_step_runs_the_split_count_chosen_in_the_step(monkeypatch):
+    """In the `gemv` decode step (one row, fused combine) the split count comes from the step tuning
+    (kernels/gemv/choice.py; 0 = the heuristic); other calls keep the heuristic."""
+    from specpilot.kernels.gemv import choice
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, vis = make_case(gen, 1, 1, 8, 2, 16, 300, "none")
+    ref = attend_naive(q, k, v, vis, 0.25)
+    asked = []
+    real = kernel_module._config
+    monkeypatch.setattr(kernel_module, "_config", lambda *a: asked.append(a[-1]) or real(*a))
+    key = ("attention", 1, 2, 4, 16, 300)
+    choice.forget()
+    try:
+        assert [c["NUM_SPLITS"] for c in choice.CANDIDATES["attention"]][0] == 0
+        for splits, want in ((2, 2), (1, 1), (0, None)):
+            choice._CHOSEN[key] = {"NUM_SPLITS": splits}
+            assert rel_err(attend_triton(q, k, v, vis, 0.25, fuse_combine=True), ref) <= 1e-4
+            assert asked[-1] == want
+        attend_triton(q, k, v, vis, 0.25)  # not the gemv step: no lookup
+        assert asked[-1] is None
+        assert choice.record_keys(lambda: attend_triton(q, k, v, vis, 0.25, fuse_combine=True)) == [key]
+    finally:
+        choice.forget()
+
+
 @pytest.mark.parametrize("tree_kind", ["none", "rand"])
 def test_noncontiguous_q(tree_kind):
     gen = torch.Generator().manual_seed(11)
@@ -280,29 +306,3 @@ def test_cuda_graph_replay_tracks_lengths(t, fuse):
         ref = attend_naive(q.float(), k.float(), v.float(), vis, 0.1)
         assert rel_err(out, ref) <= 2e-2, (cl, st_)
 
-
-@needs_cuda
-@pytest.mark.parametrize("fraction", ["0.5", "0.01"])
-def test_l2_prefetch_changes_nothing(monkeypatch, fraction):
-    """Prefetching a weight into L2 during attention (the `gemv` decode step) leaves the output bit for bit."""
-    from specpilot.kernels.l2_prefetch import prefetch_lines
-
-    gen = torch.Generator().manual_seed(11)
-    q, k, v, vis = make_case(gen, 1, 1, 32, 8, 128, 1024, "none", dtype=torch.bfloat16)
-    vis.cache_len.fill_(700)
-    vis.start.fill_(700)
-    weight = torch.randn(4096, 4096, generator=gen).to("cuda", torch.bfloat16)
-    monkeypatch.setenv("SPECPILOT_PREFETCH", fraction)
-    assert prefetch_lines(weight) > 0
-    for fuse in (False, True):
-        plain = attend_triton(q, k, v, vis, 128**-0.5, fuse_combine=fuse)
-        warmed = attend_triton(q, k, v, vis, 128**-0.5, fuse_combine=fuse, prefetch=weight)
-        assert torch.equal(plain, warmed)
-    monkeypatch.setenv("SPECPILOT_PREFETCH", "0")
-    assert prefetch_lines(weight) == 0
-
-
-def test_l2_prefetch_only_on_cuda():
-    from specpilot.kernels.l2_prefetch import prefetch_lines
-
-    assert prefetch_lines(None) == 0 and prefetch_lines(torch.randn(64, 64)) == 0

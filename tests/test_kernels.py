@@ -136,15 +136,20 @@ def test_gemv(device, dtype, tol, rows, n, k, fusion):
     assert rel(got, want) <= (1e-2 if tol == 0 else max(tol, 1e-5))
 
 
-def test_pdl_only_for_cuda_tensors_and_only_when_asked(monkeypatch):
+def test_pdl_only_for_cuda_tensors_and_as_the_kernel_or_the_environment_says(monkeypatch):
     from specpilot.kernels.dispatch import pdl_on
 
-    assert not pdl_on(torch.ones(2))  # CPU tensors (and the interpreter) never launch with PDL
+    monkeypatch.delenv("SPECPILOT_PDL", raising=False)
+    assert not pdl_on(torch.ones(2), default=True)  # CPU tensors (and the interpreter) never launch with PDL
+    monkeypatch.setenv("SPECPILOT_PDL", "yes")
+    with pytest.raises(ValueError, match="SPECPILOT_PDL"):
+        pdl_on(torch.ones(2))
     if CUDA:
-        monkeypatch.delenv("SPECPILOT_PDL", raising=False)
-        assert not pdl_on(torch.ones(2, device="cuda"))  # opt-in
-        monkeypatch.setenv("SPECPILOT_PDL", "1")
-        assert pdl_on(torch.ones(2, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
+        hopper = torch.cuda.get_device_capability()[0] >= 9
+        x = torch.ones(2, device="cuda")
+        for env, default, want in (("", False, False), ("", True, hopper), ("1", False, hopper), ("0", True, False)):
+            monkeypatch.setenv("SPECPILOT_PDL", env)
+            assert pdl_on(x, default=default) == want, (env, default)
 
 
 def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):

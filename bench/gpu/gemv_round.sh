@@ -12,7 +12,7 @@ mkdir -p /tmp/o
 tests="tests/test_kernels.py tests/test_attention_kernel.py"
 (
   export CUDA_VISIBLE_DEVICES=0
-  python3 -m pytest -q -x $tests -k "${TESTS_K:-}" > /tmp/o/tests.log 2>&1
+  SPECPILOT_PDL=0 python3 -m pytest -q -x $tests -k "${TESTS_K:-}" > /tmp/o/tests.log 2>&1
   SPECPILOT_PDL=1 python3 -m pytest -q -x $tests -k "${TESTS_K:-}" > /tmp/o/tests_pdl.log 2>&1
   for m in ${PROFILE-dense-8b dense-27b}; do
     for g in "" --gemv; do

@@ -90,15 +90,20 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def pdl_on(t: torch.Tensor) -> bool:
+def pdl_on(t: torch.Tensor, default: bool = False) -> bool:
     """Launch the decode kernels with programmatic dependent launch (Hopper and later): a kernel's blocks
     start while the previous kernel drains, stream what no earlier kernel writes (weights), then wait
     (`griddepcontrol.wait`) before reading activations. It changes when kernels run, never what they
-    compute. Off unless SPECPILOT_PDL=1: on the H200 (2026-11-29) PDL launches that let the next kernel
-    start at a kernel's beginning made the AR step slower (bench/results/..._engine_core_gemv_pdl_h200.json);
-    the GEMV now lets it start only after its last weight load, which is not yet measured."""
+    compute. SPECPILOT_PDL=1 / 0 forces it on / off; unset, `default` decides: the kernels of the `gemv`
+    decode step pass True (the streaming GEMV releases the next kernel after its last weight load, the
+    latency-bound rope and attention at their start: on the H200 the AR step is 2-3% faster with it,
+    bench/results/2026-11-29_engine_core_gemv_variants_h200.json), the cuBLAS path's kernels False (there
+    the early release made the step slower, bench/results/..._engine_core_gemv_pdl_h200.json)."""
+    forced = os.environ.get("SPECPILOT_PDL", "").strip()
+    if forced not in ("", "0", "1"):
+        raise ValueError(f"SPECPILOT_PDL={forced!r}: expected 1 (on), 0 (off) or unset (the kernel's default)")
     if not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    if os.environ.get("SPECPILOT_PDL", "0").strip() != "1":
+    if not (forced == "1" or (forced == "" and default)):
         return False
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9

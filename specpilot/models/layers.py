@@ -87,7 +87,7 @@ class Attention(nn.Module):
         qkv = project(x, self.wqkv.weight, self.wqkv.bias, norm_weight=norm_weight, eps=cfg.rms_norm_eps,
                       gemv=self.gemv)
         return rope_qkv(qkv, positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, k_cache, v_cache, slots,
-                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, want_q)
+                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, want_q, gemv=self.gemv)
 
     def write_kv(self, x, positions, rope: RopeTable, k_cache, v_cache, slots) -> None:
         """Only the K/V of rows x (the drafter's context rows) into the cache."""
@@ -98,9 +98,7 @@ class Attention(nn.Module):
         """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
         `residual` (see `run_layers`)."""
         q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True, norm_weight=norm_weight)
-        one_row = self.gemv and x.numel() == x.shape[-1]  # a decode step: attention is latency-bound
-        o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5, fuse_combine=self.gemv,
-                   prefetch=self.wo.weight if one_row else None)
+        o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5, fuse_combine=self.gemv)
         return project(o.flatten(2), self.wo.weight, self.wo.bias, residual=residual, gemv=self.gemv)
 
 

@@ -180,8 +180,8 @@ class Engine:
     def _tune_gemv(self) -> dict:
         from specpilot.kernels.gemv.choice import tune_step
 
-        def reset() -> None:
-            self.pos.fill_(8)
+        def reset() -> None:  # a quarter of the context: the attention's split count depends on it
+            self.pos.fill_(self.context // 4)
 
         with torch.inference_mode():
             reset()

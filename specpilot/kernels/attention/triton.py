@@ -31,8 +31,7 @@ writes (max, sum, acc) to fp32 scratch [B * Hkv, NUM_SPLITS, M(, D)] and `_combi
 of up to 16 folded rows x a head_dim block per program) merges the splits:
 out = sum_i 2^(m_i - m) acc_i / sum_i 2^(m_i - m) l_i. Rows that see nothing come out as zeros.
 With fuse_combine (the `gemv` option) there is no second launch: each split bumps its row tile's
-arrival counter after writing its partials, and the split that arrives last merges them. Also with
-`gemv`, the programs first prefetch the output projection's weights into L2 (kernels/l2_prefetch.py).
+arrival counter after writing its partials, and the split that arrives last merges them.
 
 Grid: (B * Hkv * row_tiles, NUM_SPLITS), NUM_SPLITS chosen so that one to two waves of the SMs are
 busy (see `_config`; tuned on an H200 for B=1, Hq=32, Hkv=8, D=128, T=1/16/64, L=1k..32k).
@@ -48,7 +47,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
-from specpilot.kernels.l2_prefetch import LINE, l2_prefetch, prefetch_lines
+from specpilot.kernels.gemv.choice import step_config
 from specpilot.spec.masks import Visibility
 
 fix_triton_interpreter()
@@ -85,7 +84,7 @@ def _in_window(offs_t, offs_s, start, window):
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, cache_len_ptr, start_ptr, tree_ptr,
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, count_ptr, pf_ptr, pf_lines,
+    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, count_ptr,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_h, sk_l,
     sv_b, sv_h, sv_l,
@@ -94,13 +93,10 @@ def _split_kernel(
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr, PREFETCH: tl.constexpr, PF_ELEMS: tl.constexpr,
+    FUSE_COMBINE: tl.constexpr,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring)."""
-    if PREFETCH:  # the next projection's weights into L2 while this latency-bound kernel runs
-        l2_prefetch(pf_ptr, pf_lines, tl.program_id(0) * NUM_SPLITS + tl.program_id(1),
-                    tl.num_programs(0) * NUM_SPLITS, PF_ELEMS, 128)
     if USE_GDC:  # q and the cache rows come from the previous kernels: wait first (see dispatch.pdl_on)
         # The next kernel may start now: it streams weights only until its own wait.
         tl.extra.cuda.gdc_launch_dependents()
@@ -352,19 +348,20 @@ def _counters(device: torch.device) -> torch.Tensor | None:
 
 
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
-                  scale: float, num_splits: int | None = None, fuse_combine: bool = False,
-                  prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                  scale: float, num_splits: int | None = None, fuse_combine: bool = False) -> torch.Tensor:
     """q [B, T, Hq, D] (any strides); k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D], q's dtype.
 
     No host synchronisation: cache_len / start stay on the device; the grid depends only on shapes.
     num_splits overrides the heuristic split count (for tests and tuning). fuse_combine: the last split
-    of each row tile to finish merges the partials (one launch instead of two). prefetch: a weight whose
-    leading bytes (kernels/l2_prefetch.py) the programs pull into L2 for the kernel that follows."""
+    of each row tile to finish merges the partials (one launch instead of two)."""
     _check(q, k_cache, v_cache, vis)
     b, t, hq, d = q.shape
     hkv, length = k_cache.shape[1], k_cache.shape[2]
     g = hq // hkv
     rows = t * g
+    if num_splits is None and fuse_combine and t == 1:  # the `gemv` decode step: its split count is tuned
+        chosen = step_config(("attention", b, hkv, g, d, length))
+        num_splits = (chosen["NUM_SPLITS"] or None) if chosen else None
     cfg = _config(b, hkv, rows, d, length, _num_sms(q.device), num_splits)
 
     out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)
@@ -388,13 +385,11 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     grid = (b * hkv * cfg.row_tiles, splits)
     counters = _counters(q.device) if fuse_combine and splits > 1 and grid[0] <= MAX_FUSED_TILES else None
-    pdl = pdl_on(q)
+    pdl = pdl_on(q, default=fuse_combine)  # fuse_combine: the `gemv` step
     launch = {"launch_pdl": True} if pdl else {}
-    pf_lines = prefetch_lines(prefetch)
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,
         out, part_m, part_l, part_acc, counters if counters is not None else cache_len,
-        prefetch if pf_lines else cache_len, pf_lines,
         *q.stride(),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -403,9 +398,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         HKV=hkv, G=g, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
-        FUSE_COMBINE=counters is not None, PREFETCH=pf_lines > 0,
-        PF_ELEMS=LINE // prefetch.element_size() if pf_lines else 1, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **launch,
+        FUSE_COMBINE=counters is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
     )
     if splits > 1 and counters is None:
         # Combine: up to 16 rows per program; head_dim cut in blocks (>= 32) until ~128 programs.

@@ -31,6 +31,11 @@ CANDIDATES = {
 }
 
 
+# The decode attention's split count (0: the shape heuristic, kernels/attention/triton._config). Its best
+# value depends on how much of the cache is filled, so the step is tuned at a quarter of the context.
+CANDIDATES["attention"] = [{"NUM_SPLITS": s} for s in (0, 1, 2, 4, 8)]
+
+
 def step_config(key: tuple) -> dict | None:
     """The config chosen for this kernel key, if any (and note the key while a step is recorded)."""
     if _RECORDING[0] and key not in _SEEN:

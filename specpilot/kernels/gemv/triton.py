@@ -2,7 +2,7 @@
 
 One row (the AR decode step) goes through `_stream_kernel`: each program owns BLOCK_N outputs and
 streams their weight rows BLOCK_K at a time, multiply-accumulating in float32 on the CUDA cores (no
-tensor-core padding). With programmatic dependent launch (Hopper, SPECPILOT_PDL=1) it loads its first
+tensor-core padding). With programmatic dependent launch (Hopper; kernels/dispatch.pdl_on) it loads its first
 weight tile before waiting for the previous kernel's output and lets the next kernel start after its
 own last weight load, so weight streaming continues across kernel boundaries. The norm prologue
 here is one pass: the row's sum of squares accumulates beside the product and scales it at the end
@@ -228,7 +228,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config: dict | None) -> None:
     x2, nw, w, b, r2, y, _, n, k, eps = args[:10]
-    pdl = pdl_on(x)
+    pdl = pdl_on(x, default=True)  # the one-row kernel runs only in the `gemv` decode step
     call = (x2, nw, w, b, r2, y, n, k, eps)
     launch = {"launch_pdl": True} if pdl else {}
     config = config or step_config(("gemv", n, k, *sorted(flags.items())))

@@ -64,12 +64,12 @@ def _rope_qkv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
 
 
 def rope_qkv_triton(qkv, positions, cos_table, sin_table, q_norm, k_norm, eps, k_cache, v_cache, slots,
-                    num_heads, num_kv_heads, head_dim, want_q=True):
+                    num_heads, num_kv_heads, head_dim, want_q=True, gemv=False):
     b, t, _ = qkv.shape
     qkv = qkv.contiguous()
     q_out = torch.empty(b, t, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     norm = k_norm is not None
-    pdl = pdl_on(qkv)
+    pdl = pdl_on(qkv, default=gemv)
     heads = num_heads + num_kv_heads if want_q else num_kv_heads
     _rope_qkv_kernel[(b * t, heads)](
         qkv, positions.contiguous(), slots.contiguous(), cos_table, sin_table, q_norm if norm else qkv,
