@@ -1,0 +1,145 @@
+"""Where the `gemv` decode step's time goes, measured by ablation inside the captured graph (issue 2).
+
+A profiler lists kernel durations, but with programmatic dependent launch a kernel's duration includes
+the time its blocks sit waiting for the previous kernel, and the cost that matters is what a piece
+adds to the graph-replayed step. So this times the engine's AR step (random-weight 8B / 27B, bf16,
+configs chosen by the engine's own step tuning) with pieces swapped out:
+  full            the step as the engine runs it
+  pdl_off         the same with SPECPILOT_PDL=0
+  no_attention    attention replaced by passing q through (the output projection reads q)
+  gemvs_only      also the rope: q/k/v projected by the plain streaming GEMV (no rotary, no cache
+                  write; that projection's config comes from Triton's autotuner, the others stay)
+and the attention's split count at several cache positions. The ablations compute garbage: only
+their times mean anything; `full` is checked against the engine's own tokens first.
+
+Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+
+import torch
+
+from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, step_weight_bytes
+from specpilot.fixtures.random_models import random_target
+from specpilot.kernels.gemv import choice
+from specpilot.models import layers
+from specpilot.runtime.engine import Engine
+from specpilot.runtime.graphs import replay_ms
+from specpilot.runtime.options import parse_system
+
+AR = parse_system("ar")
+POSITIONS = (128, 256, 512, 896)
+
+
+def passthrough_attention(q, *args, **kwargs):
+    return q
+
+
+def q_only_rope(qkv, positions, cos, sin, qn, kn, eps, k_cache, v_cache, slots, hq, hkv, d, want_q=True, **kw):
+    return qkv[..., : hq * d].reshape(*qkv.shape[:-1], hq, d)
+
+
+ABLATIONS = {
+    "full": {},
+    "pdl_off": {},
+    "no_attention": {"attend": passthrough_attention},
+    "gemvs_only": {"attend": passthrough_attention, "rope_qkv": q_only_rope,
+                   "qkv_rope_applies": lambda *a, **k: False},
+}
+
+
+def timed_step(eng: Engine, pos: int, reps: int = 30) -> float:
+    def reset() -> None:
+        eng.pos.fill_(pos)
+
+    with torch.inference_mode():
+        return min(replay_ms(eng._ar_step, reset, reps=reps) for _ in range(3))
+
+
+def ablate(eng: Engine) -> dict:
+    out = {}
+    pos = CONTEXT // 4
+    for name, patches in ABLATIONS.items():
+        saved = {k: getattr(layers, k) for k in patches}
+        os.environ["SPECPILOT_PDL"] = "0" if name == "pdl_off" else ""
+        try:
+            for k, v in patches.items():
+                setattr(layers, k, v)
+            out[name] = timed_step(eng, pos)
+        finally:
+            for k, v in saved.items():
+                setattr(layers, k, v)
+            os.environ.pop("SPECPILOT_PDL", None)
+    return out
+
+
+def splits_by_position(eng: Engine, g: int, hkv: int) -> dict:
+    key = ("attention", 1, hkv, g, 128, CONTEXT)
+    kept = choice._CHOSEN.get(key)
+    table = {}
+    try:
+        for cfg in choice.CANDIDATES["attention"]:
+            choice._CHOSEN[key] = cfg
+            table[cfg["NUM_SPLITS"]] = {p: timed_step(eng, p, reps=20) for p in POSITIONS}
+    finally:
+        if kept is not None:
+            choice._CHOSEN[key] = kept
+    return {"chosen": kept, "ms_by_splits_and_position": table}
+
+
+def run_model(name: str, bw: dict) -> dict:
+    cfg = MODELS[name]
+    target = random_target(cfg, seed=0, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
+    wbytes = step_weight_bytes(target)
+    floor = wbytes / (bw["copy_tb_s"] * 1e12) * 1e3
+    prompt = torch.randint(0, cfg.vocab_size - 1, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    ref = Engine(target, None, context=CONTEXT).generate(prompt, 16, (), AR).tokens  # cuBLAS, eager capture
+    choice.forget()
+    eng = Engine(target, None, context=CONTEXT, gemv=True)
+    eng.warmup(AR)  # chooses the one-row configs and the attention split count
+    same = eng.generate(prompt, 16, (), AR).tokens[:4] == ref[:4]
+    times = ablate(eng)
+    res = {"floor_ms": floor, "weight_bytes": wbytes, "full_tokens_match_cublas_first_4": same,
+           "step_ms": times, "pct_of_floor": {k: 100 * floor / v for k, v in times.items()},
+           "splits": splits_by_position(eng, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads)}
+    t = times
+    print(f"[{name}] floor {floor:.3f} ms; full {t['full']:.3f} ({100 * floor / t['full']:.1f}%), PDL off "
+          f"{t['pdl_off']:.3f}; attention costs {t['full'] - t['no_attention']:.3f} ms, rope/fused prologue "
+          f"{t['no_attention'] - t['gemvs_only']:.3f}; GEMVs alone {t['gemvs_only']:.3f} ms = "
+          f"{100 * floor / t['gemvs_only']:.1f}% of floor; tokens ok {same}")
+    for s, row in res["splits"]["ms_by_splits_and_position"].items():
+        print(f"[{name}] attention splits {s or 'heuristic'}: " + " ".join(f"pos {p}: {v:.3f}" for p, v in row.items()))
+    del eng, target
+    gc.collect()
+    torch.cuda.empty_cache()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "command": "PYTHONPATH=. python3 bench/gpu/ablate_step.py",
+              "context": CONTEXT, "position": CONTEXT // 4}
+    report["bandwidth"] = bw = bandwidth()
+    report["models"] = {m: run_model(m, bw) for m in args.models.split(",")}
+    with open(os.path.join(args.out, "ablate_step.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print("\nmodel      floor   full  pdl_off  no_attn  gemvs_only   (ms per step, % of floor for full)")
+    for m, r in report["models"].items():
+        t = r["step_ms"]
+        print(f"{m:10s} {r['floor_ms']:6.3f} {t['full']:6.3f} {t['pdl_off']:8.3f} {t['no_attention']:8.3f} "
+              f"{t['gemvs_only']:10.3f}   {r['pct_of_floor']['full']:.1f}%")
+
+
+if __name__ == "__main__":
+    main()
