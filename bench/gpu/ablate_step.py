@@ -8,9 +8,14 @@ configs chosen by the engine's own step tuning) with pieces swapped out:
   pdl_off         the same with SPECPILOT_PDL=0
   no_attention    attention replaced by passing q through (the output projection reads q)
   gemvs_only      also the rope: q/k/v projected by the plain streaming GEMV (no rotary, no cache
-                  write; that projection's config comes from Triton's autotuner, the others stay)
-and the attention's split count at several cache positions. The ablations compute garbage: only
-their times mean anything; `full` is checked against the engine's own tokens first.
+                  write)
+  skip_<p>        one projection kind left out (o, gate_up, down, head: its output replaced by the
+                  residual or zeros): the step's time minus this is what the projection costs in the
+                  graph, its bytes over that its effective bandwidth
+  gate_up_unfused a real alternative: gate/up as one plain projection, then the SiLU-mul kernel
+and the attention's split count at several cache positions. Kernels an ablation adds get their
+configs by the same step tuning as the engine's. Apart from full and gate_up_unfused the ablations
+compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
 """
@@ -28,7 +33,8 @@ import torch
 from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, step_weight_bytes
 from specpilot.fixtures.random_models import random_target
 from specpilot.kernels.gemv import choice
-from specpilot.models import layers
+from specpilot.kernels.swiglu import silu_mul
+from specpilot.models import dense, layers
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.graphs import replay_ms
 from specpilot.runtime.options import parse_system
@@ -45,12 +51,39 @@ def q_only_rope(qkv, positions, cos, sin, qn, kn, eps, k_cache, v_cache, slots, 
     return qkv[..., : hq * d].reshape(*qkv.shape[:-1], hq, d)
 
 
+REAL_PROJECT = layers.project
+
+
+def kind_of(weight, gate_up: bool, residual) -> str:
+    if gate_up:
+        return "gate_up"
+    if residual is not None:
+        return "down" if weight.shape[1] == CURRENT["inter"] else "o"
+    return "head" if weight.shape[0] == CURRENT["vocab"] else "qkv"
+
+
+def project_variant(skip: str = "", unfuse_gate_up: bool = False):
+    def project(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, gate_up=False, gemv=False):
+        if kind_of(weight, gate_up, residual) == skip:
+            n = weight.shape[0] // (2 if gate_up else 1)
+            return residual if residual is not None else x.new_zeros(*x.shape[:-1], n)
+        if gate_up and unfuse_gate_up:
+            return silu_mul(REAL_PROJECT(x, weight, bias, norm_weight=norm_weight, eps=eps, gemv=gemv))
+        return REAL_PROJECT(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual, gate_up=gate_up,
+                            gemv=gemv)
+
+    return project
+
+
+CURRENT = {}  # the model's intermediate size and vocabulary, for kind_of
 ABLATIONS = {
     "full": {},
     "pdl_off": {},
     "no_attention": {"attend": passthrough_attention},
     "gemvs_only": {"attend": passthrough_attention, "rope_qkv": q_only_rope,
                    "qkv_rope_applies": lambda *a, **k: False},
+    **{f"skip_{p}": {"project": project_variant(skip=p)} for p in ("o", "gate_up", "down", "head")},
+    "gate_up_unfused": {"project": project_variant(unfuse_gate_up=True)},
 }
 
 
@@ -65,17 +98,37 @@ def timed_step(eng: Engine, pos: int, reps: int = 30) -> float:
 def ablate(eng: Engine) -> dict:
     out = {}
     pos = CONTEXT // 4
+
+    def reset() -> None:
+        eng.pos.fill_(pos)
+
     for name, patches in ABLATIONS.items():
-        saved = {k: getattr(layers, k) for k in patches}
+        modules = [layers] + ([dense] if "project" in patches else [])  # the LM head's projection is in dense
+        saved = [(m, k, getattr(m, k)) for m in modules for k in patches]
         os.environ["SPECPILOT_PDL"] = "0" if name == "pdl_off" else ""
         try:
-            for k, v in patches.items():
-                setattr(layers, k, v)
+            for m, k, _ in saved:
+                setattr(m, k, patches[k])
+            with torch.inference_mode():  # kernels this variant adds: configs by the engine's step tuning
+                choice.tune_step(eng._ar_step, lambda step: replay_ms(step, reset))
             out[name] = timed_step(eng, pos)
         finally:
-            for k, v in saved.items():
-                setattr(layers, k, v)
+            for m, k, v in saved:
+                setattr(m, k, v)
             os.environ.pop("SPECPILOT_PDL", None)
+    return out
+
+
+def projection_costs(cfg, times: dict) -> dict:
+    """Each projection kind's cost in the graph (full minus skip) and its effective bandwidth."""
+    per_layer = {"o": cfg.q_dim * cfg.hidden_size, "gate_up": 2 * cfg.intermediate_size * cfg.hidden_size,
+                 "down": cfg.intermediate_size * cfg.hidden_size}
+    nbytes = {k: 2 * v * cfg.num_layers for k, v in per_layer.items()}
+    nbytes["head"] = 2 * cfg.vocab_size * cfg.hidden_size
+    out = {}
+    for p, b in nbytes.items():
+        cost = times["full"] - times[f"skip_{p}"]
+        out[p] = {"bytes": b, "ms": cost, "tb_s": b / cost / 1e9 if cost > 0 else None}
     return out
 
 
@@ -95,6 +148,7 @@ def splits_by_position(eng: Engine, g: int, hkv: int) -> dict:
 
 def run_model(name: str, bw: dict) -> dict:
     cfg = MODELS[name]
+    CURRENT.update(inter=cfg.intermediate_size, vocab=cfg.vocab_size)
     target = random_target(cfg, seed=0, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
     wbytes = step_weight_bytes(target)
     floor = wbytes / (bw["copy_tb_s"] * 1e12) * 1e3
@@ -105,14 +159,19 @@ def run_model(name: str, bw: dict) -> dict:
     eng.warmup(AR)  # chooses the one-row configs and the attention split count
     same = eng.generate(prompt, 16, (), AR).tokens[:4] == ref[:4]
     times = ablate(eng)
+    costs = projection_costs(cfg, times)
     res = {"floor_ms": floor, "weight_bytes": wbytes, "full_tokens_match_cublas_first_4": same,
            "step_ms": times, "pct_of_floor": {k: 100 * floor / v for k, v in times.items()},
+           "projection_costs": costs, "copy_tb_s": bw["copy_tb_s"],
            "splits": splits_by_position(eng, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads)}
     t = times
     print(f"[{name}] floor {floor:.3f} ms; full {t['full']:.3f} ({100 * floor / t['full']:.1f}%), PDL off "
           f"{t['pdl_off']:.3f}; attention costs {t['full'] - t['no_attention']:.3f} ms, rope/fused prologue "
           f"{t['no_attention'] - t['gemvs_only']:.3f}; GEMVs alone {t['gemvs_only']:.3f} ms = "
           f"{100 * floor / t['gemvs_only']:.1f}% of floor; tokens ok {same}")
+    print(f"[{name}] in the graph: " + "; ".join(
+        f"{p} {c['ms']:.3f} ms = {c['tb_s'] or float('nan'):.2f} TB/s" for p, c in costs.items())
+          + f" (copy {bw['copy_tb_s']:.2f}); gate/up unfused + SiLU kernel: {t['gate_up_unfused']:.3f} ms")
     for s, row in res["splits"]["ms_by_splits_and_position"].items():
         print(f"[{name}] attention splits {s or 'heuristic'}: " + " ".join(f"pos {p}: {v:.3f}" for p, v in row.items()))
     del eng, target
