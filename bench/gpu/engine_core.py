@@ -33,6 +33,7 @@ from specpilot.fixtures.random_models import (
 from specpilot.kernels.gemv import choice
 from specpilot.models.config import DenseConfig, DrafterConfig
 from specpilot.models.dense import Mode
+from specpilot.models.layers import use_gemv
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.options import parse_system
 from specpilot.spec.masks import Visibility
@@ -241,6 +242,7 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str]) -> dict:
                       f"{r['pct_of_floor_copy_bw']:.1f}% of floor (graph replay alone {r['ar_graph_replay_ms']:.3f})")
             print(f"[{name}] GEMV variants give the same tokens: {g['all_variants_same_tokens']}; same tokens as "
                   f"cuBLAS AR for {g['tokens_equal_to_cublas_ar_before_first_divergence']}")
+    use_gemv(target, False)  # the parts below time the default path; a gemv engine leaves the model switched
     if "ceiling" in parts:
         c = out["projections_only"] = projections_only(target, bw)
         print(f"[{name}] projections alone in one graph: F.linear {c['linear']['tb_s']:.2f} TB/s "

@@ -94,11 +94,11 @@ def pdl_on(t: torch.Tensor, default: bool = False) -> bool:
     """Launch the decode kernels with programmatic dependent launch (Hopper and later): a kernel's blocks
     start while the previous kernel drains, stream what no earlier kernel writes (weights), then wait
     (`griddepcontrol.wait`) before reading activations. It changes when kernels run, never what they
-    compute. SPECPILOT_PDL=1 / 0 forces it on / off; unset, `default` decides: the kernels of the `gemv`
-    decode step pass True (the streaming GEMV releases the next kernel after its last weight load, the
-    latency-bound rope and attention at their start: on the H200 the AR step is 2-3% faster with it,
-    bench/results/2026-11-29_engine_core_gemv_variants_h200.json), the cuBLAS path's kernels False (there
-    the early release made the step slower, bench/results/..._engine_core_gemv_pdl_h200.json)."""
+    compute. SPECPILOT_PDL=1 / 0 forces it on / off; unset, `default` decides: the kernels of the one-row
+    `gemv` step pass True (the streaming GEMV releases the next kernel after its last weight load, the
+    latency-bound rope and attention at their start: on the H200 the 8B AR step was 3-9% faster with it,
+    the 27B step -0.4 to +1.9%, bench/results/2026-11-29_engine_core_*_h200.json), kernels beside cuBLAS's
+    GEMMs False (there early launches made the step slower, ..._engine_core_gemv_pdl_h200.json)."""
     forced = os.environ.get("SPECPILOT_PDL", "").strip()
     if forced not in ("", "0", "1"):
         raise ValueError(f"SPECPILOT_PDL={forced!r}: expected 1 (on), 0 (off) or unset (the kernel's default)")

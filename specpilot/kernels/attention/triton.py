@@ -385,7 +385,9 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     grid = (b * hkv * cfg.row_tiles, splits)
     counters = _counters(q.device) if fuse_combine and splits > 1 and grid[0] <= MAX_FUSED_TILES else None
-    pdl = pdl_on(q, default=fuse_combine)  # fuse_combine: the `gemv` step
+    # PDL by default only in the one-row `gemv` step, where every kernel around is PDL-aware: beside
+    # cuBLAS's GEMMs (verify rows) early launches only cost (bench/results/2026-11-29_engine_core_17402fe_h200.json).
+    pdl = pdl_on(q, default=fuse_combine and t == 1)
     launch = {"launch_pdl": True} if pdl else {}
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,

@@ -9,7 +9,7 @@ from specpilot.kernels.rope.naive import rope_qkv_naive
 def rope_qkv(qkv, positions, cos_table, sin_table, q_norm, k_norm, eps, k_cache, v_cache, slots, num_heads,
              num_kv_heads, head_dim, want_q=True, gemv=False):
     """qkv [B, T, (Hq + 2 Hkv) D] -> q [B, T, Hq, D] (or None); writes K/V [B, Hkv, L, D] at slots [B, T].
-    gemv: part of the `gemv` decode step (programmatic dependent launch by default, kernels/dispatch.py)."""
+    gemv: part of the `gemv` option (a one-row step then launches with PDL by default, kernels/dispatch.py)."""
     if use_triton(qkv):
         from specpilot.kernels.rope.triton import rope_qkv_triton
 

@@ -69,7 +69,7 @@ def rope_qkv_triton(qkv, positions, cos_table, sin_table, q_norm, k_norm, eps, k
     qkv = qkv.contiguous()
     q_out = torch.empty(b, t, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     norm = k_norm is not None
-    pdl = pdl_on(qkv, default=gemv)
+    pdl = pdl_on(qkv, default=gemv and b * t == 1)  # as in attention/triton.py: the one-row gemv step only
     heads = num_heads + num_kv_heads if want_q else num_kv_heads
     _rope_qkv_kernel[(b * t, heads)](
         qkv, positions.contiguous(), slots.contiguous(), cos_table, sin_table, q_norm if norm else qkv,
