@@ -305,4 +305,3 @@ def test_cuda_graph_replay_tracks_lengths(t, fuse):
         torch.cuda.synchronize()
         ref = attend_naive(q.float(), k.float(), v.float(), vis, 0.1)
         assert rel_err(out, ref) <= 2e-2, (cl, st_)
-

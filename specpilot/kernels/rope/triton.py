@@ -35,7 +35,7 @@ def _rope_qkv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
                      eps, T, L, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
                      HEAD_OFFSET: tl.constexpr, HAS_NORM: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:  # everything here reads the previous kernel's output: wait first (see dispatch.pdl_on)
-        tl.extra.cuda.gdc_launch_dependents()  # attention may start its L2 prefetch meanwhile
+        tl.extra.cuda.gdc_launch_dependents()  # the next kernel's blocks may launch now (they wait too)
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)  # b * T + t
     head = tl.program_id(1) + HEAD_OFFSET  # 0..HQ-1: query heads; HQ..HQ+HKV-1: key/value heads
