@@ -161,9 +161,10 @@ def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) ->
             os.environ["SPECPILOT_PDL"] = saved
     first = tokens[GEMV_VARIANTS[0][0]]
     same = next((i for i, (a, b) in enumerate(zip(first, reference, strict=False)) if a != b), len(reference))
-    best = min((n for n, _ in GEMV_VARIANTS), key=lambda n: out[n]["ar_ms_per_token"])
-    return {"variants": {n: out[n] for n, _ in GEMV_VARIANTS}, "best": best,
-            "ar_ms_per_token": out[best]["ar_ms_per_token"], "pct_of_floor_copy_bw": out[best]["pct_of_floor_copy_bw"],
+    default = GEMV_VARIANTS[0][0]  # the headline is the default variant, not the faster of the two
+    return {"variants": {n: out[n] for n, _ in GEMV_VARIANTS}, "headline": default,
+            "ar_ms_per_token": out[default]["ar_ms_per_token"],
+            "pct_of_floor_copy_bw": out[default]["pct_of_floor_copy_bw"],
             "configs_chosen_in_the_step": out.get("configs_chosen_in_the_step"),
             "all_variants_same_tokens": all(t == first for t in tokens.values()),
             "tokens_equal_to_cublas_ar_before_first_divergence": same}
