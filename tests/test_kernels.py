@@ -82,8 +82,8 @@ def test_rope_qkv(device, dtype, tol, norm, want_q):
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
 @pytest.mark.parametrize("fusion", ["plain", "norm", "bias", "norm_bias"])
 @pytest.mark.parametrize("hidden,hq,hkv,d", [(96, 3, 1, 32), (200, 4, 2, 64)])
-@pytest.mark.parametrize("pairs", [8, 4])
-def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d, pairs):
+@pytest.mark.parametrize("pairs,pre", [(8, 1), (4, 1), (8, 2), (4, 3)])
+def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d, pairs, pre):
     """Projection + rope + K/V write in one kernel against the projection then the rope reference."""
     from specpilot.kernels.qkv_rope.naive import qkv_rope_naive
     from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
@@ -98,8 +98,19 @@ def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d, pairs):
     slots = torch.randint(0, length, (1, 1), generator=g).to(device)
     cos, sin = rope_table(128, d, 10000.0, None, device=device)
     caches = [torch.full((1, hkv, length, d), float("nan"), dtype=dtype, device=device) for _ in range(4)]
-    q1 = qkv_rope_triton(x, w, bias, nw, 1e-5, positions, cos, sin, caches[0], caches[1], slots, hq, hkv, d,
-                         tune=False, pairs=pairs)
+    if pre == 1:
+        q1 = qkv_rope_triton(x, w, bias, nw, 1e-5, positions, cos, sin, caches[0], caches[1], slots, hq, hkv, d,
+                             tune=False, pairs=pairs)
+    else:  # a config chosen in the step, with PRE tiles before the PDL wait (3: cut to a power of two)
+        from specpilot.kernels.gemv import choice
+
+        key = ("qkv_rope", hidden, hq, hkv, d // 2, nw is not None, bias is not None)
+        choice._CHOSEN[key] = {"PAIRS": pairs, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2, "PRE": pre}
+        try:
+            q1 = qkv_rope_triton(x, w, bias, nw, 1e-5, positions, cos, sin, caches[0], caches[1], slots, hq, hkv,
+                                 d)
+        finally:
+            choice.forget()
     q2 = qkv_rope_naive(x, w, bias, nw, 1e-5, positions, cos, sin, caches[2], caches[3], slots, hq, hkv, d)
     bound = 1e-2 if tol == 0 else max(tol, 1e-5)
     assert q1.shape == q2.shape and rel(q1, q2) <= bound
@@ -114,6 +125,21 @@ def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d, pairs):
 @pytest.mark.parametrize("n,k", [(40, 300), (96, 1100), (64, 512)])
 @pytest.mark.parametrize("fusion", ["plain", "bias", "norm", "gate_up", "norm_gate_up", "residual"])
 def test_gemv(device, dtype, tol, rows, n, k, fusion):
+    _check_gemv(device, dtype, tol, rows, n, k, fusion, None)
+
+
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("n,k", [(40, 300), (64, 512), (24, 100)])
+@pytest.mark.parametrize("fusion", ["norm", "norm_gate_up", "residual"])
+@pytest.mark.parametrize("pre", [2, 4])
+def test_one_row_gemv_streaming_tiles_before_the_wait(device, dtype, tol, n, k, fusion, pre):
+    """PRE weight tiles loaded before the PDL wait (one wide tile, cut to what K holds whole): the same
+    result; (24, 100): K below one tile, (40, 300): K not a multiple of the tile."""
+    _check_gemv(device, dtype, tol, 1, n, k, fusion,
+                {"BLOCK_N": 8, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "PRE": pre})
+
+
+def _check_gemv(device, dtype, tol, rows, n, k, fusion, config):
     from specpilot.kernels.gemv.naive import gemv_naive
     from specpilot.kernels.gemv.triton import gemv_triton
 
@@ -129,7 +155,7 @@ def test_gemv(device, dtype, tol, rows, n, k, fusion):
         kw["gate_up"] = True
     if fusion == "residual":
         kw["residual"] = torch.randn(rows, n, generator=g).to(device, dtype)
-    got = gemv_triton(x, w, tune=False, **kw)
+    got = gemv_triton(x, w, tune=False, config=config, **kw)
     want = gemv_naive(x, w, **kw)
     assert got.shape == want.shape
     # float32: the kernels sum ~1000 products in another order than cuBLAS (~sqrt(K) ulp apart)

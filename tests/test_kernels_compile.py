@@ -7,8 +7,10 @@ programmatic-dependent-launch wait.
 """
 
 import os
+import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -56,6 +58,64 @@ def build(fn, types: dict, constexprs: dict, **options) -> str:
     return kernel.asm["ptx"]
 
 
+def registers(ptx: str) -> tuple[int, int]:
+    """(registers a thread, spill-store bytes) ptxas reports for the kernel in ptx (Triton targets sm_90a)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", src, "-o", os.path.join(tmp, "k.o")],
+                             capture_output=True, text=True, check=True)
+    log = out.stdout + out.stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    return int(regs.group(1)), int(spills.group(1))
+
+
+def _deep(kind: str) -> list[dict]:
+    from specpilot.kernels.gemv.choice import CANDIDATES
+
+    return [c for c in CANDIDATES[kind] if c["PRE"] > 1]
+
+
+@hopper
+@pytest.mark.parametrize("gate_up", [False, True])
+@pytest.mark.parametrize("config", _deep("gemv"), ids=str)
+def test_weight_tiles_before_the_wait_do_not_spill(config, gate_up):
+    """PRE weight tiles held across the PDL wait cost registers: every step-tuning candidate that uses
+    them builds without spills, and a plain projection (the output projection after the attention, the
+    one they are for) keeps two or more blocks an SM (<= 128 registers a thread at 8 warps)."""
+    from specpilot.kernels.gemv.triton import _stream_kernel
+
+    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
+             "eps": "fp32"}
+    flags = dict(HAS_NORM=gate_up, GATE_UP=gate_up, HAS_RES=not gate_up, HAS_BIAS=False)
+    ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
+                                            EVEN_N=True, EVEN_K=True, PRE=config["PRE"]),
+                num_warps=config["num_warps"], num_stages=config["num_stages"])
+    regs, spills = registers(ptx)
+    assert spills == 0, (regs, spills)
+    assert gate_up or regs <= 128 * 8 // config["num_warps"], regs
+
+
+@hopper
+@pytest.mark.parametrize("config", _deep("qkv_rope"), ids=str)
+def test_qkv_rope_tiles_before_the_wait_do_not_spill(config):
+    from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
+
+    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
+             "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
+             "eps": "fp32"}
+    ptx = build(_qkv_rope_kernel, types, dict(HQ=32, HKV=8, HALF=64, PAIRS=config["PAIRS"], HAS_NORM=True,
+                                              HAS_BIAS=False, USE_GDC=True, BLOCK_K=config["BLOCK_K"], EVEN_K=True,
+                                              PRE=config["PRE"]),
+                num_warps=config["num_warps"], num_stages=config["num_stages"])
+    regs, spills = registers(ptx)
+    assert spills == 0 and regs <= 128 * 8 // config["num_warps"], (regs, spills)
+
+
 @hopper
 @pytest.mark.parametrize("gdc", [False, True])
 @pytest.mark.parametrize("fusion", [dict(HAS_NORM=True, GATE_UP=True, HAS_RES=False, HAS_BIAS=False),
@@ -66,8 +126,8 @@ def test_stream_gemv_builds(gdc, fusion, even):
 
     types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
              "eps": "fp32"}
-    ptx = build(_stream_kernel, types, dict(**fusion, USE_GDC=gdc, BLOCK_N=16, BLOCK_K=512, EVEN_N=even, EVEN_K=even),
-                num_warps=8, num_stages=2)
+    ptx = build(_stream_kernel, types, dict(**fusion, USE_GDC=gdc, BLOCK_N=16, BLOCK_K=512, EVEN_N=even, EVEN_K=even,
+                                            PRE=1), num_warps=8, num_stages=2)
     assert ("griddepcontrol.wait" in ptx) == gdc and ("griddepcontrol.launch_dependents" in ptx) == gdc
 
 
@@ -80,7 +140,8 @@ def test_qkv_rope_builds(gdc, pairs):
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
              "eps": "fp32"}
     ptx = build(_qkv_rope_kernel, types, dict(HQ=32, HKV=8, HALF=64, PAIRS=pairs, HAS_NORM=True, HAS_BIAS=True,
-                                              USE_GDC=gdc, BLOCK_K=512, EVEN_K=True), num_warps=4, num_stages=2)
+                                              USE_GDC=gdc, BLOCK_K=512, EVEN_K=True, PRE=2 if gdc else 1), num_warps=4,
+                num_stages=2)
     assert ("griddepcontrol.wait" in ptx) == gdc
 
 

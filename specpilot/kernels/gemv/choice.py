@@ -17,17 +17,23 @@ _RECORDING = [False]
 
 # Candidates per kernel kind: what the H200 chain runs picked per projection, plus neighbours, plus
 # small tiles for the fused gate/up, which streams two row sets: ptxas puts (16, 512, 4 warps) at 255
-# registers a thread there (two blocks an SM), (8, 256, 4) near the plain kernel's ~75.
+# registers a thread there (two blocks an SM), (8, 256, 4) near the plain kernel's ~75. PRE: weight
+# tiles each program streams before its PDL wait (1 unless said): deeper ones keep DRAM busy while the
+# kernel before finishes, above all the latency-bound attention before the output projection. Those
+# chosen build without spills, at <= 128 registers a thread for a plain projection
+# (tests/test_kernels_compile.py); with gate/up's two row sets PRE = 4 takes 168-181.
 CANDIDATES = {
-    "gemv": [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": st}
-             for bn, bk, w, st in ((16, 512, 8, 2), (16, 512, 4, 2), (16, 256, 4, 4), (8, 512, 4, 4),
-                                   (64, 128, 4, 4), (32, 256, 8, 2), (8, 256, 4, 4), (8, 512, 8, 2),
-                                   (16, 256, 8, 2))],
+    "gemv": [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "PRE": pre}
+             for bn, bk, w, st, pre in ((16, 512, 8, 2, 1), (16, 512, 4, 2, 1), (16, 256, 4, 4, 1), (8, 512, 4, 4, 1),
+                                        (64, 128, 4, 4, 1), (32, 256, 8, 2, 1), (8, 256, 4, 4, 1), (8, 512, 8, 2, 1),
+                                        (16, 256, 8, 2, 1), (8, 512, 8, 2, 2), (8, 512, 8, 2, 4), (16, 256, 8, 2, 4),
+                                        (8, 256, 4, 4, 4))],
     # PAIRS: rotary pairs per program (2 x PAIRS weight rows): 4 gives the 8-row programs the plain
     # projections chose on the H200, 8 half as many programs.
-    "qkv_rope": [{"PAIRS": p, "BLOCK_K": bk, "num_warps": w, "num_stages": st}
-                 for p, bk, w, st in ((8, 512, 4, 2), (8, 512, 8, 2), (8, 256, 4, 4), (8, 1024, 8, 2), (8, 256, 8, 2),
-                                      (4, 512, 8, 2), (4, 512, 4, 2), (4, 256, 4, 4))],
+    "qkv_rope": [{"PAIRS": p, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "PRE": pre}
+                 for p, bk, w, st, pre in ((8, 512, 4, 2, 1), (8, 512, 8, 2, 1), (8, 256, 4, 4, 1), (8, 1024, 8, 2, 1),
+                                           (8, 256, 8, 2, 1), (4, 512, 8, 2, 1), (4, 512, 4, 2, 1), (4, 256, 4, 4, 1),
+                                           (8, 512, 8, 2, 2), (4, 512, 8, 2, 4))],
 }
 
 

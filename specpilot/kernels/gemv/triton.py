@@ -3,8 +3,9 @@
 One row (the AR decode step) goes through `_stream_kernel`: each program owns BLOCK_N outputs and
 streams their weight rows BLOCK_K at a time, multiply-accumulating in float32 on the CUDA cores (no
 tensor-core padding). With programmatic dependent launch (Hopper; kernels/dispatch.pdl_on) it loads its first
-weight tile before waiting for the previous kernel's output and lets the next kernel start after its
-own last weight load, so weight streaming continues across kernel boundaries. The norm prologue
+PRE weight tiles (a step-tuned depth) before waiting for the previous kernel's output and lets the next
+kernel start after its own last weight load, so weight streaming continues across kernel boundaries,
+and through the latency-bound attention before the output projection. The norm prologue
 here is one pass: the row's sum of squares accumulates beside the product and scales it at the end
 (exact in real arithmetic; rounding differs from the reference's intermediate roundings).
 
@@ -93,14 +94,14 @@ def _gemv_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, eps, stride
 def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
                    HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GATE_UP: tl.constexpr,
                    USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1):
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
     out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
-                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K)
+                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE)
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     out = out.to(dtype).to(tl.float32)
@@ -115,39 +116,43 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
 @triton.jit
 def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
                  USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr):
+                 EVEN_K: tl.constexpr, PRE: tl.constexpr = 1):
     """sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
     x' = rms_norm(x) * norm weight when HAS_NORM (one pass: the row's rstd scales the sums at the end).
-    The first weight tile streams before the PDL wait (no earlier kernel writes weights); after the last
-    weight load the next kernel may start."""
-    k = tl.arange(0, BLOCK_K)
-    w = _tile(rows, 0, k, nmask, K, EVEN_N, EVEN_K)
-    w2 = w
+    The first PRE weight tiles (one wide tile; the host keeps PRE * BLOCK_K <= K where K is a multiple of
+    BLOCK_K) stream before the PDL wait: no earlier kernel writes weights, so a kernel launched early
+    streams while the one before it finishes. After the last weight load the next kernel may start."""
+    kp = tl.arange(0, PRE * BLOCK_K)
+    wp = _tile(rows, 0, kp, nmask, K, EVEN_N, EVEN_K)
+    wp2 = wp
     if TWO:
-        w2 = _tile(rows2, 0, k, nmask, K, EVEN_N, EVEN_K)
+        wp2 = _tile(rows2, 0, kp, nmask, K, EVEN_N, EVEN_K)
     if USE_GDC:  # from here on the previous kernel's writes (x, residual) are complete and visible
         tl.extra.cuda.gdc_wait()
+    xp, sqp = _row_tile(x_ptr, nw_ptr, 0, kp, K, HAS_NORM, EVEN_K)
+    head = tl.sum(wp.to(tl.float32) * xp[None, :], axis=1)
+    head2 = head
+    if TWO:
+        head2 = tl.sum(wp2.to(tl.float32) * xp[None, :], axis=1)
+    k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
     ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i in range(0, tl.cdiv(K, BLOCK_K)):
+    for i in range(PRE, tl.cdiv(K, BLOCK_K)):
         k0 = i * BLOCK_K
-        if i > 0:
-            w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K)
-            if TWO:
-                w2 = _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K)
+        w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K)
         x, sq = _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM, EVEN_K)
         if HAS_NORM:
             ss += sq
         acc += w.to(tl.float32) * x[None, :]
         if TWO:
-            acc2 += w2.to(tl.float32) * x[None, :]
+            acc2 += _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K).to(tl.float32) * x[None, :]
     if USE_GDC:
         tl.extra.cuda.gdc_launch_dependents()
-    out = tl.sum(acc, axis=1)
-    out2 = tl.sum(acc2, axis=1)
+    out = tl.sum(acc, axis=1) + head
+    out2 = tl.sum(acc2, axis=1) + head2
     if HAS_NORM:
-        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        rstd = tl.rsqrt((tl.sum(ss, axis=0) + tl.sum(sqp, axis=0)) / K + eps)
         out = out * rstd
         out2 = out2 * rstd
     return out, out2
@@ -178,7 +183,7 @@ def _tile(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
 
 # Triton's autotuner is the fallback when no config was chosen in a captured step (choice.py); same candidates.
 _STREAM_CONFIGS = [triton.Config({"BLOCK_N": c["BLOCK_N"], "BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"],
-                                 num_stages=c["num_stages"]) for c in CANDIDATES["gemv"]]
+                                 num_stages=c["num_stages"]) for c in CANDIDATES["gemv"] if c["PRE"] == 1]
 _EVEN = triton.heuristics({"EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
                            "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _STREAM = _EVEN(_stream_kernel)
@@ -217,13 +222,22 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     if x2.shape[0] == 1:
         _stream(args, flags, grid, x, tune, config)
-    elif config is not None:
-        _gemv_kernel[grid](*args, **flags, **config)
+    elif config is not None:  # PRE belongs to the one-row kernel
+        _gemv_kernel[grid](*args, **flags, **{key: v for key, v in config.items() if key != "PRE"})
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **flags)
     else:
         _gemv_kernel[grid](*args, **flags, **_FIXED)
     return y.view(*x.shape[:-1], n)
+
+
+def pre_clamped(config: dict, k: int) -> dict:
+    """The config with PRE (weight tiles streamed before the PDL wait, one tile of PRE * BLOCK_K) cut to
+    the tiles K holds whole, rounded down to a power of two (a tile's width must be one)."""
+    if config.get("PRE", 1) == 1:
+        return config
+    pre = max(1, min(config["PRE"], k // config["BLOCK_K"]))
+    return {**config, "PRE": 1 << (pre.bit_length() - 1)}
 
 
 def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config: dict | None) -> None:
@@ -233,7 +247,7 @@ def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config:
     launch = {"launch_pdl": True} if pdl else {}
     config = config or step_config(("gemv", n, k, *sorted(flags.items())))
     if config is not None:
-        _STREAM[grid](*call, **flags, USE_GDC=pdl, **config, **launch)
+        _STREAM[grid](*call, **flags, USE_GDC=pdl, **pre_clamped(config, k), **launch)
     elif tune and not _INTERPRET:
         _STREAM_TUNED[grid](*call, **flags, USE_GDC=pdl, **launch)
     else:

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
-from specpilot.kernels.gemv.triton import _stream_rows
+from specpilot.kernels.gemv.triton import _stream_rows, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
 
@@ -26,7 +26,7 @@ from specpilot.kernels.rope.triton import _round
 def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache,
                      K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, PAIRS: tl.constexpr,
                      HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr,
-                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1):
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
@@ -36,7 +36,7 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
     full = i < HALF  # all true: heads divide evenly
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
     a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
-                        BLOCK_K, True, EVEN_K)
+                        BLOCK_K, True, EVEN_K, PRE)
     if HAS_BIAS:
         a += tl.load(b_ptr + rows_a).to(tl.float32)
         b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
@@ -63,7 +63,7 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
 
 
 _CONFIGS = [triton.Config({"BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"], num_stages=c["num_stages"])
-            for c in CANDIDATES["qkv_rope"] if c["PAIRS"] == PAIRS]  # the autotuner keeps the grid's PAIRS
+            for c in CANDIDATES["qkv_rope"] if c["PAIRS"] == PAIRS and c["PRE"] == 1]  # the grid's PAIRS
 _EVEN = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _PLAIN = _EVEN(_qkv_rope_kernel)
 _TUNED = triton.autotune(configs=_CONFIGS, key=["K", "HQ", "HKV", "HALF", "HAS_NORM", "PAIRS"])(_PLAIN)
@@ -92,7 +92,7 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
         raise ValueError(f"head_dim {head_dim}: half of it is not a multiple of {pairs} rotary pairs")
     grid = ((num_heads + 2 * num_kv_heads) * (half // pairs),)
     if chosen is not None:
-        _PLAIN[grid](*args, **meta, **chosen)
+        _PLAIN[grid](*args, **meta, **pre_clamped(chosen, hidden))
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **meta, PAIRS=pairs)
     else:
