@@ -18,7 +18,6 @@ import datetime
 import gc
 import json
 import os
-import statistics
 import time
 
 import torch
@@ -35,6 +34,7 @@ from specpilot.models.config import DenseConfig, DrafterConfig
 from specpilot.models.dense import Mode
 from specpilot.models.layers import use_gemv
 from specpilot.runtime.engine import Engine
+from specpilot.runtime.graphs import StepGraph, median_ms
 from specpilot.runtime.options import parse_system
 from specpilot.spec.masks import Visibility
 
@@ -58,15 +58,7 @@ def timed(fn, reps: int = 20, warm: int = 3) -> float:
     """Median milliseconds of fn() by CUDA events."""
     for _ in range(warm):
         fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return median_ms(fn, reps)
 
 
 def bandwidth() -> dict:
@@ -171,15 +163,11 @@ def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) ->
 
 
 def capture(step) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.inference_mode():
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        step()
-    return graph
+    """step captured as a CUDA graph the way the engine captures its steps (warm-up on a side stream)."""
+    graph = StepGraph(step, use_graph=True)
+    with torch.inference_mode():
+        graph.prepare()
+    return graph.graph
 
 
 def projections_only(target, bw: dict) -> dict:

@@ -87,11 +87,16 @@ def replay_ms(step: Callable[[], None], reset: Callable[[], None], reps: int = 1
     graph = StepGraph(step, use_graph=True)
     graph.prepare()
     reset()
+    return median_ms(graph, reps)
+
+
+def median_ms(fn: Callable[[], None], reps: int) -> float:
+    """Median milliseconds of fn() on the current CUDA stream, by events around each call."""
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        graph()
+        fn()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
