@@ -98,6 +98,7 @@ def timed_step(eng: Engine, pos: int, reps: int = 30) -> float:
 def ablate(eng: Engine) -> dict:
     out = {}
     pos = CONTEXT // 4
+    outer = os.environ.get("SPECPILOT_PDL", "")  # e.g. early: every variant but pdl_off runs with it
 
     def reset() -> None:
         eng.pos.fill_(pos)
@@ -105,7 +106,7 @@ def ablate(eng: Engine) -> dict:
     for name, patches in ABLATIONS.items():
         modules = [layers] + ([dense] if "project" in patches else [])  # the LM head's projection is in dense
         saved = [(m, k, getattr(m, k)) for m in modules for k in patches]
-        os.environ["SPECPILOT_PDL"] = "0" if name == "pdl_off" else ""
+        os.environ["SPECPILOT_PDL"] = "0" if name == "pdl_off" else outer
         try:
             for m, k, _ in saved:
                 setattr(m, k, patches[k])
@@ -115,7 +116,7 @@ def ablate(eng: Engine) -> dict:
         finally:
             for m, k, v in saved:
                 setattr(m, k, v)
-            os.environ.pop("SPECPILOT_PDL", None)
+            os.environ["SPECPILOT_PDL"] = outer
     return out
 
 

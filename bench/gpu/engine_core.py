@@ -117,8 +117,9 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
     return timed(capture(step).replay)
 
 
-# (name, SPECPILOT_PDL): the first is the step-tuning run and the default ("" = the kernels' default: on).
-GEMV_VARIANTS = (("pdl", ""), ("no_pdl", "0"))
+# (name, SPECPILOT_PDL): the first is the step-tuning run and the default ("" = the kernels' default: on);
+# "early": each streaming kernel releases the next one at its start (kernels/dispatch.gdc_mode).
+GEMV_VARIANTS = (("pdl", ""), ("pdl_early", "early"), ("no_pdl", "0"))
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) -> dict:

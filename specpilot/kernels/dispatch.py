@@ -99,11 +99,26 @@ def pdl_on(t: torch.Tensor, default: bool = False) -> bool:
     latency-bound rope and attention at their start: on the H200 the 8B AR step was 3-9% faster with it,
     the 27B step -0.4 to +1.9%, bench/results/2026-11-29_engine_core_*_h200.json), kernels beside cuBLAS's
     GEMMs False (there early launches made the step slower, ..._engine_core_gemv_pdl_h200.json)."""
-    forced = os.environ.get("SPECPILOT_PDL", "").strip()
-    if forced not in ("", "0", "1"):
-        raise ValueError(f"SPECPILOT_PDL={forced!r}: expected 1 (on), 0 (off) or unset (the kernel's default)")
+    forced = _pdl_env()
     if not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    if not (forced == "1" or (forced == "" and default)):
+    if not (forced in ("1", "early") or (forced == "" and default)):
         return False
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def _pdl_env() -> str:
+    forced = os.environ.get("SPECPILOT_PDL", "").strip().lower()
+    if forced not in ("", "0", "1", "early"):
+        raise ValueError(f"SPECPILOT_PDL={forced!r}: expected 1 (on), early (on, next kernel released at the "
+                         "start), 0 (off) or unset (the kernel's default)")
+    return forced
+
+
+def gdc_mode(t: torch.Tensor, default: bool = False) -> int:
+    """How a streaming kernel uses PDL: 0 off; 1 it releases the next kernel after its last weight load;
+    2 (SPECPILOT_PDL=early) at its start, so the next kernel's blocks take the slots this one's blocks
+    free while it drains, and stream their first weight tiles there."""
+    if not pdl_on(t, default):
+        return 0
+    return 2 if _pdl_env() == "early" else 1

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.kernels.dispatch import pdl_on
+from specpilot.kernels.dispatch import gdc_mode
 from specpilot.kernels.gemv import MAX_ROWS
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 
@@ -127,6 +127,8 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     wp2 = wp
     if TWO:
         wp2 = _tile(rows2, 0, kp, nmask, K, EVEN_N, EVEN_K)
+    if USE_GDC == 2:  # release the next kernel now (kernels/dispatch.gdc_mode)
+        tl.extra.cuda.gdc_launch_dependents()
     if USE_GDC:  # from here on the previous kernel's writes (x, residual) are complete and visible
         tl.extra.cuda.gdc_wait()
     xp, sqp = _row_tile(x_ptr, nw_ptr, 0, kp, K, HAS_NORM, EVEN_K)
@@ -147,7 +149,7 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         acc += w.to(tl.float32) * x[None, :]
         if TWO:
             acc2 += _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K).to(tl.float32) * x[None, :]
-    if USE_GDC:
+    if USE_GDC == 1:
         tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1) + head
     out2 = tl.sum(acc2, axis=1) + head2
@@ -242,7 +244,7 @@ def pre_clamped(config: dict, k: int) -> dict:
 
 def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config: dict | None) -> None:
     x2, nw, w, b, r2, y, _, n, k, eps = args[:10]
-    pdl = pdl_on(x, default=True)  # the one-row kernel runs only in the `gemv` decode step
+    pdl = gdc_mode(x, default=True)  # the one-row kernel runs only in the `gemv` decode step
     call = (x2, nw, w, b, r2, y, n, k, eps)
     launch = {"launch_pdl": True} if pdl else {}
     config = config or step_config(("gemv", n, k, *sorted(flags.items())))
