@@ -45,6 +45,7 @@ P = "*bf16"
 def build(fn, types: dict, constexprs: dict, **options) -> str:
     """Compile fn for sm_90; pointer and integer arguments get Triton's usual divisibility hint."""
     names = fn.arg_names
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     sig = {n: types.get(n, "constexpr") for n in names}
     assert set(types) | set(constexprs) == set(names), set(names) ^ (set(types) | set(constexprs))
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if types.get(n, "").startswith("*")}
@@ -90,7 +91,7 @@ def test_weight_tiles_before_the_wait_do_not_spill(config, gate_up):
     from specpilot.kernels.gemv.triton import _stream_kernel
 
     types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
-             "eps": "fp32"}
+             "eps": "fp32", "trace_ptr": "*i64"}
     flags = dict(HAS_NORM=gate_up, GATE_UP=gate_up, HAS_RES=not gate_up, HAS_BIAS=False)
     ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
                                             EVEN_N=True, EVEN_K=True, PRE=config["PRE"]),
@@ -107,7 +108,7 @@ def test_qkv_rope_tiles_before_the_wait_do_not_spill(config):
 
     types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
-             "eps": "fp32"}
+             "eps": "fp32", "trace_ptr": "*i64"}
     ptx = build(_qkv_rope_kernel, types, dict(HQ=32, HKV=8, HALF=64, PAIRS=config["PAIRS"], HAS_NORM=True,
                                               HAS_BIAS=False, USE_GDC=True, BLOCK_K=config["BLOCK_K"], EVEN_K=True,
                                               PRE=config["PRE"]),
@@ -125,10 +126,28 @@ def test_stream_gemv_builds(gdc, fusion, even):
     from specpilot.kernels.gemv.triton import _stream_kernel
 
     types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
-             "eps": "fp32"}
+             "eps": "fp32", "trace_ptr": "*i64"}
     ptx = build(_stream_kernel, types, dict(**fusion, USE_GDC=gdc, BLOCK_N=16, BLOCK_K=512, EVEN_N=even, EVEN_K=even,
                                             PRE=1), num_warps=8, num_stages=2)
     assert ("griddepcontrol.wait" in ptx) == gdc and ("griddepcontrol.launch_dependents" in ptx) == gdc
+
+
+@hopper
+@pytest.mark.parametrize("gate_up", [False, True])
+def test_traced_stream_gemv_stamps_global_time_and_sm(gate_up):
+    """With TRACE (kernels/trace.py) the block records come from %globaltimer (one clock for every SM,
+    unlike clock64) and %smid; without it the kernel holds neither."""
+    from specpilot.kernels.gemv.triton import _stream_kernel
+
+    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
+             "eps": "fp32", "trace_ptr": "*i64"}
+    flags = dict(HAS_NORM=gate_up, GATE_UP=gate_up, HAS_RES=not gate_up, HAS_BIAS=False)
+    for trace in (True, False):
+        ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=8, BLOCK_K=512, EVEN_N=True,
+                                                EVEN_K=True, PRE=2, TRACE=trace), num_warps=8, num_stages=2)
+        assert ("%globaltimer" in ptx) == trace and ("%smid" in ptx) == trace
+        if trace:
+            assert registers(ptx)[1] == 0
 
 
 @hopper
@@ -138,11 +157,12 @@ def test_qkv_rope_builds(gdc, pairs):
 
     types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
-             "eps": "fp32"}
+             "eps": "fp32", "trace_ptr": "*i64"}
     ptx = build(_qkv_rope_kernel, types, dict(HQ=32, HKV=8, HALF=64, PAIRS=pairs, HAS_NORM=True, HAS_BIAS=True,
-                                              USE_GDC=gdc, BLOCK_K=512, EVEN_K=True, PRE=2 if gdc else 1), num_warps=4,
-                num_stages=2)
+                                              USE_GDC=gdc, BLOCK_K=512, EVEN_K=True, PRE=2 if gdc else 1,
+                                              TRACE=gdc), num_warps=4, num_stages=2)
     assert ("griddepcontrol.wait" in ptx) == gdc
+    assert ("%globaltimer" in ptx) == gdc  # traced where gdc, to build both ways
 
 
 @hopper
@@ -155,12 +175,14 @@ def test_split_attention_builds(fuse, causal):
             "T", "L", "window", "row_tiles")
     types = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
              "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
-             "count_ptr": "*i32", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32"}
+             "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32"}
     ptx = build(_split_kernel, types, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
-                                           HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse),
+                                           HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse,
+                                           TRACE=fuse),
                 num_warps=4, num_stages=3)
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     assert ("atom" in ptx) == fuse  # the arrival counter only in the fused combine
+    assert ("%globaltimer" in ptx) == fuse  # traced where fused, to build both ways
 
 
 @hopper

@@ -48,6 +48,8 @@ import triton.language as tl
 
 from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
 from specpilot.kernels.gemv.choice import step_config
+from specpilot.kernels.trace import opening, stamp
+from specpilot.kernels.trace import slot as trace_slot
 from specpilot.spec.masks import Visibility
 
 fix_triton_interpreter()
@@ -84,7 +86,7 @@ def _in_window(offs_t, offs_s, start, window):
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, cache_len_ptr, start_ptr, tree_ptr,
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, count_ptr,
+    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, count_ptr, trace_ptr,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_h, sk_l,
     sv_b, sv_h, sv_l,
@@ -93,14 +95,20 @@ def _split_kernel(
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr,
+    FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring)."""
+    rec = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * 5  # kernels/trace.py
+    if TRACE:
+        opening(rec)
     if USE_GDC:  # q and the cache rows come from the previous kernels: wait first (see dispatch.pdl_on)
         # The next kernel may start now: it streams weights only until its own wait.
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+    if TRACE:
+        stamp(rec, 1)  # WAITED
+        stamp(rec, 2)  # STREAMED: nothing streams before the wait
     pid = tl.program_id(0)
     split = tl.program_id(1)
     tile = pid % row_tiles
@@ -226,6 +234,8 @@ def _split_kernel(
                            row_ok, offs_d, D, NUM_SPLITS, BLOCK_M, D)
                 tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
                 tl.atomic_xchg(count_ptr + pid, 0)
+    if TRACE:
+        stamp(rec, 3)  # END
 
 
 @triton.jit
@@ -389,9 +399,10 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # cuBLAS's GEMMs (verify rows) early launches only cost (bench/results/2026-11-29_engine_core_17402fe_h200.json).
     pdl = pdl_on(q, default=fuse_combine and t == 1)
     launch = {"launch_pdl": True} if pdl else {}
+    rec, traced = trace_slot("attention", grid[0] * grid[1], out) if fuse_combine and t == 1 else (out, False)
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,
-        out, part_m, part_l, part_acc, counters if counters is not None else cache_len,
+        out, part_m, part_l, part_acc, counters if counters is not None else cache_len, rec,
         *q.stride(),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -400,7 +411,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         HKV=hkv, G=g, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
-        FUSE_COMBINE=counters is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
+        FUSE_COMBINE=counters is not None, TRACE=traced, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch,
     )
     if splits > 1 and counters is None:
         # Combine: up to 16 rows per program; head_dim cut in blocks (>= 32) until ~128 programs.

@@ -33,6 +33,8 @@ import triton.language as tl
 from specpilot.kernels.dispatch import gdc_mode
 from specpilot.kernels.gemv import MAX_ROWS
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
+from specpilot.kernels.trace import opening, stamp
+from specpilot.kernels.trace import slot as trace_slot
 
 ROWS = tl.constexpr(16)  # rows padded to the smallest tensor-core tile
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
@@ -91,17 +93,20 @@ def _gemv_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, eps, stride
 
 
 @triton.jit
-def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
+def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, N, K, eps,
                    HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GATE_UP: tl.constexpr,
                    USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1):
+                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False):
     dtype: tl.constexpr = y_ptr.dtype.element_ty
+    rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
+    if TRACE:
+        opening(rec)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
     out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
-                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE)
+                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE)
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     out = out.to(dtype).to(tl.float32)
@@ -111,12 +116,14 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
     if HAS_RES:
         out = out + tl.load(r_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     tl.store(y_ptr + n, out.to(dtype), mask=nmask)
+    if TRACE:
+        stamp(rec, 3)  # END
 
 
 @triton.jit
 def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
                  USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, PRE: tl.constexpr = 1):
+                 EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr):
     """sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
     x' = rms_norm(x) * norm weight when HAS_NORM (one pass: the row's rstd scales the sums at the end).
     The first PRE weight tiles (one wide tile; the host keeps PRE * BLOCK_K <= K where K is a multiple of
@@ -131,6 +138,8 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         tl.extra.cuda.gdc_launch_dependents()
     if USE_GDC:  # from here on the previous kernel's writes (x, residual) are complete and visible
         tl.extra.cuda.gdc_wait()
+    if TRACE:
+        stamp(rec, 1)  # WAITED
     xp, sqp = _row_tile(x_ptr, nw_ptr, 0, kp, K, HAS_NORM, EVEN_K)
     head = tl.sum(wp.to(tl.float32) * xp[None, :], axis=1)
     head2 = head
@@ -149,6 +158,8 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         acc += w.to(tl.float32) * x[None, :]
         if TWO:
             acc2 += _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K).to(tl.float32) * x[None, :]
+    if TRACE:
+        stamp(rec, 2)  # STREAMED
     if USE_GDC == 1:
         tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1) + head
@@ -245,12 +256,17 @@ def pre_clamped(config: dict, k: int) -> dict:
 def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config: dict | None) -> None:
     x2, nw, w, b, r2, y, _, n, k, eps = args[:10]
     pdl = gdc_mode(x, default=True)  # the one-row kernel runs only in the `gemv` decode step
-    call = (x2, nw, w, b, r2, y, n, k, eps)
-    launch = {"launch_pdl": True} if pdl else {}
     config = config or step_config(("gemv", n, k, *sorted(flags.items())))
     if config is not None:
-        _STREAM[grid](*call, **flags, USE_GDC=pdl, **pre_clamped(config, k), **launch)
-    elif tune and not _INTERPRET:
+        config = pre_clamped(config, k)
+        rec, traced = trace_slot(f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}",
+                                 triton.cdiv(n, config["BLOCK_N"]), y)
+        _STREAM[grid](x2, nw, w, b, r2, y, rec, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced, **config,
+                      **({"launch_pdl": True} if pdl else {}))
+        return
+    call = (x2, nw, w, b, r2, y, y, n, k, eps)  # untraced (the trace needs the chosen config's grid)
+    launch = {"launch_pdl": True} if pdl else {}
+    if tune and not _INTERPRET:
         _STREAM_TUNED[grid](*call, **flags, USE_GDC=pdl, **launch)
     else:
         _STREAM[grid](*call, **flags, USE_GDC=pdl, **_FIXED, **launch)

@@ -20,23 +20,28 @@ from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.gemv.triton import _stream_rows, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
+from specpilot.kernels.trace import opening, stamp
+from specpilot.kernels.trace import slot as trace_slot
 
 
 @triton.jit
 def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache,
-                     K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, PAIRS: tl.constexpr,
-                     HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr,
-                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1):
+                     trace_ptr, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
+                     PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr,
+                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False):
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
+    rec = trace_ptr + pid * 5  # this block's record (kernels/trace.py) when TRACE
+    if TRACE:
+        opening(rec)
     head = pid // (HALF // PAIRS)
     i = (pid % (HALF // PAIRS)) * PAIRS + tl.arange(0, PAIRS)  # positions in the first half of the head
     rows_a = head * D + i
     full = i < HALF  # all true: heads divide evenly
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
     a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
-                        BLOCK_K, True, EVEN_K, PRE)
+                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE)
     if HAS_BIAS:
         a += tl.load(b_ptr + rows_a).to(tl.float32)
         b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
@@ -60,6 +65,8 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
         off = ((head - HQ - HKV) * L + slot) * D
         tl.store(v_cache + off + i, a.to(dtype))
         tl.store(v_cache + off + HALF + i, b.to(dtype))
+    if TRACE:
+        stamp(rec, 3)  # END
 
 
 _CONFIGS = [triton.Config({"BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"], num_stages=c["num_stages"])
@@ -81,7 +88,7 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     pdl = gdc_mode(x, default=True)
     args = (x.reshape(-1), norm_weight if norm_weight is not None else x, weight,
             bias if bias is not None else weight, positions.reshape(-1), slots.reshape(-1), cos_table, sin_table,
-            q, k_cache, v_cache, hidden, k_cache.shape[2], eps)
+            q, k_cache, v_cache, q, hidden, k_cache.shape[2], eps)
     meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, HAS_NORM=norm_weight is not None,
                 HAS_BIAS=bias is not None, USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
     chosen = step_config(("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None,
@@ -92,7 +99,9 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
         raise ValueError(f"head_dim {head_dim}: half of it is not a multiple of {pairs} rotary pairs")
     grid = ((num_heads + 2 * num_kv_heads) * (half // pairs),)
     if chosen is not None:
-        _PLAIN[grid](*args, **meta, **pre_clamped(chosen, hidden))
+        rec, traced = trace_slot("qkv_rope", grid[0], q)
+        args = args[:11] + (rec,) + args[12:]
+        _PLAIN[grid](*args, **meta, TRACE=traced, **pre_clamped(chosen, hidden))
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **meta, PAIRS=pairs)
     else:
