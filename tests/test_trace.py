@@ -69,12 +69,13 @@ def test_summary_reads_lead_release_busy_and_rate_off_the_records():
     us = 1000  # records are in nanoseconds
     a = {"kind": "gemv", "start": [0, 0, 1 * us], "waited": [0, 0, 1 * us], "streamed": [9 * us] * 3,
          "end": [10 * us, 9 * us, 10 * us], "sm": [0, 1, 0]}
-    # the next launch's blocks start at 8 us (2 us early), pass their wait at 11 us (1 us after a's end)
-    b = {"kind": "attention", "start": [8 * us, 9 * us], "waited": [11 * us, 12 * us], "streamed": [11 * us] * 2,
+    # the next launch: one block starts at 8 us (2 us early), the other at 11; the first passes its wait at 11 us
+    b = {"kind": "attention", "start": [8 * us, 11 * us], "waited": [11 * us, 12 * us], "streamed": [11 * us] * 2,
          "end": [14 * us, 15 * us], "sm": [2, 3]}
     rows = summarize([a, b], {"gemv": 40_000_000})
     assert rows[0]["busy"] == 10 and rows[0]["lead"] is None and rows[0]["per_sm"] == [2, 1.5]
     assert rows[0]["tb_s"] == 4.0  # 40 MB in 10 us
+    assert rows[1]["early"] == 0.5 and rows[0]["early"] is None
     assert rows[1]["lead"] == 2 and rows[1]["release"] == 1 and rows[1]["busy"] == 5 and rows[1]["tb_s"] is None
     assert 0 < rows[1]["tail"] < 1  # the 90th-percentile end sits between 14 and 15 us
     kinds = by_kind(rows + rows[1:])

@@ -29,7 +29,7 @@ from specpilot.runtime.graphs import StepGraph, median_ms
 from specpilot.runtime.options import parse_system
 
 AR = parse_system("ar")
-MODES = {"pdl": "", "no_pdl": "0", "pdl_early": "early"}
+MODES = {"pdl": "", "pdl_mid": "mid", "no_pdl": "0"}
 REPS = 50
 
 
@@ -37,7 +37,8 @@ def kind_bytes(cfg) -> dict[str, int]:
     """Weight bytes per launch of each traced kind (the kinds trace.slot names)."""
     h, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q = cfg.num_heads * d
-    return {"qkv_rope": 2 * (q + 2 * cfg.num_kv_heads * d) * h, f"gemv {h}x{q}": 2 * h * q,
+    qkv = q + 2 * cfg.num_kv_heads * d
+    return {"qkv_rope": 2 * qkv * h, f"gemv {qkv}x{h}": 2 * qkv * h, f"gemv {h}x{q}": 2 * h * q,
             f"gemv {inter}x{h} gate_up": 4 * inter * h, f"gemv {h}x{inter}": 2 * h * inter,
             f"gemv {cfg.vocab_size}x{h}": 2 * cfg.vocab_size * h}
 
@@ -92,8 +93,7 @@ def run_model(name: str, bw: dict) -> dict:
             os.environ["SPECPILOT_PDL"] = env
             t = trace_mode(eng, CONTEXT // 4, capacity=1 << 20)
             rows = summarize(t.pop("records"), nbytes)
-            layer = [r for r in rows if r["kind"] == "qkv_rope"]
-            mid = rows.index(layer[len(layer) // 2])  # a middle layer's five launches, in full
+            mid = len(rows) // 2 - len(rows) // 2 % 5  # a middle layer's five launches, in full
             out["modes"][mode] = {**t, "pct_of_floor": 100 * floor / t["plain_ms"], "by_kind": by_kind(rows),
                                   "span_ms": rows[-1]["last_end"] / 1e3, "middle_layer": rows[mid:mid + 5],
                                   "launches": rows}
@@ -112,11 +112,11 @@ def run_model(name: str, bw: dict) -> dict:
 def report_mode(name: str, mode: str, m: dict) -> None:
     print(f"[{name} {mode}] same token traced/untraced {m['same_token']}; step {m['plain_ms']:.3f} ms "
           f"({m['pct_of_floor']:.1f}% of floor), traced {m['traced_ms']:.3f}, traced blocks span {m['span_ms']:.3f}")
-    print(f"  {'kind':28s} {'n':>3s} {'busy ms':>8s} {'busy us':>8s} {'lead':>6s} {'release':>8s} {'tail':>6s} "
-          f"{'SM max':>6s} {'TB/s':>6s}")
+    print(f"  {'kind':28s} {'n':>3s} {'busy ms':>8s} {'busy us':>8s} {'lead':>6s} {'early':>6s} {'release':>8s} "
+          f"{'tail':>6s} {'SM max':>6s} {'TB/s':>6s}")
     for kind, k in m["by_kind"].items():
         cells = [f"{k[c]:{w}.2f}" if k[c] is not None else f"{'-':>{w}s}"
-                 for c, w in (("busy", 8), ("lead", 6), ("release", 8), ("tail", 6))]
+                 for c, w in (("busy", 8), ("lead", 6), ("early", 6), ("release", 8), ("tail", 6))]
         rate = f"{k['tb_s']:6.2f}" if k["tb_s"] else "     -"
         print(f"  {kind:28s} {k['launches']:3d} {k['busy_ms']:8.3f} {' '.join(cells)} {k['per_sm_max']:6d} {rate}")
 

@@ -102,7 +102,7 @@ def summarize(records: list[dict], nbytes: dict[str, int] | None = None) -> list
     """One row per launch, times in microseconds from the first block's start:
       first_start, last_end   the launch's blocks, first to start and last to end;
       lead      how long before the previous launch's last block ended this launch's first block started
-                (> 0: blocks resident early, streaming before their wait);
+                (> 0: blocks resident early, streaming before their wait); early: the share of blocks that did;
       release   from the previous launch's last block's end to this launch's first block past its wait;
       busy      this launch's share of the step: its last end minus the previous launch's last end;
       tail      its last block's end minus its 90th-percentile block end;
@@ -120,6 +120,7 @@ def summarize(records: list[dict], nbytes: dict[str, int] | None = None) -> list
         counts = counts[counts > 0]
         row = {"kind": r["kind"], "blocks": len(r["start"]), "first_start": first_start, "last_end": last_end,
                "lead": None if prev_end is None else prev_end - first_start,
+               "early": None if prev_end is None else ((start - t0) / 1e3 < prev_end).double().mean().item(),
                "release": None if prev_end is None else first_waited - prev_end,
                "busy": last_end - (first_start if prev_end is None else prev_end),
                "tail": last_end - (torch.quantile(end, 0.9).item() - t0) / 1e3,
@@ -142,6 +143,6 @@ def by_kind(rows: list[dict]) -> dict[str, dict]:
             return float(torch.tensor(vals).median()) if vals else None
 
         out[kind] = {"launches": len(mine), "busy_ms": sum(r["busy"] for r in mine) / 1e3,
-                     **{k: med(k) for k in ("busy", "lead", "release", "tail", "tb_s")},
+                     **{k: med(k) for k in ("busy", "lead", "early", "release", "tail", "tb_s")},
                      "per_sm_max": max(r["per_sm"][0] for r in mine)}
     return out
