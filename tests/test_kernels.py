@@ -179,7 +179,7 @@ def test_pdl_only_for_cuda_tensors_and_as_the_kernel_or_the_environment_says(mon
         x = torch.ones(2, device="cuda")
         for env, default, want, mode in (("", False, False, 0), ("", True, hopper, 1), ("1", False, hopper, 1),
                                          ("0", True, False, 0), ("early", False, hopper, 2),
-                                         ("mid", True, hopper, 3)):
+                                         ("mid", True, hopper, 3), ("ahead2", False, hopper, 6)):
             monkeypatch.setenv("SPECPILOT_PDL", env)
             assert pdl_on(x, default=default) == want, (env, default)
             assert gdc_mode(x, default=default) == (mode if hopper else 0), (env, default)

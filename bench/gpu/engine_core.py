@@ -118,8 +118,8 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
 
 
 # (name, SPECPILOT_PDL): the first is the step-tuning run and the default ("" = the kernels' default: on);
-# "mid": each streaming kernel releases the next one halfway through its weights (kernels/dispatch.gdc_mode).
-GEMV_VARIANTS = (("pdl", ""), ("pdl_mid", "mid"), ("no_pdl", "0"))
+# "aheadN": each streaming kernel releases the next one N weight tiles before its end (kernels/dispatch.gdc_mode).
+GEMV_VARIANTS = (("pdl", ""), ("pdl_ahead1", "ahead1"), ("pdl_ahead2", "ahead2"), ("pdl_ahead4", "ahead4"))
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) -> dict:

@@ -102,16 +102,17 @@ def pdl_on(t: torch.Tensor, default: bool = False) -> bool:
     forced = _pdl_env()
     if not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    if not (forced in ("1", "early", "mid") or (forced == "" and default)):
+    if forced == "0" or (forced == "" and not default):
         return False
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
 def _pdl_env() -> str:
     forced = os.environ.get("SPECPILOT_PDL", "").strip().lower()
-    if forced not in ("", "0", "1", "early", "mid"):
-        raise ValueError(f"SPECPILOT_PDL={forced!r}: expected 1 (on), early / mid (on, the next kernel released "
-                         "at the start / halfway through the weights), 0 (off) or unset (the kernel's default)")
+    if forced not in ("", "0", "1", "early", "mid", "ahead1", "ahead2", "ahead4"):
+        raise ValueError(f"SPECPILOT_PDL={forced!r}: expected 1 (on), early / mid / aheadN (on, the next kernel "
+                         "released at the start / halfway through the weights / N = 1, 2, 4 weight tiles before "
+                         "the end), 0 (off) or unset (the kernel's default)")
     return forced
 
 
@@ -120,7 +121,9 @@ def gdc_mode(t: torch.Tensor, default: bool = False) -> int:
     2 (SPECPILOT_PDL=early) at its start, so the next kernel's blocks take the slots this one's blocks
     free while it drains, and stream their first weight tiles there (measured: the waiting blocks of
     several kernels ahead crowd the running one, 8B step 8% slower); 3 (mid) halfway through its weight
-    tiles, after its own wait, so the next kernel launches before this one drains but no further ahead."""
+    tiles, after its own wait, so the next kernel launches before this one drains but no further ahead
+    (measured: 2-4% slower); 4 + N (aheadN) N weight tiles before the end."""
     if not pdl_on(t, default):
         return 0
-    return {"early": 2, "mid": 3}.get(_pdl_env(), 1)
+    env = _pdl_env()
+    return {"early": 2, "mid": 3}.get(env, 4 + int(env[5:]) if env.startswith("ahead") else 1)

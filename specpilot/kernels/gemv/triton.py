@@ -151,8 +151,8 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     tiles = tl.cdiv(K, BLOCK_K)
     for i in range(PRE, tiles):
-        if USE_GDC == 3:  # halfway: the next kernel's blocks take the slots of this wave's finished ones
-            if i == (PRE + tiles) // 2:
+        if USE_GDC >= 3:  # release the next kernel halfway (3) or USE_GDC - 4 tiles before the end
+            if i == ((PRE + tiles) // 2 if USE_GDC == 3 else tiles - (USE_GDC - 4)):
                 tl.extra.cuda.gdc_launch_dependents()
         k0 = i * BLOCK_K
         w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K)
@@ -164,7 +164,7 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
             acc2 += _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K).to(tl.float32) * x[None, :]
     if TRACE:
         stamp(rec, 2)  # STREAMED
-    if USE_GDC == 1 or USE_GDC == 3:  # (again for mode 3: harmless, and covers an empty loop)
+    if USE_GDC == 1 or USE_GDC >= 3:  # (again for modes >= 3: harmless, and covers an empty loop)
         tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1) + head
     out2 = tl.sum(acc2, axis=1) + head2
