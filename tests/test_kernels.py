@@ -163,26 +163,19 @@ def _check_gemv(device, dtype, tol, rows, n, k, fusion, config):
 
 
 def test_pdl_only_for_cuda_tensors_and_as_the_kernel_or_the_environment_says(monkeypatch):
-    from specpilot.kernels.dispatch import gdc_mode, pdl_on
+    from specpilot.kernels.dispatch import pdl_on
 
     monkeypatch.delenv("SPECPILOT_PDL", raising=False)
     assert not pdl_on(torch.ones(2), default=True)  # CPU tensors (and the interpreter) never launch with PDL
     monkeypatch.setenv("SPECPILOT_PDL", "yes")
     with pytest.raises(ValueError, match="SPECPILOT_PDL"):
         pdl_on(torch.ones(2))
-    with pytest.raises(ValueError, match="SPECPILOT_PDL"):
-        gdc_mode(torch.ones(2))
-    monkeypatch.setenv("SPECPILOT_PDL", "early")
-    assert gdc_mode(torch.ones(2), default=True) == 0
     if CUDA:
         hopper = torch.cuda.get_device_capability()[0] >= 9
         x = torch.ones(2, device="cuda")
-        for env, default, want, mode in (("", False, False, 0), ("", True, hopper, 1), ("1", False, hopper, 1),
-                                         ("0", True, False, 0), ("early", False, hopper, 2),
-                                         ("mid", True, hopper, 3), ("ahead2", False, hopper, 6)):
+        for env, default, want in (("", False, False), ("", True, hopper), ("1", False, hopper), ("0", True, False)):
             monkeypatch.setenv("SPECPILOT_PDL", env)
             assert pdl_on(x, default=default) == want, (env, default)
-            assert gdc_mode(x, default=default) == (mode if hopper else 0), (env, default)
 
 
 def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):

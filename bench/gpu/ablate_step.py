@@ -13,6 +13,8 @@ configs chosen by the engine's own step tuning) with pieces swapped out:
                   residual or zeros): the step's time minus this is what the projection costs in the
                   graph, its bytes over that its effective bandwidth
   gate_up_unfused a real alternative: gate/up as one plain projection, then the SiLU-mul kernel
+  plain_gemvs     gemvs_only without the fusions (norm prologue, residual epilogue, SiLU-gated pair):
+                  the chain of plain GEMVs that bench/gpu/gemv_pdl.py times alone
 and the attention's split count at several cache positions. Kernels an ablation adds get their
 configs by the same step tuning as the engine's. Apart from full and gate_up_unfused the ablations
 compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
@@ -62,11 +64,16 @@ def kind_of(weight, gate_up: bool, residual) -> str:
     return "head" if weight.shape[0] == CURRENT["vocab"] else "qkv"
 
 
-def project_variant(skip: str = "", unfuse_gate_up: bool = False):
+def project_variant(skip: str = "", unfuse_gate_up: bool = False, fusions: bool = True):
+    """fusions=False: no norm prologue, no residual epilogue, gate/up as one plain projection whose first
+    half feeds the down projection (timing only: the chain of plain GEMVs bench/gpu/gemv_pdl.py times)."""
     def project(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, gate_up=False, gemv=False):
         if kind_of(weight, gate_up, residual) == skip:
             n = weight.shape[0] // (2 if gate_up else 1)
             return residual if residual is not None else x.new_zeros(*x.shape[:-1], n)
+        if not fusions:
+            y = REAL_PROJECT(x, weight, bias, gemv=gemv)
+            return y[..., : weight.shape[0] // 2] if gate_up else y
         if gate_up and unfuse_gate_up:
             return silu_mul(REAL_PROJECT(x, weight, bias, norm_weight=norm_weight, eps=eps, gemv=gemv))
         return REAL_PROJECT(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual, gate_up=gate_up,
@@ -85,6 +92,7 @@ ABLATIONS = {
     **{f"skip_{p}": {"project": project_variant(skip=p)} for p in ("o", "gate_up", "down", "head")},
     "gate_up_unfused": {"project": project_variant(unfuse_gate_up=True)},
 }
+ABLATIONS["plain_gemvs"] = {**ABLATIONS["gemvs_only"], "project": project_variant(fusions=False)}
 
 
 def timed_step(eng: Engine, pos: int, reps: int = 30) -> float:
@@ -172,7 +180,8 @@ def run_model(name: str, bw: dict) -> dict:
           f"{100 * floor / t['gemvs_only']:.1f}% of floor; tokens ok {same}")
     print(f"[{name}] in the graph: " + "; ".join(
         f"{p} {c['ms']:.3f} ms = {c['tb_s'] or float('nan'):.2f} TB/s" for p, c in costs.items())
-          + f" (copy {bw['copy_tb_s']:.2f}); gate/up unfused + SiLU kernel: {t['gate_up_unfused']:.3f} ms")
+          + f" (copy {bw['copy_tb_s']:.2f}); gate/up unfused + SiLU kernel: {t['gate_up_unfused']:.3f} ms; "
+          f"plain GEMVs (no fusions) {t['plain_gemvs']:.3f} ms = {100 * floor / t['plain_gemvs']:.1f}% of floor")
     for s, row in res["splits"]["ms_by_splits_and_position"].items():
         print(f"[{name}] attention splits {s or 'heuristic'}: " + " ".join(f"pos {p}: {v:.3f}" for p, v in row.items()))
     del eng, target

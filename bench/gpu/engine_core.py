@@ -117,9 +117,8 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
     return timed(capture(step).replay)
 
 
-# (name, SPECPILOT_PDL): the first is the step-tuning run and the default ("" = the kernels' default: on);
-# "aheadN": each streaming kernel releases the next one N weight tiles before its end (kernels/dispatch.gdc_mode).
-GEMV_VARIANTS = (("pdl", ""), ("pdl_ahead1", "ahead1"), ("pdl_ahead2", "ahead2"), ("pdl_ahead4", "ahead4"))
+# (name, SPECPILOT_PDL): the first is the step-tuning run and the default ("" = the kernels' default: on).
+GEMV_VARIANTS = (("pdl", ""), ("no_pdl", "0"))
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) -> dict:

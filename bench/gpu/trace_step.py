@@ -1,7 +1,7 @@
 """Block-level timeline of the `gemv` AR decode step (issue 2): where the step's DRAM idles.
 
 Builds the random-weight model, lets the engine choose its one-row configs (step tuning), then for
-each PDL mode (default, released 1 or 2 tiles ahead, off) captures the AR step with every streaming GEMV, q/k/v + rope and
+each PDL mode (on, off) captures the AR step with every streaming GEMV, q/k/v + rope and
 attention block stamping its start, PDL-wait return, last weight load and end (kernels/trace.py).
 Correctness first: the traced graph gives the same next token as the untraced one. Then it times both
 graphs (the stamps' own cost) and prints, per kernel kind, the medians over layers of the timeline
@@ -29,7 +29,7 @@ from specpilot.runtime.graphs import StepGraph, median_ms
 from specpilot.runtime.options import parse_system
 
 AR = parse_system("ar")
-MODES = {"pdl": "", "pdl_ahead1": "ahead1", "pdl_ahead2": "ahead2", "no_pdl": "0"}
+MODES = {"pdl": "", "no_pdl": "0"}
 REPS = 50
 
 

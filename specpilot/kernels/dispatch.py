@@ -98,32 +98,16 @@ def pdl_on(t: torch.Tensor, default: bool = False) -> bool:
     `gemv` step pass True (the streaming GEMV releases the next kernel after its last weight load, the
     latency-bound rope and attention at their start: on the H200 the 8B AR step was 3-9% faster with it,
     the 27B step -0.4 to +1.9%, bench/results/2026-11-29_engine_core_*_h200.json), kernels beside cuBLAS's
-    GEMMs False (there early launches made the step slower, ..._engine_core_gemv_pdl_h200.json)."""
-    forced = _pdl_env()
+    GEMMs False (there early launches made the step slower, ..._engine_core_gemv_pdl_h200.json).
+    Releasing the next kernel earlier than after the last weight load (at a streaming kernel's start,
+    halfway, or 1-4 weight tiles before its end) made both models' steps 2-17% slower
+    (..._engine_core_pdl_{early,mid,ahead}_*_h200.json): the next kernel's first loads then compete with
+    the running kernel's last ones, which are on the critical path (bench/gpu/trace_step.py shows it)."""
+    forced = os.environ.get("SPECPILOT_PDL", "").strip()
+    if forced not in ("", "0", "1"):
+        raise ValueError(f"SPECPILOT_PDL={forced!r}: expected 1 (on), 0 (off) or unset (the kernel's default)")
     if not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    if forced == "0" or (forced == "" and not default):
+    if not (forced == "1" or (forced == "" and default)):
         return False
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9
-
-
-def _pdl_env() -> str:
-    forced = os.environ.get("SPECPILOT_PDL", "").strip().lower()
-    if forced not in ("", "0", "1", "early", "mid", "ahead1", "ahead2", "ahead4"):
-        raise ValueError(f"SPECPILOT_PDL={forced!r}: expected 1 (on), early / mid / aheadN (on, the next kernel "
-                         "released at the start / halfway through the weights / N = 1, 2, 4 weight tiles before "
-                         "the end), 0 (off) or unset (the kernel's default)")
-    return forced
-
-
-def gdc_mode(t: torch.Tensor, default: bool = False) -> int:
-    """How a streaming kernel uses PDL: 0 off; 1 it releases the next kernel after its last weight load;
-    2 (SPECPILOT_PDL=early) at its start, so the next kernel's blocks take the slots this one's blocks
-    free while it drains, and stream their first weight tiles there (measured: the waiting blocks of
-    several kernels ahead crowd the running one, 8B step 8% slower); 3 (mid) halfway through its weight
-    tiles, after its own wait, so the next kernel launches before this one drains but no further ahead
-    (measured: 2-4% slower); 4 + N (aheadN) N weight tiles before the end."""
-    if not pdl_on(t, default):
-        return 0
-    env = _pdl_env()
-    return {"early": 2, "mid": 3}.get(env, 4 + int(env[5:]) if env.startswith("ahead") else 1)

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.kernels.dispatch import gdc_mode
+from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv import MAX_ROWS
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.trace import opening, stamp
@@ -134,8 +134,6 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     wp2 = wp
     if TWO:
         wp2 = _tile(rows2, 0, kp, nmask, K, EVEN_N, EVEN_K)
-    if USE_GDC == 2:  # release the next kernel now (kernels/dispatch.gdc_mode)
-        tl.extra.cuda.gdc_launch_dependents()
     if USE_GDC:  # from here on the previous kernel's writes (x, residual) are complete and visible
         tl.extra.cuda.gdc_wait()
     if TRACE:
@@ -149,11 +147,7 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
     ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-    tiles = tl.cdiv(K, BLOCK_K)
-    for i in range(PRE, tiles):
-        if USE_GDC >= 3:  # release the next kernel halfway (3) or USE_GDC - 4 tiles before the end
-            if i == ((PRE + tiles) // 2 if USE_GDC == 3 else tiles - (USE_GDC - 4)):
-                tl.extra.cuda.gdc_launch_dependents()
+    for i in range(PRE, tl.cdiv(K, BLOCK_K)):
         k0 = i * BLOCK_K
         w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K)
         x, sq = _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM, EVEN_K)
@@ -164,7 +158,7 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
             acc2 += _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K).to(tl.float32) * x[None, :]
     if TRACE:
         stamp(rec, 2)  # STREAMED
-    if USE_GDC == 1 or USE_GDC >= 3:  # (again for modes >= 3: harmless, and covers an empty loop)
+    if USE_GDC:
         tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1) + head
     out2 = tl.sum(acc2, axis=1) + head2
@@ -259,7 +253,7 @@ def pre_clamped(config: dict, k: int) -> dict:
 
 def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config: dict | None) -> None:
     x2, nw, w, b, r2, y, _, n, k, eps = args[:10]
-    pdl = gdc_mode(x, default=True)  # the one-row kernel runs only in the `gemv` decode step
+    pdl = pdl_on(x, default=True)  # the one-row kernel runs only in the `gemv` decode step
     config = config or step_config(("gemv", n, k, *sorted(flags.items())))
     if config is not None:
         config = pre_clamped(config, k)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.kernels.dispatch import gdc_mode
+from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.gemv.triton import _stream_rows, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
@@ -85,7 +85,7 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
         raise ValueError("the fused q/k/v + rope kernel takes one row of one sequence and contiguous caches")
     half = head_dim // 2
     q = torch.empty(1, 1, num_heads, head_dim, dtype=x.dtype, device=x.device)
-    pdl = gdc_mode(x, default=True)
+    pdl = pdl_on(x, default=True)
     args = (x.reshape(-1), norm_weight if norm_weight is not None else x, weight,
             bias if bias is not None else weight, positions.reshape(-1), slots.reshape(-1), cos_table, sin_table,
             q, k_cache, v_cache, q, hidden, k_cache.shape[2], eps)
