@@ -113,7 +113,7 @@ def ablate(eng: Engine) -> dict:
 
     for name, patches in ABLATIONS.items():
         modules = [layers] + ([dense] if "project" in patches else [])  # the LM head's projection is in dense
-        saved = [(m, k, getattr(m, k)) for m in modules for k in patches]
+        saved = [(m, k, getattr(m, k)) for m in modules for k in patches if hasattr(m, k)]
         os.environ["SPECPILOT_PDL"] = "0" if name == "pdl_off" else outer
         try:
             for m, k, _ in saved:
