@@ -64,16 +64,23 @@ def kind_of(weight, gate_up: bool, residual) -> str:
     return "head" if weight.shape[0] == CURRENT["vocab"] else "qkv"
 
 
-def project_variant(skip: str = "", unfuse_gate_up: bool = False, fusions: bool = True):
-    """fusions=False: no norm prologue, no residual epilogue, gate/up as one plain projection whose first
-    half feeds the down projection (timing only: the chain of plain GEMVs bench/gpu/gemv_pdl.py times)."""
+FUSIONS = ("norm", "res", "pair")
+
+
+def project_variant(skip: str = "", unfuse_gate_up: bool = False, keep: tuple = FUSIONS):
+    """keep: the fusions kept. Without "norm" no norm prologue, without "res" no residual epilogue,
+    without "pair" gate/up as one plain projection whose first half feeds the down projection (timing
+    only; with none kept, the chain of plain GEMVs bench/gpu/gemv_pdl.py times)."""
     def project(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, gate_up=False, gemv=False):
         if kind_of(weight, gate_up, residual) == skip:
             n = weight.shape[0] // (2 if gate_up else 1)
             return residual if residual is not None else x.new_zeros(*x.shape[:-1], n)
-        if not fusions:
-            y = REAL_PROJECT(x, weight, bias, gemv=gemv)
-            return y[..., : weight.shape[0] // 2] if gate_up else y
+        if keep != FUSIONS:
+            nw = norm_weight if "norm" in keep else None
+            res = residual if "res" in keep else None
+            if gate_up and "pair" not in keep:
+                return REAL_PROJECT(x, weight, bias, norm_weight=nw, eps=eps, gemv=gemv)[..., : weight.shape[0] // 2]
+            return REAL_PROJECT(x, weight, bias, norm_weight=nw, eps=eps, residual=res, gate_up=gate_up, gemv=gemv)
         if gate_up and unfuse_gate_up:
             return silu_mul(REAL_PROJECT(x, weight, bias, norm_weight=norm_weight, eps=eps, gemv=gemv))
         return REAL_PROJECT(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual, gate_up=gate_up,
@@ -83,6 +90,7 @@ def project_variant(skip: str = "", unfuse_gate_up: bool = False, fusions: bool 
 
 
 CURRENT = {}  # the model's intermediate size and vocabulary, for kind_of
+ONLY: set[str] = set()  # --only
 ABLATIONS = {
     "full": {},
     "pdl_off": {},
@@ -92,7 +100,9 @@ ABLATIONS = {
     **{f"skip_{p}": {"project": project_variant(skip=p)} for p in ("o", "gate_up", "down", "head")},
     "gate_up_unfused": {"project": project_variant(unfuse_gate_up=True)},
 }
-ABLATIONS["plain_gemvs"] = {**ABLATIONS["gemvs_only"], "project": project_variant(fusions=False)}
+ABLATIONS["plain_gemvs"] = {**ABLATIONS["gemvs_only"], "project": project_variant(keep=())}
+for _f in FUSIONS:  # plain GEMVs plus one fusion
+    ABLATIONS[f"plain_plus_{_f}"] = {**ABLATIONS["gemvs_only"], "project": project_variant(keep=(_f,))}
 
 
 def timed_step(eng: Engine, pos: int, reps: int = 30) -> float:
@@ -112,6 +122,8 @@ def ablate(eng: Engine) -> dict:
         eng.pos.fill_(pos)
 
     for name, patches in ABLATIONS.items():
+        if ONLY and name not in ONLY and name != "full":
+            continue
         modules = [layers] + ([dense] if "project" in patches else [])  # the LM head's projection is in dense
         saved = [(m, k, getattr(m, k)) for m in modules for k in patches if hasattr(m, k)]
         os.environ["SPECPILOT_PDL"] = "0" if name == "pdl_off" else outer
@@ -168,6 +180,10 @@ def run_model(name: str, bw: dict) -> dict:
     eng.warmup(AR)  # chooses the one-row configs and the attention split count
     same = eng.generate(prompt, 16, (), AR).tokens[:4] == ref[:4]
     times = ablate(eng)
+    if ONLY:
+        print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
+                                                              for k, v in times.items()))
+        return {"floor_ms": floor, "step_ms": times, "only": sorted(ONLY)}
     costs = projection_costs(cfg, times)
     res = {"floor_ms": floor, "weight_bytes": wbytes, "full_tokens_match_cublas_first_4": same,
            "step_ms": times, "pct_of_floor": {k: 100 * floor / v for k, v in times.items()},
@@ -194,7 +210,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--only", default="", help="comma list of ablations to time (and full); no costs or splits")
     args = ap.parse_args()
+    ONLY.update(a for a in args.only.split(",") if a)
     report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "command": "PYTHONPATH=. python3 bench/gpu/ablate_step.py",
@@ -203,6 +221,8 @@ def main() -> None:
     report["models"] = {m: run_model(m, bw) for m in args.models.split(",")}
     with open(os.path.join(args.out, "ablate_step.json"), "w") as f:
         json.dump(report, f, indent=1)
+    if ONLY:
+        return
     print("\nmodel      floor   full  pdl_off  no_attn  gemvs_only   (ms per step, % of floor for full)")
     for m, r in report["models"].items():
         t = r["step_ms"]
