@@ -139,6 +139,30 @@ def test_one_row_gemv_streaming_tiles_before_the_wait(device, dtype, tol, n, k, 
                 {"BLOCK_N": 8, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "PRE": pre})
 
 
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("fusion", ["norm", "norm_gate_up", "residual"])
+@pytest.mark.parametrize("x_mode", ["1d", "2d"])
+def test_one_row_gemv_reads_x_as_a_vector_or_as_tiles(device, dtype, tol, fusion, x_mode, monkeypatch):
+    """SPECPILOT_GEMV_X: x broadcast from a vector (1d) or loaded as the weight tile's shape (2d, the
+    default): both give the reference's result, K a multiple of the tile or not."""
+    monkeypatch.setenv("SPECPILOT_GEMV_X", x_mode)
+    for n, k in ((40, 300), (64, 512)):
+        _check_gemv(device, dtype, tol, 1, n, k, fusion,
+                    {"BLOCK_N": 8, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "PRE": 2})
+
+
+def test_gemv_x_mode_rejects_unknown_values(monkeypatch):
+    from specpilot.kernels.gemv.triton import x_tiles
+
+    monkeypatch.setenv("SPECPILOT_GEMV_X", "3d")
+    with pytest.raises(ValueError, match="SPECPILOT_GEMV_X"):
+        x_tiles()
+    monkeypatch.setenv("SPECPILOT_GEMV_X", "1D")
+    assert not x_tiles()
+    monkeypatch.delenv("SPECPILOT_GEMV_X")
+    assert x_tiles()
+
+
 def _check_gemv(device, dtype, tol, rows, n, k, fusion, config):
     from specpilot.kernels.gemv.naive import gemv_naive
     from specpilot.kernels.gemv.triton import gemv_triton

@@ -42,13 +42,15 @@ def hopper(test):
 P = "*bf16"
 
 
-def build(fn, types: dict, constexprs: dict, **options) -> str:
-    """Compile fn for sm_90; pointer and integer arguments get Triton's usual divisibility hint."""
+def build(fn, types: dict, constexprs: dict, divisible: tuple = (), **options) -> str:
+    """Compile fn for sm_90; pointer arguments, and the integer ones named in `divisible`, get Triton's
+    divisibility-by-16 hint (a launch gives it to every integer argument that is a multiple of 16)."""
     names = fn.arg_names
     constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     sig = {n: types.get(n, "constexpr") for n in names}
     assert set(types) | set(constexprs) == set(names), set(names) ^ (set(types) | set(constexprs))
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if types.get(n, "").startswith("*")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if types.get(n, "").startswith("*") or n in divisible}
     try:
         kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), target=HOPPER,
                                 options=options)
@@ -75,10 +77,14 @@ def registers(ptx: str) -> tuple[int, int]:
     return int(regs.group(1)), int(spills.group(1))
 
 
-def _deep(kind: str) -> list[dict]:
+def _candidates(kind: str) -> list[dict]:
     from specpilot.kernels.gemv.choice import CANDIDATES
 
-    return [c for c in CANDIDATES[kind] if c["PRE"] > 1]
+    return CANDIDATES[kind]
+
+
+def _deep(kind: str) -> list[dict]:
+    return [c for c in _candidates(kind) if c["PRE"] > 1]
 
 
 @hopper
@@ -130,6 +136,39 @@ def test_stream_gemv_builds(gdc, fusion, even):
     ptx = build(_stream_kernel, types, dict(**fusion, USE_GDC=gdc, BLOCK_N=16, BLOCK_K=512, EVEN_N=even, EVEN_K=even,
                                             PRE=1), num_warps=8, num_stages=2)
     assert ("griddepcontrol.wait" in ptx) == gdc and ("griddepcontrol.launch_dependents" in ptx) == gdc
+
+
+def loop_bodies(ptx: str) -> list[str]:
+    """The PTX of each loop: from a label to the backward branch to it."""
+    lines = ptx.splitlines()
+    labels = {ln.split(":")[0].strip(): i for i, ln in enumerate(lines) if re.match(r"^\$L__BB\d+_\d+:", ln.strip())}
+    bodies = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", ln)
+        if m and labels.get(m.group(1), i) < i:
+            bodies.append("\n".join(lines[labels[m.group(1)]:i + 1]))
+    return bodies
+
+
+@hopper
+@pytest.mark.parametrize("config", _candidates("gemv"), ids=str)
+@pytest.mark.parametrize("fusion", ["residual", "norm", "norm_gate_up"])
+def test_one_row_loop_has_no_barrier_with_x_tiles(config, fusion):
+    """With x read as tiles of the weight tile's shape (X2D), the one-row kernel's weight loop holds no
+    barrier; x broadcast from a vector puts a shared-memory round trip with barriers in every step."""
+    from specpilot.kernels.gemv.triton import _stream_kernel
+
+    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
+             "eps": "fp32", "trace_ptr": "*i64"}
+    flags = dict(HAS_NORM="norm" in fusion, GATE_UP="gate_up" in fusion, HAS_RES=fusion == "residual", HAS_BIAS=False)
+    for x2d in (True, False):
+        ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
+                                                BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
+                                                PRE=config["PRE"], X2D=x2d),
+                    divisible=("N", "K"), num_warps=config["num_warps"], num_stages=config["num_stages"])
+        (body,) = loop_bodies(ptx)
+        assert "ld.global.v4" in body  # the weight stream itself: 16-byte loads
+        assert ("bar.sync" in body) != x2d, x2d
 
 
 @hopper

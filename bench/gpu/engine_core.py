@@ -117,21 +117,26 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
     return timed(capture(step).replay)
 
 
-# (name, SPECPILOT_PDL): the first is the step-tuning run and the default ("" = the kernels' default: on).
-GEMV_VARIANTS = (("pdl", ""), ("no_pdl", "0"))
+# (name, environment): the first is the step-tuning run and the headline (the kernels' defaults: PDL on, x read
+# as tiles of the weight tile's shape); x1d reads x as a broadcast vector (kernels/gemv/triton._row_tile).
+GEMV_VARIANTS = (("pdl", {}), ("x1d", {"SPECPILOT_GEMV_X": "1d"}), ("no_pdl", {"SPECPILOT_PDL": "0"}))
+_GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_GEMV_X")
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) -> dict:
-    """AR with the few-row projections through the Triton GEMV, with and without programmatic dependent
-    launch (SPECPILOT_PDL). The one-row kernels' configs (and the attention's split count) are chosen
-    once, by timing the captured step in the first variant's warm-up; the other variant runs the same
-    configs, so equal tokens say that PDL changes nothing that is computed."""
+    """AR with the few-row projections through the Triton GEMV, in each of GEMV_VARIANTS. The one-row
+    kernels' configs (and the attention's split count) are chosen once, by timing the captured step in
+    the first variant's warm-up; the others run the same configs. PDL changes when kernels run, never
+    what they compute (equal tokens); x1d sums the norm's squares in another order (tokens may differ
+    after a near-tie)."""
     out, tokens = {}, {}
     choice.forget()
-    saved = os.environ.get("SPECPILOT_PDL")
+    saved = {k: os.environ.get(k) for k in _GEMV_ENV}
     try:
-        for name, pdl in GEMV_VARIANTS:
-            os.environ["SPECPILOT_PDL"] = pdl
+        for name, env in GEMV_VARIANTS:
+            for k in _GEMV_ENV:
+                os.environ.pop(k, None)
+            os.environ.update(env)
             eng = Engine(target, None, context=CONTEXT, gemv=True)
             t0 = time.perf_counter()
             eng.warmup(AR)
@@ -139,7 +144,7 @@ def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) ->
             gen = eng.generate(prompt, NEW, (), AR)
             eng.pos.fill_(PROMPT)
             ms = 1000 * gen.decode_s / gen.decode_tokens
-            out[name] = {"ar_ms_per_token": ms, "pct_of_floor_copy_bw": 100 * floor_ms / ms,
+            out[name] = {"env": env, "ar_ms_per_token": ms, "pct_of_floor_copy_bw": 100 * floor_ms / ms,
                          "ar_graph_replay_ms": timed(eng._ar.graph.replay, reps=100), "warmup_s": warm_s}
             if eng.gemv_tuning and "note" not in eng.gemv_tuning:
                 out["configs_chosen_in_the_step"] = eng.gemv_tuning
@@ -147,18 +152,20 @@ def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) ->
             del eng
             gc.collect()
     finally:
-        if saved is None:
-            os.environ.pop("SPECPILOT_PDL", None)
-        else:
-            os.environ["SPECPILOT_PDL"] = saved
-    first = tokens[GEMV_VARIANTS[0][0]]
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+    default = GEMV_VARIANTS[0][0]  # the headline is the default variant, not the fastest
+    first = tokens[default]
     same = next((i for i, (a, b) in enumerate(zip(first, reference, strict=False)) if a != b), len(reference))
-    default = GEMV_VARIANTS[0][0]  # the headline is the default variant, not the faster of the two
+    for name, _ in GEMV_VARIANTS:
+        out[name]["same_tokens_as_headline"] = tokens[name] == first
     return {"variants": {n: out[n] for n, _ in GEMV_VARIANTS}, "headline": default,
             "ar_ms_per_token": out[default]["ar_ms_per_token"],
             "pct_of_floor_copy_bw": out[default]["pct_of_floor_copy_bw"],
             "configs_chosen_in_the_step": out.get("configs_chosen_in_the_step"),
-            "all_variants_same_tokens": all(t == first for t in tokens.values()),
+            "pdl_variants_same_tokens": tokens["no_pdl"] == first,
             "tokens_equal_to_cublas_ar_before_first_divergence": same}
 
 
@@ -228,8 +235,9 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str]) -> dict:
         else:
             for v, r in g["variants"].items():
                 print(f"[{name}] AR with Triton GEMV, {v}: {r['ar_ms_per_token']:.3f} ms/token -> "
-                      f"{r['pct_of_floor_copy_bw']:.1f}% of floor (graph replay alone {r['ar_graph_replay_ms']:.3f})")
-            print(f"[{name}] GEMV variants give the same tokens: {g['all_variants_same_tokens']}; same tokens as "
+                      f"{r['pct_of_floor_copy_bw']:.1f}% of floor (graph replay alone {r['ar_graph_replay_ms']:.3f}); "
+                      f"tokens as {g['headline']}: {r['same_tokens_as_headline']}")
+            print(f"[{name}] PDL on / off give the same tokens: {g['pdl_variants_same_tokens']}; same tokens as "
                   f"cuBLAS AR for {g['tokens_equal_to_cublas_ar_before_first_divergence']}")
     use_gemv(target, False)  # the parts below time the default path; a gemv engine leaves the model switched
     if "ceiling" in parts:

@@ -96,7 +96,8 @@ def _gemv_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, eps, stride
 def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, N, K, eps,
                    HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GATE_UP: tl.constexpr,
                    USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False):
+                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
+                   X2D: tl.constexpr = True):
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
@@ -106,7 +107,7 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, N, K, e
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
     out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
-                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE)
+                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, X2D)
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     out = out.to(dtype).to(tl.float32)
@@ -123,12 +124,13 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, N, K, e
 @triton.jit
 def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
                  USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr):
+                 EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr, X2D: tl.constexpr):
     """sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
     x' = rms_norm(x) * norm weight when HAS_NORM (one pass: the row's rstd scales the sums at the end).
     The first PRE weight tiles (one wide tile; the host keeps PRE * BLOCK_K <= K where K is a multiple of
     BLOCK_K) stream before the PDL wait: no earlier kernel writes weights, so a kernel launched early
-    streams while the one before it finishes. After the last weight load the next kernel may start."""
+    streams while the one before it finishes. After the last weight load the next kernel may start.
+    X2D: x comes as a [ROWS, BLOCK_K] tile (see _row_tile); else as a vector broadcast over the rows."""
     kp = tl.arange(0, PRE * BLOCK_K)
     wp = _tile(rows, 0, kp, nmask, K, EVEN_N, EVEN_K)
     wp2 = wp
@@ -138,50 +140,63 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         tl.extra.cuda.gdc_wait()
     if TRACE:
         stamp(rec, 1)  # WAITED
-    xp, sqp = _row_tile(x_ptr, nw_ptr, 0, kp, K, HAS_NORM, EVEN_K)
-    head = tl.sum(wp.to(tl.float32) * xp[None, :], axis=1)
+    xp, sqp = _row_tile(x_ptr, nw_ptr, 0, kp, K, HAS_NORM, EVEN_K, ROWS, X2D)
+    head = tl.sum(wp.to(tl.float32) * xp, axis=1)
     head2 = head
     if TWO:
-        head2 = tl.sum(wp2.to(tl.float32) * xp[None, :], axis=1)
+        head2 = tl.sum(wp2.to(tl.float32) * xp, axis=1)
     k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+    ss = tl.zeros([ROWS if X2D else 1, BLOCK_K], dtype=tl.float32)
     for i in range(PRE, tl.cdiv(K, BLOCK_K)):
         k0 = i * BLOCK_K
         w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K)
-        x, sq = _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM, EVEN_K)
+        x, sq = _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM, EVEN_K, ROWS, X2D)
         if HAS_NORM:
             ss += sq
-        acc += w.to(tl.float32) * x[None, :]
+        acc += w.to(tl.float32) * x
         if TWO:
-            acc2 += _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K).to(tl.float32) * x[None, :]
+            acc2 += _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K).to(tl.float32) * x
     if TRACE:
         stamp(rec, 2)  # STREAMED
     if USE_GDC:
         tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1) + head
     out2 = tl.sum(acc2, axis=1) + head2
-    if HAS_NORM:
-        rstd = tl.rsqrt((tl.sum(ss, axis=0) + tl.sum(sqp, axis=0)) / K + eps)
+    if HAS_NORM:  # every row of ss (and sqp) holds the same squares: a per-row rstd, equal on all rows
+        rstd = tl.rsqrt((tl.sum(ss, axis=1) + tl.sum(sqp, axis=1)) / K + eps)
         out = out * rstd
         out2 = out2 * rstd
     return out, out2
 
 
 @triton.jit
-def _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM: tl.constexpr, EVEN_K: tl.constexpr):
-    """x[k0 + k] in float32 (times the norm weight when HAS_NORM) and its squares, for the row's rstd."""
-    if EVEN_K:
-        x = tl.load(x_ptr + k0 + k).to(tl.float32)
+def _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr,
+              X2D: tl.constexpr):
+    """x[k0 + k] in float32 (times the norm weight when HAS_NORM) and its squares, for the row's rstd,
+    shaped to multiply a [ROWS, len(k)] weight tile. X2D: loaded as a [ROWS, len(k)] tile whose rows
+    all read the same addresses (L1 hits), so it takes the weight tile's layout; a [len(k)] vector
+    broadcast over the rows instead goes through shared memory with two barriers every loop step,
+    four with the norm (PTX of the sm_90 build), which stalls a kernel whose whole job is keeping
+    loads in flight. Else that vector, as [1, len(k)] (SPECPILOT_GEMV_X=1d, for comparison)."""
+    if X2D:
+        offs = k0 + k[None, :] + tl.zeros([ROWS], dtype=tl.int32)[:, None]
     else:
-        x = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+        offs = k0 + k
+    if EVEN_K:
+        x = tl.load(x_ptr + offs).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
     sq = x * x
     if HAS_NORM:
         if EVEN_K:
-            x = x * tl.load(nw_ptr + k0 + k).to(tl.float32)
+            x = x * tl.load(nw_ptr + offs).to(tl.float32)
         else:
-            x = x * tl.load(nw_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+            x = x * tl.load(nw_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
+    if not X2D:
+        x = x[None, :]
+        sq = sq[None, :]
     return x, sq
 
 
@@ -251,6 +266,15 @@ def pre_clamped(config: dict, k: int) -> dict:
     return {**config, "PRE": 1 << (pre.bit_length() - 1)}
 
 
+def x_tiles() -> bool:
+    """How the one-row kernels read x: as tiles shaped like the weight tile (default) or, with
+    SPECPILOT_GEMV_X=1d, as a vector broadcast over the rows (the earlier kernels; see _row_tile)."""
+    mode = os.environ.get("SPECPILOT_GEMV_X", "").strip().lower()
+    if mode not in ("", "2d", "1d"):
+        raise ValueError(f"SPECPILOT_GEMV_X={mode!r}: expected 2d (the default) or 1d")
+    return mode != "1d"
+
+
 def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config: dict | None) -> None:
     x2, nw, w, b, r2, y, _, n, k, eps = args[:10]
     pdl = pdl_on(x, default=True)  # the one-row kernel runs only in the `gemv` decode step
@@ -259,12 +283,12 @@ def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config:
         config = pre_clamped(config, k)
         rec, traced = trace_slot(f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}",
                                  triton.cdiv(n, config["BLOCK_N"]), y)
-        _STREAM[grid](x2, nw, w, b, r2, y, rec, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced, **config,
-                      **({"launch_pdl": True} if pdl else {}))
+        _STREAM[grid](x2, nw, w, b, r2, y, rec, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced, X2D=x_tiles(),
+                      **config, **({"launch_pdl": True} if pdl else {}))
         return
     call = (x2, nw, w, b, r2, y, y, n, k, eps)  # untraced (the trace needs the chosen config's grid)
     launch = {"launch_pdl": True} if pdl else {}
     if tune and not _INTERPRET:
-        _STREAM_TUNED[grid](*call, **flags, USE_GDC=pdl, **launch)
+        _STREAM_TUNED[grid](*call, **flags, USE_GDC=pdl, X2D=x_tiles(), **launch)
     else:
-        _STREAM[grid](*call, **flags, USE_GDC=pdl, **_FIXED, **launch)
+        _STREAM[grid](*call, **flags, USE_GDC=pdl, X2D=x_tiles(), **_FIXED, **launch)

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
-from specpilot.kernels.gemv.triton import _stream_rows, pre_clamped
+from specpilot.kernels.gemv.triton import _stream_rows, pre_clamped, x_tiles
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
 from specpilot.kernels.trace import opening, stamp
@@ -28,7 +28,8 @@ from specpilot.kernels.trace import slot as trace_slot
 def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache,
                      trace_ptr, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
                      PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr,
-                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False):
+                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
+                     X2D: tl.constexpr = True):
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
@@ -41,7 +42,7 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
     full = i < HALF  # all true: heads divide evenly
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
     a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
-                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE)
+                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, X2D)
     if HAS_BIAS:
         a += tl.load(b_ptr + rows_a).to(tl.float32)
         b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
@@ -90,7 +91,7 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
             bias if bias is not None else weight, positions.reshape(-1), slots.reshape(-1), cos_table, sin_table,
             q, k_cache, v_cache, q, hidden, k_cache.shape[2], eps)
     meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, HAS_NORM=norm_weight is not None,
-                HAS_BIAS=bias is not None, USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
+                HAS_BIAS=bias is not None, USE_GDC=pdl, X2D=x_tiles(), **({"launch_pdl": True} if pdl else {}))
     chosen = step_config(("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None,
                           bias is not None))
     if chosen is not None:
