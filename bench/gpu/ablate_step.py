@@ -116,7 +116,7 @@ def timed_step(eng: Engine, pos: int, reps: int = 30) -> float:
 def ablate(eng: Engine) -> dict:
     out = {}
     pos = CONTEXT // 4
-    outer = os.environ.get("SPECPILOT_PDL", "")  # e.g. early: every variant but pdl_off runs with it
+    outer = os.environ.get("SPECPILOT_PDL", "")  # the caller's setting: every variant but pdl_off runs with it
 
     def reset() -> None:
         eng.pos.fill_(pos)

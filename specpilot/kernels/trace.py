@@ -4,7 +4,8 @@ A profiler gives one span per kernel, and with programmatic dependent launch tha
 time a kernel's blocks sit resident waiting for the previous kernel. To see where a step's DRAM idles
 (drains, release latency after a wait, blocks placed late or unevenly over the SMs), every block of
 a traced kernel writes one record: when it started, when its PDL wait returned, when its last weight
-load was consumed, when it ended (`%globaltimer`, nanoseconds, one clock for all SMs) and its SM.
+load was consumed, when it ended (`%globaltimer`, nanoseconds, one clock for all SMs; on the H200 it
+advances in steps of about 0.26 us) and its SM.
 
 While `tracing()` is active each launch of the streaming GEMV, the fused q/k/v + rope and the decode
 attention takes the next rows of the record buffer (`slot`), in launch order, so a CUDA graph
@@ -21,8 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-FIELDS = ("start", "waited", "streamed", "end", "sm")
-START, WAITED, STREAMED, END, SM = range(len(FIELDS))
+FIELDS = ("start", "waited", "streamed", "end", "sm")  # a record's columns; kernels write them by index
 
 
 @dataclass

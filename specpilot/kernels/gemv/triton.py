@@ -178,7 +178,7 @@ def _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM: tl.constexpr, EVEN_K: tl.conste
     shaped to multiply a [ROWS, len(k)] weight tile. X2D: loaded as a [ROWS, len(k)] tile whose rows
     all read the same addresses (L1 hits), so it takes the weight tile's layout; a [len(k)] vector
     broadcast over the rows instead goes through shared memory with two barriers every loop step,
-    four with the norm (PTX of the sm_90 build), which stalls a kernel whose whole job is keeping
+    up to six with the norm (PTX of the sm_90 build), which stalls a kernel whose whole job is keeping
     loads in flight. Else that vector, as [1, len(k)] (SPECPILOT_GEMV_X=1d, for comparison)."""
     if X2D:
         offs = k0 + k[None, :] + tl.zeros([ROWS], dtype=tl.int32)[:, None]
