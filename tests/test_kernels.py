@@ -151,6 +151,17 @@ def test_one_row_gemv_reads_x_as_a_vector_or_as_tiles(device, dtype, tol, fusion
                     {"BLOCK_N": 8, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "PRE": 2})
 
 
+@pytest.mark.skipif(not CUDA, reason="the L2 prefetch is PTX: the interpreter launches without it")
+@pytest.mark.parametrize("fusion", ["norm_gate_up", "residual"])
+@pytest.mark.parametrize("n,k", [(40, 304), (4096, 1024)])
+def test_one_row_gemv_with_l2_prefetch(fusion, n, k, monkeypatch):
+    """L2PRE (a bulk L2 prefetch of each block's weight rows before the PDL wait) changes nothing
+    computed; (40, 304): the last block's rows run past N, which it must not prefetch."""
+    monkeypatch.setenv("SPECPILOT_PDL", "1")
+    _check_gemv("cuda", torch.bfloat16, 0, 1, n, k, fusion,
+                {"BLOCK_N": 16, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "PRE": 1, "L2PRE": 1})
+
+
 def test_gemv_x_mode_rejects_unknown_values(monkeypatch):
     from specpilot.kernels.gemv.triton import x_tiles
 

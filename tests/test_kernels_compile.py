@@ -172,6 +172,26 @@ def test_one_row_loop_has_no_barrier_with_x_tiles(config, fusion):
 
 
 @hopper
+@pytest.mark.parametrize("config", [c for c in _candidates("gemv") if c["L2PRE"]], ids=str)
+@pytest.mark.parametrize("gate_up", [False, True])
+def test_l2_prefetch_asks_for_every_weight_row_once(config, gate_up):
+    """L2PRE: one bulk L2 prefetch a weight row (both row sets with gate/up), nothing more, no spills."""
+    from specpilot.kernels.gemv.triton import _stream_kernel
+
+    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
+             "eps": "fp32", "trace_ptr": "*i64"}
+    flags = dict(HAS_NORM=gate_up, GATE_UP=gate_up, HAS_RES=not gate_up, HAS_BIAS=False)
+    for l2 in (0, 1):
+        ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
+                                                BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True, PRE=config["PRE"],
+                                                L2PRE=l2), divisible=("N", "K"), num_warps=config["num_warps"],
+                    num_stages=config["num_stages"])
+        want = l2 * config["BLOCK_N"] * (2 if gate_up else 1)
+        assert ptx.count("cp.async.bulk.prefetch.L2.global") == want
+        assert registers(ptx)[1] == 0
+
+
+@hopper
 @pytest.mark.parametrize("gate_up", [False, True])
 def test_traced_stream_gemv_stamps_global_time_and_sm(gate_up):
     """With TRACE (kernels/trace.py) the block records come from %globaltimer (one clock for every SM,

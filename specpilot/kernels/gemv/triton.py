@@ -5,7 +5,8 @@ streams their weight rows BLOCK_K at a time, multiply-accumulating in float32 on
 tensor-core padding). With programmatic dependent launch (Hopper; kernels/dispatch.pdl_on) it loads its first
 PRE weight tiles (a step-tuned depth) before waiting for the previous kernel's output and lets the next
 kernel start after its own last weight load, so weight streaming continues across kernel boundaries,
-and through the latency-bound attention before the output projection. The norm prologue
+and through the latency-bound attention before the output projection; with L2PRE (step-tuned too) it
+first asks the L2 for all its weight rows, which no register budget limits. The norm prologue
 here is one pass: the row's sum of squares accumulates beside the product and scales it at the end
 (exact in real arithmetic; rounding differs from the reference's intermediate roundings).
 
@@ -97,11 +98,16 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, N, K, e
                    HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GATE_UP: tl.constexpr,
                    USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
-                   X2D: tl.constexpr = True):
+                   X2D: tl.constexpr = True, L2PRE: tl.constexpr = 0):
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
         opening(rec)
+    if L2PRE:  # before the PDL wait: weights only (see _l2_prefetch_rows)
+        n0 = tl.program_id(0) * BLOCK_N
+        _l2_prefetch_rows(w_ptr, n0, N, K, BLOCK_N)
+        if GATE_UP:
+            _l2_prefetch_rows(w_ptr + N.to(tl.int64) * K, n0, N, K, BLOCK_N)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
@@ -119,6 +125,23 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, N, K, e
     tl.store(y_ptr + n, out.to(dtype), mask=nmask)
     if TRACE:
         stamp(rec, 3)  # END
+
+
+@triton.jit
+def _l2_prefetch_rows(w_ptr, n0, N, K, BLOCK_N: tl.constexpr):
+    """Ask the L2 for weight rows n0 .. n0 + BLOCK_N - 1 (those below N), one bulk prefetch a row from one
+    thread (no registers held, nothing to wait for). A block launched before the previous kernel ends,
+    like the output projection's during the attention, so keeps DRAM busy while it waits, far beyond the
+    PRE tiles its registers hold; its loads after the wait then hit the L2. Rows must start 16-byte
+    aligned (the host checks K)."""
+    nbytes = (K * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
+    for r in tl.static_range(BLOCK_N):
+        if n0 + r < N:
+            row = (w_ptr + (n0 + r).to(tl.int64) * K).to(tl.int64, bitcast=True)
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r", [row, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -209,7 +232,8 @@ def _tile(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
 
 # Triton's autotuner is the fallback when no config was chosen in a captured step (choice.py); same candidates.
 _STREAM_CONFIGS = [triton.Config({"BLOCK_N": c["BLOCK_N"], "BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"],
-                                 num_stages=c["num_stages"]) for c in CANDIDATES["gemv"] if c["PRE"] == 1]
+                                 num_stages=c["num_stages"]) for c in CANDIDATES["gemv"]
+                   if c["PRE"] == 1 and not c["L2PRE"]]
 _EVEN = triton.heuristics({"EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
                            "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _STREAM = _EVEN(_stream_kernel)
@@ -248,8 +272,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     if x2.shape[0] == 1:
         _stream(args, flags, grid, x, tune, config)
-    elif config is not None:  # PRE belongs to the one-row kernel
-        _gemv_kernel[grid](*args, **flags, **{key: v for key, v in config.items() if key != "PRE"})
+    elif config is not None:  # PRE and L2PRE belong to the one-row kernel
+        _gemv_kernel[grid](*args, **flags, **{key: v for key, v in config.items() if key not in ("PRE", "L2PRE")})
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **flags)
     else:
@@ -281,6 +305,8 @@ def _stream(args: tuple, flags: dict, grid, x: torch.Tensor, tune: bool, config:
     config = config or step_config(("gemv", n, k, *sorted(flags.items())))
     if config is not None:
         config = pre_clamped(config, k)
+        if config.get("L2PRE") and not (pdl and (k * w.element_size()) % 16 == 0):
+            config = {**config, "L2PRE": 0}  # nothing to overlap without PDL; rows must be 16-byte aligned
         rec, traced = trace_slot(f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}",
                                  triton.cdiv(n, config["BLOCK_N"]), y)
         _STREAM[grid](x2, nw, w, b, r2, y, rec, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced, X2D=x_tiles(),
