@@ -40,6 +40,8 @@ def test_kernels_build_for_hopper_in_a_process_without_the_interpreter():
 def hopper(test):
     return pytest.mark.skipif(INTERPRETED, reason="run in a process without the interpreter")(test)
 P = "*bf16"
+STREAM_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
+                "eps": "fp32", "trace_ptr": "*i64"}  # the one-row GEMV's (gemv/triton._stream_kernel) arguments
 
 
 def build(fn, types: dict, constexprs: dict, divisible: tuple = (), **options) -> str:
@@ -96,11 +98,10 @@ def test_weight_tiles_before_the_wait_do_not_spill(config, gate_up):
     one they are for) keeps two or more blocks an SM (<= 128 registers a thread at 8 warps)."""
     from specpilot.kernels.gemv.triton import _stream_kernel
 
-    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
-             "eps": "fp32", "trace_ptr": "*i64"}
     flags = dict(HAS_NORM=gate_up, GATE_UP=gate_up, HAS_RES=not gate_up, HAS_BIAS=False)
-    ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-                                            EVEN_N=True, EVEN_K=True, PRE=config["PRE"]),
+    ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
+                                                   BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
+                                                   PRE=config["PRE"]),
                 num_warps=config["num_warps"], num_stages=config["num_stages"])
     regs, spills = registers(ptx)
     assert spills == 0, (regs, spills)
@@ -131,10 +132,8 @@ def test_qkv_rope_tiles_before_the_wait_do_not_spill(config):
 def test_stream_gemv_builds(gdc, fusion, even):
     from specpilot.kernels.gemv.triton import _stream_kernel
 
-    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
-             "eps": "fp32", "trace_ptr": "*i64"}
-    ptx = build(_stream_kernel, types, dict(**fusion, USE_GDC=gdc, BLOCK_N=16, BLOCK_K=512, EVEN_N=even, EVEN_K=even,
-                                            PRE=1), num_warps=8, num_stages=2)
+    ptx = build(_stream_kernel, STREAM_TYPES, dict(**fusion, USE_GDC=gdc, BLOCK_N=16, BLOCK_K=512, EVEN_N=even,
+                                                   EVEN_K=even, PRE=1), num_warps=8, num_stages=2)
     assert ("griddepcontrol.wait" in ptx) == gdc and ("griddepcontrol.launch_dependents" in ptx) == gdc
 
 
@@ -158,13 +157,11 @@ def test_one_row_loop_has_no_barrier_with_x_tiles(config, fusion):
     barrier; x broadcast from a vector puts a shared-memory round trip with barriers in every step."""
     from specpilot.kernels.gemv.triton import _stream_kernel
 
-    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
-             "eps": "fp32", "trace_ptr": "*i64"}
     flags = dict(HAS_NORM="norm" in fusion, GATE_UP="gate_up" in fusion, HAS_RES=fusion == "residual", HAS_BIAS=False)
     for x2d in (True, False):
-        ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
-                                                BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
-                                                PRE=config["PRE"], X2D=x2d),
+        ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
+                                                   BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
+                                                   PRE=config["PRE"], X2D=x2d),
                     divisible=("N", "K"), num_warps=config["num_warps"], num_stages=config["num_stages"])
         (body,) = loop_bodies(ptx)
         assert "ld.global.v4" in body  # the weight stream itself: 16-byte loads
@@ -178,14 +175,12 @@ def test_l2_prefetch_asks_for_every_weight_row_once(config, gate_up):
     """L2PRE: one bulk L2 prefetch a weight row (both row sets with gate/up), nothing more, no spills."""
     from specpilot.kernels.gemv.triton import _stream_kernel
 
-    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
-             "eps": "fp32", "trace_ptr": "*i64"}
     flags = dict(HAS_NORM=gate_up, GATE_UP=gate_up, HAS_RES=not gate_up, HAS_BIAS=False)
     for l2 in (0, 1):
-        ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
-                                                BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True, PRE=config["PRE"],
-                                                L2PRE=l2), divisible=("N", "K"), num_warps=config["num_warps"],
-                    num_stages=config["num_stages"])
+        ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
+                                                   BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
+                                                   PRE=config["PRE"], L2PRE=l2),
+                    divisible=("N", "K"), num_warps=config["num_warps"], num_stages=config["num_stages"])
         want = l2 * config["BLOCK_N"] * (2 if gate_up else 1)
         assert ptx.count("cp.async.bulk.prefetch.L2.global") == want
         assert registers(ptx)[1] == 0
@@ -198,12 +193,10 @@ def test_traced_stream_gemv_stamps_global_time_and_sm(gate_up):
     unlike clock64) and %smid; without it the kernel holds neither."""
     from specpilot.kernels.gemv.triton import _stream_kernel
 
-    types = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, "N": "i32", "K": "i32",
-             "eps": "fp32", "trace_ptr": "*i64"}
     flags = dict(HAS_NORM=gate_up, GATE_UP=gate_up, HAS_RES=not gate_up, HAS_BIAS=False)
     for trace in (True, False):
-        ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=8, BLOCK_K=512, EVEN_N=True,
-                                                EVEN_K=True, PRE=2, TRACE=trace), num_warps=8, num_stages=2)
+        ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=8, BLOCK_K=512, EVEN_N=True,
+                                                   EVEN_K=True, PRE=2, TRACE=trace), num_warps=8, num_stages=2)
         assert ("%globaltimer" in ptx) == trace and ("%smid" in ptx) == trace
         if trace:
             assert registers(ptx)[1] == 0
