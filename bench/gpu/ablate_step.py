@@ -25,14 +25,13 @@ Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--m
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
 
 import torch
 
-from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, step_weight_bytes
+from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, provenance, step_weight_bytes
 from specpilot.fixtures.random_models import random_target
 from specpilot.kernels.gemv import choice
 from specpilot.kernels.swiglu import silu_mul
@@ -213,10 +212,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma list of ablations to time (and full); no costs or splits")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
-    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "command": "PYTHONPATH=. python3 bench/gpu/ablate_step.py",
-              "context": CONTEXT, "position": CONTEXT // 4}
+    report = {**provenance("PYTHONPATH=. python3 bench/gpu/ablate_step.py"), "context": CONTEXT,
+              "position": CONTEXT // 4}
     report["bandwidth"] = bw = bandwidth()
     report["models"] = {m: run_model(m, bw) for m in args.models.split(",")}
     with open(os.path.join(args.out, "ablate_step.json"), "w") as f:

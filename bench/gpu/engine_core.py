@@ -61,6 +61,13 @@ def timed(fn, reps: int = 20, warm: int = 3) -> float:
     return median_ms(fn, reps)
 
 
+def provenance(command: str) -> dict:
+    """The header every GPU result JSON carries: when, which code (SPECPILOT_COMMIT), which GPU, how run."""
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "command": command}
+
+
 def bandwidth() -> dict:
     n = 1 << 31  # 4 GiB of bf16: far past the 60 MB L2
     a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
@@ -276,9 +283,7 @@ def main() -> None:
     ap.add_argument("--parts", default="gemv,verify,stock,ceiling", help="what to time beside AR")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "command": "PYTHONPATH=. python bench/gpu/engine_core.py"}
+    report = provenance("PYTHONPATH=. python bench/gpu/engine_core.py")
     report["check_tiny"] = check_tiny()
     report["bandwidth"] = bw = bandwidth()
     torch.cuda.empty_cache()

@@ -20,7 +20,6 @@ Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/gemv_pdl.py [--mode
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from bench.gpu.engine_core import MODELS, bandwidth, capture, timed
+from bench.gpu.engine_core import MODELS, bandwidth, capture, provenance, timed
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): few enough to compile in seconds, wide enough to find
 # the bytes-in-flight each shape needs.
@@ -165,10 +164,8 @@ def main() -> None:
     ap.add_argument("--models", default="dense-8b,dense-27b")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__,
-              "command": "PYTHONPATH=. python3 bench/gpu/gemv_pdl.py --models " + args.models}
+    report = {**provenance("PYTHONPATH=. python3 bench/gpu/gemv_pdl.py --models " + args.models),
+              "triton": triton.__version__}
     report["bandwidth"] = bw = bandwidth()
     torch.cuda.empty_cache()
     print(f"[bw] copy {bw['copy_tb_s']:.2f} TB/s, read {bw['read_tb_s']:.2f} TB/s")

@@ -9,14 +9,13 @@ Usage: PYTHONPATH=. python3 bench/gpu/gemv_sweep.py
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
 import os
 
 import torch
 
-from bench.gpu.engine_core import MODELS, bandwidth, timed
+from bench.gpu.engine_core import MODELS, bandwidth, provenance, timed
 from specpilot.kernels.gemv import project
 from specpilot.kernels.gemv.triton import _CONFIGS, gemv_triton
 
@@ -36,9 +35,7 @@ def run_config(conf, x, w, gate_up: bool):
 def main() -> None:
     bw = bandwidth()
     rows = []
-    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "bandwidth": bw,
-              "gpu": torch.cuda.get_device_name(), "commit": os.environ.get("SPECPILOT_COMMIT"),
-              "command": "PYTHONPATH=. python3 bench/gpu/gemv_sweep.py"}
+    report = {**provenance("PYTHONPATH=. python3 bench/gpu/gemv_sweep.py"), "bandwidth": bw}
     for model in ("dense-8b", "dense-27b"):
         for name, (n, k) in shapes(MODELS[model]).items():
             gen = torch.Generator(device="cuda").manual_seed(n + k)

@@ -13,14 +13,13 @@ Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/trace_step.py [--mo
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
 
 import torch
 
-from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, step_weight_bytes
+from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, provenance, step_weight_bytes
 from specpilot.fixtures.random_models import random_target
 from specpilot.kernels.gemv import choice
 from specpilot.kernels.trace import by_kind, summarize, tracing
@@ -126,10 +125,7 @@ def main() -> None:
     ap.add_argument("--models", default="dense-8b")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__,
-              "command": f"PYTHONPATH=. python3 bench/gpu/trace_step.py --models {args.models}",
+    report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/trace_step.py --models {args.models}"),
               "context": CONTEXT, "position": CONTEXT // 4, "times": "microseconds unless named _ms"}
     report["bandwidth"] = bw = bandwidth()
     report["models"] = {m: run_model(m, bw) for m in args.models.split(",")}
