@@ -140,38 +140,81 @@ def test_one_row_gemv_streaming_tiles_before_the_wait(device, dtype, tol, n, k, 
 
 
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
-@pytest.mark.parametrize("fusion", ["norm", "norm_gate_up", "residual"])
-@pytest.mark.parametrize("x_mode", ["1d", "2d"])
-def test_one_row_gemv_reads_x_as_a_vector_or_as_tiles(device, dtype, tol, fusion, x_mode, monkeypatch):
-    """SPECPILOT_GEMV_X: x broadcast from a vector (1d) or loaded as the weight tile's shape (2d, the
-    default): both give the reference's result, K a multiple of the tile or not."""
-    monkeypatch.setenv("SPECPILOT_GEMV_X", x_mode)
-    for n, k in ((40, 300), (64, 512)):
-        _check_gemv(device, dtype, tol, 1, n, k, fusion,
-                    {"BLOCK_N": 8, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "PRE": 2})
+@pytest.mark.parametrize("n,k", [(40, 300), (64, 512)])
+@pytest.mark.parametrize("reader", ["norm", "norm_gate_up", "qkv_rope"])
+@pytest.mark.parametrize("block_n", [8, 16])
+def test_norm_handoff_gives_the_norm_reference(device, dtype, tol, n, k, reader, block_n):
+    """A residual-writing one-row GEMV given next_norm returns a NormedStream: the stream the plain call
+    writes, h * g, and sums of squares (one per block, BLOCK_N 16 leaves the last block part-full at
+    N = 40); the normed projection (or q/k/v + rope) reading it equals the reference on the stream, and
+    a NormedStream for another norm is read as its stream."""
+    from specpilot.kernels.gemv import NormedStream
+    from specpilot.kernels.gemv.naive import gemv_naive
+    from specpilot.kernels.gemv.triton import gemv_triton
+
+    g = torch.Generator().manual_seed(n * k + block_n)
+    a = torch.randn(1, k, generator=g).to(device, dtype)
+    w_o = (torch.randn(n, k, generator=g) / k ** 0.5).to(device, dtype)
+    r = torch.randn(1, n, generator=g).to(device, dtype)
+    nw = (1 + 0.1 * torch.randn(n, generator=g)).to(device, dtype)
+    config = {"BLOCK_N": block_n, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "PRE": 1}
+    handed = gemv_triton(a, w_o, residual=r, next_norm=nw, tune=False, config=config)
+    assert isinstance(handed, NormedStream) and handed.norm_weight is nw
+    h = handed.stream
+    assert torch.equal(h, gemv_triton(a, w_o, residual=r, tune=False, config=config))
+    assert handed.sumsq.shape == (-(-n // block_n),)
+    assert rel(handed.sumsq.sum(), h.float().square().sum()) <= 1e-6
+    assert torch.equal(handed.scaled, (h.float() * nw.float()).to(dtype))
+    other = NormedStream(h, torch.randn(h.shape, generator=g).to(device, dtype), handed.sumsq * 3, nw.clone())
+    bound = 1e-2 if tol == 0 else max(tol, 1e-5)
+    if reader == "qkv_rope":
+        _check_qkv_rope_reads(handed, other, nw, n, device, dtype, bound)
+        return
+    w = (torch.randn(96, n, generator=g) / n ** 0.5).to(device, dtype)
+    kw = dict(norm_weight=nw, eps=1e-5, gate_up=reader == "norm_gate_up")
+    want = gemv_naive(h, w, **kw)
+    for x in (handed, other):
+        assert rel(gemv_triton(x, w, tune=False, config=config, **kw), want) <= bound
 
 
-@pytest.mark.skipif(not CUDA, reason="the L2 prefetch is PTX: the interpreter launches without it")
-@pytest.mark.parametrize("fusion", ["norm_gate_up", "residual"])
-@pytest.mark.parametrize("n,k", [(40, 304), (4096, 1024)])
-def test_one_row_gemv_with_l2_prefetch(fusion, n, k, monkeypatch):
-    """L2PRE (a bulk L2 prefetch of each block's weight rows before the PDL wait) changes nothing
-    computed; (40, 304): the last block's rows run past N, which it must not prefetch."""
-    monkeypatch.setenv("SPECPILOT_PDL", "1")
-    _check_gemv("cuda", torch.bfloat16, 0, 1, n, k, fusion,
-                {"BLOCK_N": 16, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "PRE": 1, "L2PRE": 1})
+def _check_qkv_rope_reads(handed, other, nw, hidden, device, dtype, bound):
+    from specpilot.kernels.qkv_rope.naive import qkv_rope_naive
+    from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
+
+    g = torch.Generator().manual_seed(hidden)
+    hq, hkv, d, length = 2, 1, 32, 8
+    w = (torch.randn((hq + 2 * hkv) * d, hidden, generator=g) / hidden ** 0.5).to(device, dtype)
+    positions, slots = torch.tensor([[5]], device=device), torch.tensor([[3]], device=device)
+    cos, sin = rope_table(16, d, 10000.0, None, device=device)
+    caches = [torch.zeros(1, hkv, length, d, dtype=dtype, device=device) for _ in range(2)]
+    want = qkv_rope_naive(handed.stream.view(1, 1, -1), w, None, nw, 1e-5, positions, cos, sin, *caches, slots,
+                          hq, hkv, d)
+    for x in (handed, other):
+        got_caches = [torch.zeros_like(c) for c in caches]
+        got = qkv_rope_triton(x, w, None, nw, 1e-5, positions, cos, sin, *got_caches, slots, hq, hkv, d,
+                              tune=False, pairs=8)
+        assert rel(got, want) <= bound
+        assert all(rel(a, b) <= bound for a, b in zip(got_caches, caches, strict=True))
 
 
-def test_gemv_x_mode_rejects_unknown_values(monkeypatch):
-    from specpilot.kernels.gemv.triton import x_tiles
+def test_norm_handoff_follows_the_environment(monkeypatch):
+    from specpilot.kernels.gemv import NormedStream, handoff_on
+    from specpilot.kernels.gemv.triton import gemv_triton
 
-    monkeypatch.setenv("SPECPILOT_GEMV_X", "3d")
-    with pytest.raises(ValueError, match="SPECPILOT_GEMV_X"):
-        x_tiles()
-    monkeypatch.setenv("SPECPILOT_GEMV_X", "1D")
-    assert not x_tiles()
-    monkeypatch.delenv("SPECPILOT_GEMV_X")
-    assert x_tiles()
+    device, dtype = SETTINGS[0][:2]
+    g = torch.Generator().manual_seed(1)
+    a, w, r, nw = (torch.randn(*s, generator=g).to(device, dtype) for s in ((1, 64), (32, 64), (1, 32), (32,)))
+    config = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": 1}
+    monkeypatch.setenv("SPECPILOT_NORM_HANDOFF", "0")
+    assert not handoff_on()
+    plain = gemv_triton(a, w, residual=r, next_norm=nw, tune=False, config=config)
+    assert isinstance(plain, torch.Tensor)
+    monkeypatch.setenv("SPECPILOT_NORM_HANDOFF", "yes")
+    with pytest.raises(ValueError, match="SPECPILOT_NORM_HANDOFF"):
+        handoff_on()
+    monkeypatch.delenv("SPECPILOT_NORM_HANDOFF")
+    handed = gemv_triton(a, w, residual=r, next_norm=nw, tune=False, config=config)
+    assert isinstance(handed, NormedStream) and torch.equal(handed.stream, plain)
 
 
 def _check_gemv(device, dtype, tol, rows, n, k, fusion, config):
@@ -214,25 +257,33 @@ def test_pdl_only_for_cuda_tensors_and_as_the_kernel_or_the_environment_says(mon
 
 
 def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
-    """AR with gemv=true (streaming GEMV, fused q/k/v + rope) equals the default path's AR on a tiny
-    float32 model, and the fused prologue really ran."""
+    """AR with gemv=true (streaming GEMV, fused q/k/v + rope, norms handed over from the projection that
+    writes the stream) equals the default path's AR on a tiny float32 model, with and without the
+    hand-over, and the fused prologue and the hand-over really ran."""
     import specpilot.models.layers as layers
     from specpilot.fixtures.random_models import random_target, tiny_target_config
+    from specpilot.kernels.gemv import NormedStream
     from specpilot.runtime.engine import Engine
     from specpilot.runtime.options import parse_system
 
     device = "cuda" if CUDA else "cpu"
     if not CUDA:
         monkeypatch.setenv("SPECPILOT_KERNELS", "triton")  # the interpreter runs the Triton kernels
-    calls = []
-    fused_prologue = layers.qkv_rope
+    calls, handed = [], []
+    fused_prologue, real_project = layers.qkv_rope, layers.project
     monkeypatch.setattr(layers, "qkv_rope", lambda *a, **k: calls.append(1) or fused_prologue(*a, **k))
+    monkeypatch.setattr(layers, "project", lambda *a, **k: handed.append(isinstance(a[0], NormedStream))
+                        or real_project(*a, **k))
     target = random_target(tiny_target_config(), seed=3, device=device)
     prompt, ar = list(range(5, 20)), parse_system("ar")
     plain = Engine(target, None, context=64).generate(prompt, 12, (), ar).tokens
-    assert not calls
+    assert not calls and not any(handed)
     fused = Engine(target, None, context=64, gemv=True).generate(prompt, 12, (), ar).tokens
-    assert calls and fused == plain
+    assert calls and any(handed) and fused == plain
+    monkeypatch.setenv("SPECPILOT_NORM_HANDOFF", "0")
+    handed.clear()
+    assert Engine(target, None, context=64, gemv=True).generate(prompt, 12, (), ar).tokens == plain
+    assert not any(handed)
 
 
 def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it(monkeypatch):

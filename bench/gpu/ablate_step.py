@@ -33,7 +33,7 @@ import torch
 
 from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, provenance, step_weight_bytes
 from specpilot.fixtures.random_models import random_target
-from specpilot.kernels.gemv import choice
+from specpilot.kernels.gemv import choice, stream_of
 from specpilot.kernels.swiglu import silu_mul
 from specpilot.models import dense, layers
 from specpilot.runtime.engine import Engine
@@ -67,23 +67,26 @@ FUSIONS = ("norm", "res", "pair")
 
 
 def project_variant(skip: str = "", unfuse_gate_up: bool = False, keep: tuple = FUSIONS):
-    """keep: the fusions kept. Without "norm" no norm prologue, without "res" no residual epilogue,
-    without "pair" gate/up as one plain projection whose first half feeds the down projection (timing
-    only; with none kept, the chain of plain GEMVs bench/gpu/gemv_pdl.py times)."""
-    def project(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, gate_up=False, gemv=False):
+    """keep: the fusions kept. Without "norm" no norm prologue and no hand-over to the next norm, without
+    "res" no residual epilogue, without "pair" gate/up as one plain projection whose first half feeds the
+    down projection (timing only; with none kept, the chain of plain GEMVs bench/gpu/gemv_pdl.py times)."""
+    def project(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, gate_up=False, gemv=False,
+                next_norm=None):
         if kind_of(weight, gate_up, residual) == skip:
             n = weight.shape[0] // (2 if gate_up else 1)
-            return residual if residual is not None else x.new_zeros(*x.shape[:-1], n)
+            return residual if residual is not None else stream_of(x).new_zeros(*stream_of(x).shape[:-1], n)
         if keep != FUSIONS:
-            nw = norm_weight if "norm" in keep else None
+            nw, nxt = (norm_weight, next_norm) if "norm" in keep else (None, None)
+            x = x if "norm" in keep else stream_of(x)
             res = residual if "res" in keep else None
             if gate_up and "pair" not in keep:
                 return REAL_PROJECT(x, weight, bias, norm_weight=nw, eps=eps, gemv=gemv)[..., : weight.shape[0] // 2]
-            return REAL_PROJECT(x, weight, bias, norm_weight=nw, eps=eps, residual=res, gate_up=gate_up, gemv=gemv)
+            return REAL_PROJECT(x, weight, bias, norm_weight=nw, eps=eps, residual=res, gate_up=gate_up, gemv=gemv,
+                                next_norm=nxt)
         if gate_up and unfuse_gate_up:
             return silu_mul(REAL_PROJECT(x, weight, bias, norm_weight=norm_weight, eps=eps, gemv=gemv))
         return REAL_PROJECT(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual, gate_up=gate_up,
-                            gemv=gemv)
+                            gemv=gemv, next_norm=next_norm)
 
     return project
 

@@ -4,10 +4,10 @@
 #          (profile_step.py, cuBLAS and --gemv, 8B and 27B);
 #   GPU 1: engine_core.py --parts gemv (AR with gemv=true against the floor, in its GEMV_VARIANTS).
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
-# Usage: SPECPILOT_COMMIT=<sha> [TESTS_K=<pytest -k expr>] [PROFILE="dense-8b ..."] [FUSIONS="2d 1d"]
+# Usage: SPECPILOT_COMMIT=<sha> [TESTS_K=<pytest -k expr>] [PROFILE="dense-8b ..."] [FUSIONS="1 0"]
 #        bash bench/gpu/gemv_round.sh
 # (FUSIONS: after the tests, GPU 0 times the 8B's GEMV fusions one by one, ablate_step.py --only, once per
-#  SPECPILOT_GEMV_X value)
+#  SPECPILOT_NORM_HANDOFF value)
 # (all the kernel tests take ~4 min a pass on the H200: TESTS_K picks the ones a change touches)
 set -u
 export PYTHONPATH=.
@@ -22,9 +22,9 @@ tests="tests/test_kernels.py tests/test_attention_kernel.py"
       OUT=/tmp/o python3 bench/gpu/profile_step.py --model $m $g > /dev/null 2>> /tmp/o/profile.err
     done
   done
-  for x in ${FUSIONS:-}; do  # e.g. FUSIONS="2d 1d": the fusions' costs with each way of reading x
+  for x in ${FUSIONS:-}; do  # e.g. FUSIONS="1 0": the fusions' costs with and without the norm hand-over
     mkdir -p /tmp/o/fusions_$x
-    SPECPILOT_GEMV_X=$x python3 bench/gpu/ablate_step.py --models dense-8b --out /tmp/o/fusions_$x \
+    SPECPILOT_NORM_HANDOFF=$x python3 bench/gpu/ablate_step.py --models dense-8b --out /tmp/o/fusions_$x \
       --only gemvs_only,plain_gemvs,plain_plus_norm,plain_plus_res,plain_plus_pair > /tmp/o/fusions_$x.log 2>&1
   done
 ) &

@@ -13,7 +13,7 @@ import enum
 import torch
 from torch import nn
 
-from specpilot.kernels.gemv import gemv_applies, project
+from specpilot.kernels.gemv import gemv_applies, project, stream_of
 from specpilot.kernels.norm import rms_norm
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
@@ -94,8 +94,8 @@ class DenseTarget(nn.Module):
         rows sit at consecutive slots past the cache but at positions given by their depth).
         """
         h, hidden, fused = self._trunk(tokens, positions, cache, mode, slots, vis, hidden_layers)
-        if mode is Mode.PREFILL:
-            h = h[:, -1:]
+        if mode is Mode.PREFILL or self.fault == "fp16_head":
+            h = stream_of(h)[:, -1:] if mode is Mode.PREFILL else stream_of(h)
         final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
         if self.fault == "fp16_head":
             normed = rms_norm(h, self.norm, self._eps()) if fused else h
@@ -106,7 +106,8 @@ class DenseTarget(nn.Module):
         return NORM_EPS if self.fault == "norm_eps" else self.cfg.rms_norm_eps
 
     def _trunk(self, tokens, positions, cache, mode, slots, vis, hidden_layers):
-        """-> (hidden after the last layer: final-normed, or the raw stream when fused; taps; fused)."""
+        """-> (hidden after the last layer: final-normed, or the raw stream when fused, possibly as a
+        NormedStream for the final norm; taps; fused)."""
         if mode is Mode.VERIFY:
             if slots is None or vis is None:
                 raise ValueError("verify needs explicit slots and visibility")
@@ -133,4 +134,4 @@ class DenseTarget(nn.Module):
         positions = torch.arange(tokens.shape[1], device=tokens.device)[None].expand(tokens.shape[0], -1)
         cache = self.new_cache(tokens.shape[0], tokens.shape[1])
         h, _, fused = self._trunk(tokens, positions, cache, Mode.PREFILL, None, None, ())
-        return rms_norm(h, self.norm, self.cfg.rms_norm_eps) if fused else h
+        return rms_norm(stream_of(h), self.norm, self.cfg.rms_norm_eps) if fused else h

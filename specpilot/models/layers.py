@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from specpilot.kernels.attention import attend
-from specpilot.kernels.gemv import project
+from specpilot.kernels.gemv import project, stream_of
 from specpilot.kernels.norm import add_rms_norm, rms_norm
 from specpilot.kernels.qkv_rope import qkv_rope, qkv_rope_applies
 from specpilot.kernels.rope import rope_qkv
@@ -94,12 +94,13 @@ class Attention(nn.Module):
         self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=False)
 
     def forward(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, vis: Visibility,
-                norm_weight=None, residual=None):
+                norm_weight=None, residual=None, next_norm=None):
         """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
-        `residual` (see `run_layers`)."""
+        `residual` and handed to the norm `next_norm` (see `run_layers`)."""
         q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True, norm_weight=norm_weight)
         o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5, fuse_combine=self.gemv)
-        return project(o.flatten(2), self.wo.weight, self.wo.bias, residual=residual, gemv=self.gemv)
+        return project(o.flatten(2), self.wo.weight, self.wo.bias, residual=residual, gemv=self.gemv,
+                       next_norm=next_norm)
 
 
 class SwiGLU(nn.Module):
@@ -113,10 +114,10 @@ class SwiGLU(nn.Module):
         self.w13 = nn.Linear(hidden, 2 * inter, bias=bias)
         self.w2 = nn.Linear(inter, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor, norm_weight=None, residual=None) -> torch.Tensor:
+    def forward(self, x, norm_weight=None, residual=None, next_norm=None):
         h = project(x, self.w13.weight, self.w13.bias, norm_weight=norm_weight, eps=self.eps, gate_up=True,
                     gemv=self.gemv)
-        return project(h, self.w2.weight, self.w2.bias, residual=residual, gemv=self.gemv)
+        return project(h, self.w2.weight, self.w2.bias, residual=residual, gemv=self.gemv, next_norm=next_norm)
 
 
 def use_gemv(model: nn.Module, on: bool) -> None:
@@ -135,14 +136,17 @@ def run_layers(x, layers, final_norm, eps: float, attn_fn, mlp_fn, hidden_layers
     the final-normed hidden. Fused (few-row GEMV path), h is the residual stream itself and kw carries
     norm_weight and residual: every norm happens inside the projection that reads it, every residual
     add inside the projection that writes it, and the result is the un-normed stream (the final norm
-    goes into the LM head's projection). Returns (hidden, {layer index: residual stream after it})."""
+    goes into the LM head's projection). Each projection that writes the stream also gets the weight of the
+    norm that reads it next (next_norm), for the hand-over of kernels/gemv.NormedStream; the result may be
+    one. Returns (hidden, {layer index: residual stream after it})."""
     kept = {}
     if fused:
         for i, layer in enumerate(layers):
-            x = attn_fn(i, layer, x, norm_weight=layer.attn_norm, residual=x)
-            x = mlp_fn(i, layer, x, norm_weight=layer.mlp_norm, residual=x)
+            following = layers[i + 1].attn_norm if i + 1 < len(layers) else final_norm
+            x = attn_fn(i, layer, x, norm_weight=layer.attn_norm, residual=x, next_norm=layer.mlp_norm)
+            x = mlp_fn(i, layer, x, norm_weight=layer.mlp_norm, residual=x, next_norm=following)
             if i in hidden_layers:
-                kept[i] = x
+                kept[i] = stream_of(x)
         return x, kept
     h = rms_norm(x, layers[0].attn_norm, eps)
     for i, layer in enumerate(layers):

@@ -4,6 +4,9 @@ residual add after them. cuBLAS (with the separate norm / activation kernels) by
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -14,18 +17,52 @@ from specpilot.kernels.swiglu import silu_mul
 MAX_ROWS = 4  # beyond a few rows the product is no longer a pure weight stream: cuBLAS does it
 
 
-def gemv_applies(x: torch.Tensor, enabled: bool) -> bool:
+@dataclass(frozen=True)
+class NormedStream:
+    """One row of the residual stream as the streaming GEMV that added to it wrote it, with what the norm
+    after it needs (`norm_weight` g): h * g (rounded to h's dtype, like the reference's normed value) and
+    h's sums of squares in float32, one per block of the writer. The projection that reads
+    rms_norm(h) * g then streams its weights against a ready vector and scales by rstd at the end, no
+    norm work in its weight loop (where, recomputed by every block, it cost the 8B step 0.15-0.31 ms:
+    BENCHMARKS.md). Anything else reads `stream`."""
+
+    stream: torch.Tensor
+    scaled: torch.Tensor
+    sumsq: torch.Tensor
+    norm_weight: torch.Tensor
+
+
+def stream_of(x):
+    """The tensor itself, or a NormedStream's stream."""
+    return x.stream if isinstance(x, NormedStream) else x
+
+
+def handoff_on() -> bool:
+    """Whether residual-writing one-row GEMVs hand the next norm its inputs (NormedStream); default on,
+    SPECPILOT_NORM_HANDOFF=0 turns it off (each normed projection then recomputes the norm in its loop)."""
+    mode = os.environ.get("SPECPILOT_NORM_HANDOFF", "").strip()
+    if mode not in ("", "0", "1"):
+        raise ValueError(f"SPECPILOT_NORM_HANDOFF={mode!r}: expected 1 (on, the default) or 0 (off)")
+    return mode != "0"
+
+
+def gemv_applies(x, enabled: bool) -> bool:
+    x = stream_of(x)
     return enabled and x.numel() // x.shape[-1] <= MAX_ROWS and use_triton(x)
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
-            gate_up: bool = False, gemv: bool = False) -> torch.Tensor:
-    """[residual +] act(rms_norm?(x) W^T + b), act = silu(gate) * up when gate_up (W = [gate; up])."""
+def project(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual=None,
+            gate_up: bool = False, gemv: bool = False, next_norm: torch.Tensor | None = None):
+    """[residual +] act(rms_norm?(x) W^T + b), act = silu(gate) * up when gate_up (W = [gate; up]).
+    x and residual may be NormedStreams. next_norm: the weight of the norm that will read the result; a
+    one-row streaming GEMV then returns a NormedStream for it (see there), anything else a tensor."""
     if gemv_applies(x, gemv):
         from specpilot.kernels.gemv.triton import gemv_triton
 
-        return gemv_triton(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual, gate_up=gate_up)
+        return gemv_triton(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=stream_of(residual),
+                           gate_up=gate_up, next_norm=next_norm)
+    x, residual = stream_of(x), stream_of(residual)
     h = rms_norm(x, norm_weight, eps) if norm_weight is not None else x
     y = F.linear(h, weight, bias)
     if gate_up:

@@ -21,16 +21,16 @@ _RECORDING = [False]
 # tiles each program streams before its PDL wait (1 unless said): deeper ones keep DRAM busy while the
 # kernel before finishes, above all the latency-bound attention before the output projection. Those
 # chosen build without spills, at <= 128 registers a thread for a plain projection
-# (tests/test_kernels_compile.py); with gate/up's two row sets PRE = 4 takes 168-181. L2PRE: each block
-# first asks the L2 for all its weight rows (bulk prefetch, no registers): for blocks resident long before
-# their wait (the output projection's, through the attention) that streams their whole share early.
+# (tests/test_kernels_compile.py); with gate/up's two row sets PRE = 4 takes 168-181. (Candidates that
+# bulk-prefetched a block's whole weight share into the L2 before its PDL wait were never chosen on the
+# H200 and were removed: bench/results/2026-11-30_engine_core_x_tiles_h200.json.)
 CANDIDATES = {
-    "gemv": [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "PRE": pre, "L2PRE": l2}
-             for bn, bk, w, st, pre, l2 in (
-                 (16, 512, 8, 2, 1, 0), (16, 512, 4, 2, 1, 0), (16, 256, 4, 4, 1, 0), (8, 512, 4, 4, 1, 0),
-                 (64, 128, 4, 4, 1, 0), (32, 256, 8, 2, 1, 0), (8, 256, 4, 4, 1, 0), (8, 512, 8, 2, 1, 0),
-                 (16, 256, 8, 2, 1, 0), (8, 512, 8, 2, 2, 0), (8, 512, 8, 2, 4, 0), (16, 256, 8, 2, 4, 0),
-                 (8, 256, 4, 4, 4, 0), (8, 512, 8, 2, 1, 1), (16, 512, 8, 2, 1, 1), (8, 256, 4, 4, 1, 1))],
+    "gemv": [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "PRE": pre}
+             for bn, bk, w, st, pre in (
+                 (16, 512, 8, 2, 1), (16, 512, 4, 2, 1), (16, 256, 4, 4, 1), (8, 512, 4, 4, 1),
+                 (64, 128, 4, 4, 1), (32, 256, 8, 2, 1), (8, 256, 4, 4, 1), (8, 512, 8, 2, 1),
+                 (16, 256, 8, 2, 1), (8, 512, 8, 2, 2), (8, 512, 8, 2, 4), (16, 256, 8, 2, 4),
+                 (8, 256, 4, 4, 4))],
     # PAIRS: rotary pairs per program (2 x PAIRS weight rows): 4 gives the 8-row programs the plain
     # projections chose on the H200, 8 half as many programs.
     "qkv_rope": [{"PAIRS": p, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "PRE": pre}

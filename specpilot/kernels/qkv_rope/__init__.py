@@ -4,22 +4,21 @@ norms (Qwen3) keep the separate rope kernel, which needs a whole head's statisti
 
 from __future__ import annotations
 
-import torch
-
-from specpilot.kernels.gemv import gemv_applies
+from specpilot.kernels.gemv import gemv_applies, stream_of
 
 PAIRS = 8  # rotary pairs per program by default (2 x 8 weight rows, each row's partner half a head
 # away); the step tuning may choose 4 (kernels/gemv/choice.py), which any head this admits divides
 
 
-def qkv_rope_applies(x: torch.Tensor, gemv: bool, qk_norm: bool, head_dim: int) -> bool:
-    rows = x.numel() // x.shape[-1]
+def qkv_rope_applies(x, gemv: bool, qk_norm: bool, head_dim: int) -> bool:
+    rows = stream_of(x).numel() // stream_of(x).shape[-1]
     return rows == 1 and not qk_norm and (head_dim // 2) % PAIRS == 0 and gemv_applies(x, gemv)
 
 
 def qkv_rope(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache, slots,
              num_heads, num_kv_heads, head_dim, tune: bool = True):
-    """x [1, 1, H] -> q [1, 1, Hq, D]; writes the row's K/V [1, Hkv, L, D] at its slot."""
+    """x [1, 1, H] (or a NormedStream of it) -> q [1, 1, Hq, D]; writes the row's K/V [1, Hkv, L, D] at its
+    slot."""
     from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
 
     return qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache,

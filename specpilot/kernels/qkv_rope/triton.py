@@ -5,6 +5,7 @@ rows h*D + i and their partners h*D + D/2 + i (i in its slice of the first half)
 weight rows like the streaming GEMV (gemv/triton.py: first tile before the PDL wait, one-pass norm),
 rounds the projection to the dtype, and then, by the head's kind, rotates and stores q, rotates and
 writes k into the cache slot, or writes v. Rounding after the projection mirrors the rope reference.
+The norm's inputs may come handed over (kernels/gemv.NormedStream).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
+from specpilot.kernels.gemv import NormedStream
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
-from specpilot.kernels.gemv.triton import _stream_rows, pre_clamped, x_tiles
+from specpilot.kernels.gemv.triton import _stream_rows, parts_args, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
 from specpilot.kernels.trace import opening, stamp
@@ -26,10 +28,10 @@ from specpilot.kernels.trace import slot as trace_slot
 
 @triton.jit
 def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache,
-                     trace_ptr, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
-                     PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr,
-                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
-                     X2D: tl.constexpr = True):
+                     trace_ptr, parts_ptr, n_parts, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr,
+                     HALF: tl.constexpr, PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
+                     TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0):
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
@@ -42,7 +44,7 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
     full = i < HALF  # all true: heads divide evenly
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
     a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
-                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, X2D)
+                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS)
     if HAS_BIAS:
         a += tl.load(b_ptr + rows_a).to(tl.float32)
         b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
@@ -74,26 +76,33 @@ _CONFIGS = [triton.Config({"BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"], n
             for c in CANDIDATES["qkv_rope"] if c["PAIRS"] == PAIRS and c["PRE"] == 1]  # the grid's PAIRS
 _EVEN = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _PLAIN = _EVEN(_qkv_rope_kernel)
-_TUNED = triton.autotune(configs=_CONFIGS, key=["K", "HQ", "HKV", "HALF", "HAS_NORM", "PAIRS"])(_PLAIN)
+_TUNED = triton.autotune(configs=_CONFIGS, key=["K", "HQ", "HKV", "HALF", "HAS_NORM", "PAIRS", "NPARTS"])(_PLAIN)
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache, slots,
                     num_heads, num_kv_heads, head_dim, tune: bool = True, pairs: int = PAIRS):
-    """pairs: rotary pairs per program where no config was chosen in the step (a chosen config names its own)."""
+    """x: a tensor, or a NormedStream whose hand-over replaces the norm prologue when norm_weight is its
+    norm's. pairs: rotary pairs per program where no config was chosen in the step (a chosen config
+    names its own)."""
     hidden = weight.shape[1]
+    handed = isinstance(x, NormedStream) and norm_weight is not None and norm_weight is x.norm_weight
+    sumsq = x.sumsq if handed else None
+    x = (x.scaled if handed else x.stream) if isinstance(x, NormedStream) else x
     if x.numel() != hidden or k_cache.shape[0] != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("the fused q/k/v + rope kernel takes one row of one sequence and contiguous caches")
     half = head_dim // 2
-    q = torch.empty(1, 1, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    q = torch.empty(1, 1, num_heads, head_dim, dtype=k_cache.dtype, device=x.device)
     pdl = pdl_on(x, default=True)
-    args = (x.reshape(-1), norm_weight if norm_weight is not None else x, weight,
+    has_norm = norm_weight is not None and not handed
+    parts, nparts = parts_args(sumsq, x)
+    args = (x.reshape(-1), norm_weight if has_norm else x, weight,
             bias if bias is not None else weight, positions.reshape(-1), slots.reshape(-1), cos_table, sin_table,
-            q, k_cache, v_cache, q, hidden, k_cache.shape[2], eps)
-    meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, HAS_NORM=norm_weight is not None,
-                HAS_BIAS=bias is not None, USE_GDC=pdl, X2D=x_tiles(), **({"launch_pdl": True} if pdl else {}))
+            q, k_cache, v_cache, q, *parts, hidden, k_cache.shape[2], eps)
+    meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, HAS_NORM=has_norm, HAS_BIAS=bias is not None,
+                USE_GDC=pdl, NPARTS=nparts, **({"launch_pdl": True} if pdl else {}))
     chosen = step_config(("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None,
-                          bias is not None))
+                          bias is not None, handed))
     if chosen is not None:
         pairs = chosen["PAIRS"]
     if half % pairs:
