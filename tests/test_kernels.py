@@ -286,6 +286,42 @@ def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
     assert not any(handed)
 
 
+def test_hand_over_runs_before_the_tuning_so_the_tuning_sees_its_readers(monkeypatch):
+    """Before any config is chosen the hand-over's writer runs the fixed config (its grid sizes the sums),
+    not the autotuner, so the step's recording run launches the reader with the hand-over and the
+    tuning records the reader's own key (PRENORM, no in-loop norm)."""
+    import specpilot.kernels.gemv.triton as gemv_mod
+    from specpilot.kernels.gemv import NormedStream, choice
+    from specpilot.kernels.gemv.triton import gemv_triton
+
+    launched = []
+
+    class Spy:  # stands in for a compiled kernel: records which launch path ran
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append(self.name)
+
+    monkeypatch.setattr(gemv_mod, "_INTERPRET", False)
+    monkeypatch.setattr(gemv_mod, "_STREAM", Spy("fixed"))
+    monkeypatch.setattr(gemv_mod, "_STREAM_TUNED", Spy("autotuned"))
+    a, w_o, r, nw, w2 = (torch.randn(*shape) for shape in ((1, 64), (32, 64), (1, 32), (32,), (48, 32)))
+    handed = []
+
+    def step():
+        h = gemv_triton(a, w_o, residual=r, next_norm=nw)
+        handed.append(isinstance(h, NormedStream))
+        gemv_triton(h, w2, norm_weight=nw, eps=1e-5)
+
+    choice.forget()
+    writer, reader = choice.record_keys(step)
+    assert handed == [True] and launched == ["fixed", "autotuned"]
+    assert dict(writer[3:])["NEXT"] and not dict(writer[3:])["PRENORM"]
+    assert dict(reader[3:])["PRENORM"] and not dict(reader[3:])["HAS_NORM"]
+    choice.forget()
+
+
 def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it(monkeypatch):
     import specpilot.kernels.gemv.triton as gemv_mod
     from specpilot.kernels.gemv import choice

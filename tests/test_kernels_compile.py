@@ -204,9 +204,9 @@ def test_handed_over_norm_leaves_the_plain_weight_loop(config, gate_up):
     handed, regs, spills = _loop_and_registers(dict(**base, HAS_NORM=False, NPARTS=512), STREAM_TYPES, config)
     assert opcodes(handed) == opcodes(plain)
     assert in_loop.count("ld.global") > plain.count("ld.global")
-    # (16, 512, 8 warps) with gate/up sits at the 128-register cap either way: there the hand-over's one
-    # scalar held through the loop spills (4 bytes), where the in-loop norm's larger state did not
-    assert regs <= in_regs and spills <= max(in_spills, 4), (regs, spills, in_regs, in_spills)
+    # (16, 512, 8 warps) with gate/up: ptxas keeps the plain and the handed kernel at 128 registers, and
+    # there the sums loaded before the loop and held through it (2 a thread at NPARTS 512) spill, 8 bytes
+    assert regs <= in_regs and spills <= max(in_spills, 8), (regs, spills, in_regs, in_spills)
     writer, _, spills = _loop_and_registers(dict(GATE_UP=False, HAS_RES=True, HAS_BIAS=False, HAS_NORM=False,
                                                  NEXT=True), STREAM_TYPES, config)
     residual, _, _ = _loop_and_registers(dict(GATE_UP=False, HAS_RES=True, HAS_BIAS=False, HAS_NORM=False),

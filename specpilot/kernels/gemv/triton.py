@@ -151,10 +151,10 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         tl.extra.cuda.gdc_wait()
     if TRACE:
         stamp(rec, 1)  # WAITED
-    sumsq = 0.0
-    if NPARTS:  # loaded now, used at the end: the load's latency hides behind the weight stream
+    parts = tl.zeros([1], dtype=tl.float32)
+    if NPARTS:  # loaded now, summed at the end: the load's latency hides behind the weight stream
         p = tl.arange(0, NPARTS)
-        sumsq = tl.sum(tl.load(parts_ptr + p, mask=p < n_parts, other=0.0), axis=0)
+        parts = tl.load(parts_ptr + p, mask=p < n_parts, other=0.0)
     xp, sqp = _row_tile(x_ptr, nw_ptr, 0, kp, K, HAS_NORM, EVEN_K, ROWS)
     head = tl.sum(wp.to(tl.float32) * xp, axis=1)
     head2 = head
@@ -179,6 +179,7 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1) + head
     out2 = tl.sum(acc2, axis=1) + head2
+    sumsq = tl.sum(parts, axis=0)
     if HAS_NORM:  # every row of ss (and sqp) holds the same squares: a per-row rstd, equal on all rows
         sumsq = tl.sum(ss, axis=1) + tl.sum(sqp, axis=1)
     if HAS_NORM or NPARTS:
@@ -296,8 +297,10 @@ def parts_args(sumsq: torch.Tensor | None, like: torch.Tensor) -> tuple[tuple, i
 
 def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool, config: dict | None,
             sumsq: torch.Tensor | None, next_norm: torch.Tensor | None):
-    """Launch the one-row kernel; with next_norm and a known config (chosen in the step, given, or the
-    fixed one) also the hand-over to the next norm: returns (h * g, sums) then, else None."""
+    """Launch the one-row kernel; with next_norm also the hand-over to the next norm: returns (h * g, sums)
+    then, else None. The hand-over needs the grid, so before the step tuning has chosen a config it runs
+    the fixed one, not the autotuner: the step's first eager run then launches the hand-over's readers,
+    whose keys the tuning records (choice.record_keys) and tunes like the rest."""
     y = tensors[5]
     pdl = pdl_on(y, default=True)  # the one-row kernel runs only in the `gemv` decode step
     parts, nparts = parts_args(sumsq, y)
@@ -305,7 +308,7 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     config = config or step_config(("gemv", n, k, *sorted(key_flags.items())))
     launch = {"launch_pdl": True} if pdl else {}
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    if config is None and tune and not _INTERPRET:  # the autotuner's grid is unknown here: no hand-over
+    if config is None and tune and not _INTERPRET and next_norm is None:
         _STREAM_TUNED[grid](*tensors, y, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts, **launch)
         return None
     config = pre_clamped(config or _FIXED, k)
