@@ -44,7 +44,8 @@ def test_traced_gemv_records_ordered_times_on_real_sms():
     from specpilot.kernels.gemv.triton import gemv_triton
 
     x, w = torch.randn(1, 1024, device="cuda"), torch.randn(4096, 1024, device="cuda")
-    key = ("gemv", 4096, 1024, ("GATE_UP", False), ("HAS_BIAS", False), ("HAS_NORM", False), ("HAS_RES", False))
+    key = ("gemv", 4096, 1024, ("GATE_UP", False), ("HAS_BIAS", False), ("HAS_NORM", False), ("HAS_RES", False),
+           ("NEXT", False), ("PRENORM", False))
     choice._CHOSEN[key] = choice.CANDIDATES["gemv"][0]
     try:
         want = gemv_triton(x, w)
