@@ -105,33 +105,6 @@ def test_fused_combine_merges_in_the_split_launch_and_resets_its_counters(monkey
         assert int(kernel_module._counters(q.device).abs().sum()) == 0
 
 
-def test_prefetch_bytes_are_a_share_in_whole_16_byte_units():
-    from specpilot.kernels.attention.triton import prefetch_bytes
-
-    w = torch.empty(1000, 37, dtype=torch.bfloat16)  # 74000 bytes
-    assert prefetch_bytes(w, 1) == 74000 and prefetch_bytes(w, 2) == 74000
-    assert prefetch_bytes(w, 0.5) == 37000 // 16 * 16
-    assert prefetch_bytes(w, 0) == prefetch_bytes(None, 1) == 0
-    assert all(prefetch_bytes(w, s) % 16 == 0 for s in (0.1, 0.33, 0.77))
-
-
-@needs_cuda
-@pytest.mark.parametrize("share", [0.5, 1.0])
-@pytest.mark.parametrize("splits", [1, 4])
-def test_prefetching_the_next_weight_changes_nothing_computed(share, splits):
-    """The L2 prefetch of another tensor (odd size: the last program's share runs short) leaves the
-    attention's output as it was, bit for bit, and the prefetched tensor untouched."""
-    gen = torch.Generator().manual_seed(splits)
-    q, k, v, vis = make_case(gen, 1, 1, 32, 8, 128, 300, "none", dtype=torch.bfloat16)
-    weight = torch.randn(4096, 1000, generator=gen).to(DEVICE, torch.bfloat16)
-    before = weight.clone()
-    plain = attend_triton(q, k, v, vis, 0.1, num_splits=splits, fuse_combine=True)
-    got = attend_triton(q, k, v, vis, 0.1, num_splits=splits, fuse_combine=True, prefetch=weight,
-                        prefetch_share=share)
-    torch.cuda.synchronize()
-    assert torch.equal(got, plain) and torch.equal(weight, before)
-
-
 def test_decode_step_runs_the_split_count_chosen_in_the_step(monkeypatch):
     """In the `gemv` decode step (one row, fused combine) the split count comes from the step tuning
     (kernels/gemv/choice.py; 0 = the heuristic); other calls keep the heuristic."""

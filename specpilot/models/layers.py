@@ -98,8 +98,7 @@ class Attention(nn.Module):
         """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
         `residual` and handed to the norm `next_norm` (see `run_layers`)."""
         q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True, norm_weight=norm_weight)
-        o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5, fuse_combine=self.gemv,
-                   prefetch=self.wo.weight if self.gemv else None)
+        o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5, fuse_combine=self.gemv)
         return project(o.flatten(2), self.wo.weight, self.wo.bias, residual=residual, gemv=self.gemv,
                        next_norm=next_norm)
 

@@ -16,14 +16,13 @@ __all__ = ["attend", "attend_naive"]
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
-           scale: float, fuse_combine: bool = False, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+           scale: float, fuse_combine: bool = False) -> torch.Tensor:
     """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D] in q's dtype.
-    fuse_combine (part of the `gemv` option): the split-K partials are merged inside the same launch.
-    prefetch: the next projection's weight, which the decode step's kernel may ask into the L2."""
+    fuse_combine (part of the `gemv` option): the split-K partials are merged inside the same launch."""
     if use_triton(q):
         # Imported here so that importing this package never imports triton (TRITON_INTERPRET must
         # be set before the first triton import).
         from specpilot.kernels.attention.triton import attend_triton
 
-        return attend_triton(q, k_cache, v_cache, vis, scale, fuse_combine=fuse_combine, prefetch=prefetch)
+        return attend_triton(q, k_cache, v_cache, vis, scale, fuse_combine=fuse_combine)
     return attend_naive(q, k_cache, v_cache, vis, scale)

@@ -86,7 +86,7 @@ def _in_window(offs_t, offs_s, start, window):
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, cache_len_ptr, start_ptr, tree_ptr,
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, count_ptr, trace_ptr, pf_ptr, pf_bytes,
+    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, count_ptr, trace_ptr,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_h, sk_l,
     sv_b, sv_h, sv_l,
@@ -95,11 +95,10 @@ def _split_kernel(
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
-    this split's share of the visible slots (see the module docstring). PREFETCH: once its K/V are read,
-    the program asks the L2 for its share of pf_bytes at pf_ptr (the next projection's weights)."""
+    this split's share of the visible slots (see the module docstring)."""
     rec = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * 5  # kernels/trace.py
     if TRACE:
         opening(rec)
@@ -214,9 +213,6 @@ def _split_kernel(
             vis = vis & _in_window(offs_t, offs_s, start, window)
         m_i, l_i, acc = _softmax_step(q, k, v, vis, qk_scale, m_i, l_i, acc, True, PRECISION)
 
-    if PREFETCH:  # after the K/V loads (the last block's softmax consumed them): not queued before them
-        _l2_prefetch_share(pf_ptr, pf_bytes, tl.program_id(1) * tl.num_programs(0) + pid,
-                           tl.num_programs(0) * tl.num_programs(1))
     o_ptrs = (out_ptr + b.to(tl.int64) * so_b + offs_t[:, None] * so_t + (h * G + offs_g)[:, None] * so_h
               + offs_d[None, :])
     if NUM_SPLITS == 1:
@@ -240,23 +236,6 @@ def _split_kernel(
                 tl.atomic_xchg(count_ptr + pid, 0)
     if TRACE:
         stamp(rec, 3)  # END
-
-
-@triton.jit
-def _l2_prefetch_share(ptr, nbytes, index, programs, PIECE: tl.constexpr = 65536):
-    """Program `index` of `programs` asks the L2 for its share of nbytes at the byte pointer ptr, in bulk
-    prefetches of up to PIECE bytes from one thread (no registers held, nothing waited for). The host
-    keeps nbytes a multiple of 16 and ptr 16-byte aligned, as the instruction needs."""
-    share = tl.cdiv(tl.cdiv(nbytes, 16), programs) * 16
-    lo = index * share
-    hi = tl.minimum(lo + share, nbytes)
-    for off in range(lo, hi, PIECE):
-        addr = (ptr + off).to(tl.int64, bitcast=True)
-        size = tl.minimum(hi - off, PIECE).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -378,24 +357,13 @@ def _counters(device: torch.device) -> torch.Tensor | None:
     return _COUNTERS[device]
 
 
-def prefetch_bytes(weight: torch.Tensor | None, share: float) -> int:
-    """How many leading bytes of `weight` to prefetch: `share` of them, a multiple of 16 (0: none)."""
-    if weight is None or not share:
-        return 0
-    return int(weight.numel() * weight.element_size() * min(share, 1.0)) // 16 * 16
-
-
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
-                  scale: float, num_splits: int | None = None, fuse_combine: bool = False,
-                  prefetch: torch.Tensor | None = None, prefetch_share: float | None = None) -> torch.Tensor:
+                  scale: float, num_splits: int | None = None, fuse_combine: bool = False) -> torch.Tensor:
     """q [B, T, Hq, D] (any strides); k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D], q's dtype.
 
     No host synchronisation: cache_len / start stay on the device; the grid depends only on shapes.
     num_splits overrides the heuristic split count (for tests and tuning). fuse_combine: the last split
-    of each row tile to finish merges the partials (one launch instead of two). prefetch: a contiguous
-    CUDA tensor (the output projection's weight) of which the programs, once their K/V are read, ask
-    the L2 for the share `prefetch_share` (in the `gemv` decode step: the step-tuned PREFETCH), so the
-    weight streams while the attention finishes; PTX, so never under the interpreter."""
+    of each row tile to finish merges the partials (one launch instead of two)."""
     _check(q, k_cache, v_cache, vis)
     b, t, hq, d = q.shape
     hkv, length = k_cache.shape[1], k_cache.shape[2]
@@ -404,11 +372,6 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if num_splits is None and fuse_combine and t == 1:  # the `gemv` decode step: its split count is tuned
         chosen = step_config(("attention", b, hkv, g, d, length))
         num_splits = (chosen["NUM_SPLITS"] or None) if chosen else None
-        if prefetch_share is None and chosen:
-            prefetch_share = chosen.get("PREFETCH", 0)
-    pf_bytes = prefetch_bytes(prefetch, prefetch_share or 0) if q.is_cuda else 0
-    if pf_bytes and not prefetch.is_contiguous():
-        raise ValueError("the tensor to prefetch must be contiguous")
     cfg = _config(b, hkv, rows, d, length, _num_sms(q.device), num_splits)
 
     out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)
@@ -440,7 +403,6 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,
         out, part_m, part_l, part_acc, counters if counters is not None else cache_len, rec,
-        prefetch.view(-1).view(torch.uint8) if pf_bytes else out, pf_bytes,
         *q.stride(),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -449,8 +411,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         HKV=hkv, G=g, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
-        FUSE_COMBINE=counters is not None, TRACE=traced, PREFETCH=pf_bytes > 0, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        FUSE_COMBINE=counters is not None, TRACE=traced, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch,
     )
     if splits > 1 and counters is None:

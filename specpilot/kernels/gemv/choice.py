@@ -42,9 +42,10 @@ CANDIDATES = {
 
 # The decode attention's split count (0: the shape heuristic, kernels/attention/triton._config). Its best
 # value depends on how much of the cache is filled, so the step is tuned at a quarter of the context.
-# PREFETCH: the share of the output projection's weight the attention asks into the L2 once its K/V are
-# read (the projection's blocks wait through the attention; their own early loads, PRE, did not pay).
-CANDIDATES["attention"] = [{"NUM_SPLITS": s, "PREFETCH": p} for p in (0, 0.5, 1) for s in (0, 1, 2, 4, 8)]
+# (Candidates where the attention, once its K/V were read, bulk-prefetched half or all of the output
+# projection's weight into the L2 were never chosen and were removed:
+# bench/results/2026-11-30_engine_core_attn_prefetch_b37bb7a_h200.json.)
+CANDIDATES["attention"] = [{"NUM_SPLITS": s} for s in (0, 1, 2, 4, 8)]
 
 
 def step_config(key: tuple) -> dict | None:
