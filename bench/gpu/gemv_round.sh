@@ -11,7 +11,7 @@
 # (all the kernel tests take ~4 min a pass on the H200: TESTS_K picks the ones a change touches)
 set -u
 export PYTHONPATH=.
-mkdir -p /tmp/o
+rm -rf /tmp/o && mkdir -p /tmp/o  # a warm machine keeps the previous run's files
 tests="tests/test_kernels.py tests/test_attention_kernel.py"
 (
   export CUDA_VISIBLE_DEVICES=0

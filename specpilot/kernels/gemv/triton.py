@@ -19,7 +19,7 @@ Optional fusions in both, each removing a launch and a round trip:
   * norm prologue: x is RMS-normalised on the fly (every program recomputes the row statistics from
     L2, a few KB), so no separate norm kernel runs before the projection;
   * gate/up: the program also streams the matching rows of the up half and writes silu(gate) * up;
-  * residual epilogue: y = residual + x W^T.
+  * residual epilogue: y = residual + x W^T, and (one row, next_norm) the hand-over to the next norm.
 In `_gemv_kernel` rounding mirrors the references (normalised value, weight product, GEMM output,
 silu, residual sum each rounded to the dtype), so the fused path computes what the unfused one does.
 """
@@ -249,7 +249,8 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     """[.., K] -> [.., N] (N = weight rows, or half of them for gate_up); see the module docstring.
     tune: autotune per shape; else `config` (BLOCK_N, BLOCK_K, num_warps, num_stages) or a fixed one.
     x may be a NormedStream (kernels/gemv): when norm_weight is its norm's, its handed-over h * g and sums
-    replace the norm prologue. next_norm: a one-row call with a known config returns a NormedStream."""
+    replace the norm prologue. next_norm: a one-row call returns a NormedStream for that norm (unless
+    SPECPILOT_NORM_HANDOFF=0)."""
     rows_w, k = weight.shape
     n = rows_w // 2 if gate_up else rows_w
     handed = isinstance(x, NormedStream) and norm_weight is not None and norm_weight is x.norm_weight
