@@ -40,8 +40,8 @@ def test_kernels_build_for_hopper_in_a_process_without_the_interpreter():
 def hopper(test):
     return pytest.mark.skipif(INTERPRETED, reason="run in a process without the interpreter")(test)
 P = "*bf16"
-STREAM_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "g_ptr")}, "N": "i32",
-                "K": "i32", "eps": "fp32", "trace_ptr": "*i64", "xg_ptr": "*fp32", "sq_ptr": "*fp32",
+STREAM_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")},
+                "N": "i32", "K": "i32", "eps": "fp32", "trace_ptr": "*i64", "sq_ptr": "*fp32",
                 "parts_ptr": "*fp32", "n_parts": "i32"}  # the one-row GEMV's (gemv/triton._stream_kernel) arguments
 QKV_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
