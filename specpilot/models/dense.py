@@ -94,11 +94,11 @@ class DenseTarget(nn.Module):
         rows sit at consecutive slots past the cache but at positions given by their depth).
         """
         h, hidden, fused = self._trunk(tokens, positions, cache, mode, slots, vis, hidden_layers)
-        if mode is Mode.PREFILL or self.fault == "fp16_head":
-            h = stream_of(h)[:, -1:] if mode is Mode.PREFILL else stream_of(h)
+        if mode is Mode.PREFILL:
+            h = stream_of(h)[:, -1:]
         final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
         if self.fault == "fp16_head":
-            normed = rms_norm(h, self.norm, self._eps()) if fused else h
+            normed = rms_norm(stream_of(h), self.norm, self._eps()) if fused else h
             return (normed.half() @ self.head_weight.half().t()).to(h.dtype), hidden
         return project(h, self.head_weight, norm_weight=final, eps=self._eps(), gemv=self.gemv), hidden
 

@@ -37,6 +37,14 @@ def stream_of(x):
     return x.stream if isinstance(x, NormedStream) else x
 
 
+def norm_input(x, norm_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What a projection normed by norm_weight reads: (h * g, the sums of squares) when x is a NormedStream
+    for that very norm, else (the stream, None): the projection then norms in its loop, if at all."""
+    if isinstance(x, NormedStream) and norm_weight is x.norm_weight:
+        return x.scaled, x.sumsq
+    return stream_of(x), None
+
+
 def handoff_on() -> bool:
     """Whether residual-writing one-row GEMVs hand the next norm its inputs (NormedStream); default on,
     SPECPILOT_NORM_HANDOFF=0 turns it off (each normed projection then recomputes the norm in its loop)."""

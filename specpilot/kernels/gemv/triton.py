@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv import MAX_ROWS, NormedStream, handoff_on, stream_of
+from specpilot.kernels.gemv import MAX_ROWS, NormedStream, handoff_on, norm_input, stream_of
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
@@ -151,7 +151,6 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         tl.extra.cuda.gdc_wait()
     if TRACE:
         stamp(rec, 1)  # WAITED
-    parts = tl.zeros([1], dtype=tl.float32)
     if NPARTS:  # loaded now, summed at the end: the load's latency hides behind the weight stream
         p = tl.arange(0, NPARTS)
         parts = tl.load(parts_ptr + p, mask=p < n_parts, other=0.0)
@@ -179,11 +178,12 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1) + head
     out2 = tl.sum(acc2, axis=1) + head2
-    sumsq = tl.sum(parts, axis=0)
     if HAS_NORM:  # every row of ss (and sqp) holds the same squares: a per-row rstd, equal on all rows
-        sumsq = tl.sum(ss, axis=1) + tl.sum(sqp, axis=1)
-    if HAS_NORM or NPARTS:
-        rstd = tl.rsqrt(sumsq / K + eps)
+        rstd = tl.rsqrt((tl.sum(ss, axis=1) + tl.sum(sqp, axis=1)) / K + eps)
+        out = out * rstd
+        out2 = out2 * rstd
+    if NPARTS:
+        rstd = tl.rsqrt(tl.sum(parts, axis=0) / K + eps)
         out = out * rstd
         out2 = out2 * rstd
     return out, out2
@@ -253,9 +253,10 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     SPECPILOT_NORM_HANDOFF=0)."""
     rows_w, k = weight.shape
     n = rows_w // 2 if gate_up else rows_w
-    handed = isinstance(x, NormedStream) and norm_weight is not None and norm_weight is x.norm_weight
     h = stream_of(x)
-    x2 = _rows(x.scaled if handed else h, k)
+    xin, sumsq = norm_input(x, norm_weight)
+    handed = sumsq is not None
+    x2 = _rows(xin, k)
     y = torch.empty(x2.shape[0], n, dtype=h.dtype, device=h.device)
     r2 = residual.reshape(-1, n) if residual is not None else y
     nw = norm_weight if norm_weight is not None and not handed else x2
@@ -264,7 +265,7 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     if x2.shape[0] == 1:
         out = _stream((x2, nw, weight, bias if bias is not None else weight, r2, y), n, k, eps, flags, tune, config,
-                      x.sumsq if handed else None, next_norm if handoff_on() else None)
+                      sumsq, next_norm if handoff_on() else None)
         shape = (*h.shape[:-1], n)
         if isinstance(out, tuple):
             return NormedStream(y.view(shape), out[0].view(shape), out[1], next_norm)

@@ -11,7 +11,8 @@ PAIRS = 8  # rotary pairs per program by default (2 x 8 weight rows, each row's 
 
 
 def qkv_rope_applies(x, gemv: bool, qk_norm: bool, head_dim: int) -> bool:
-    rows = stream_of(x).numel() // stream_of(x).shape[-1]
+    h = stream_of(x)
+    rows = h.numel() // h.shape[-1]
     return rows == 1 and not qk_norm and (head_dim // 2) % PAIRS == 0 and gemv_applies(x, gemv)
 
 

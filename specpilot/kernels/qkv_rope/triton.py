@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv import NormedStream
+from specpilot.kernels.gemv import norm_input
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.gemv.triton import _stream_rows, parts_args, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
@@ -86,9 +86,8 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     norm's. pairs: rotary pairs per program where no config was chosen in the step (a chosen config
     names its own)."""
     hidden = weight.shape[1]
-    handed = isinstance(x, NormedStream) and norm_weight is not None and norm_weight is x.norm_weight
-    sumsq = x.sumsq if handed else None
-    x = (x.scaled if handed else x.stream) if isinstance(x, NormedStream) else x
+    x, sumsq = norm_input(x, norm_weight)
+    handed = sumsq is not None
     if x.numel() != hidden or k_cache.shape[0] != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("the fused q/k/v + rope kernel takes one row of one sequence and contiguous caches")
     half = head_dim // 2
