@@ -169,6 +169,27 @@ def test_unreachable_slots_are_not_read(splits, tree_kind):
     assert rel_err(out, ref) <= 1e-4
 
 
+@pytest.mark.parametrize("splits", [None, 1, 2, 5])
+@pytest.mark.parametrize("cache_len", [0, 1, 63, 64, 130, 255])
+def test_decode_step_preload_of_committed_slots(monkeypatch, splits, cache_len):
+    """The `gemv` decode step's attention loads each split's first block of committed slots before the
+    PDL wait (a peeled loop step): bit for bit the result without it, equal to the reference, and
+    nothing read past the committed slots and the new row (NaN there changes nothing)."""
+    gen = torch.Generator().manual_seed(cache_len * 7 + (splits or 0))
+    hq, hkv, d, length = 8, 2, 64, 256
+    q, k, v, _ = make_case(gen, 1, 1, hq, hkv, d, length)
+    vis = Visibility(torch.tensor([cache_len], device=DEVICE), torch.tensor([cache_len], device=DEVICE))
+    dead = (torch.arange(length, device=DEVICE) > cache_len)[None, None, :, None].expand_as(k)
+    k, v = k.masked_fill(dead, float("nan")), v.masked_fill(dead, float("nan"))
+    ref = attend_naive(q, k.nan_to_num(), v.nan_to_num(), vis, d**-0.5)
+    outs = []
+    for ahead in ("0", "1"):
+        monkeypatch.setenv("SPECPILOT_GEMV_AHEAD", ahead)
+        outs.append(attend_triton(q, k, v, vis, d**-0.5, num_splits=splits, fuse_combine=True))
+    assert torch.equal(outs[0], outs[1])
+    assert rel_err(outs[1], ref) <= 1e-4
+
+
 def test_every_output_written_with_poisoned_allocations():
     """Output and split scratch come from torch.empty: fill them with NaN; empty splits must stay neutral."""
     gen = torch.Generator().manual_seed(3)

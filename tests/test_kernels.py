@@ -217,6 +217,59 @@ def test_norm_handoff_follows_the_environment(monkeypatch):
     assert isinstance(handed, NormedStream) and torch.equal(handed.stream, plain)
 
 
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("n,k", [(40, 300), (24, 100), (64, 512)])
+@pytest.mark.parametrize("fusion", ["plain", "norm_gate_up", "residual", "qkv_rope"])
+@pytest.mark.parametrize("pre", [1, 2])
+def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype, tol, n, k, fusion, pre):
+    """SPECPILOT_GEMV_AHEAD only moves loads earlier (each loop step asks for the next step's tiles; the
+    first ones before anything waits on x): bit for bit the output without it, for K of one tile, of
+    several, and not a multiple of the tile, with PRE tiles before the wait, and in q/k/v + rope."""
+    from specpilot.kernels.gemv import ahead_on
+    from specpilot.kernels.gemv.triton import gemv_triton
+    from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
+
+    g = torch.Generator().manual_seed(n + k + pre)
+    x = torch.randn(1, k, generator=g).to(device, dtype)
+    if fusion == "qkv_rope":  # k is the hidden size; two q heads and one K/V head of 32
+        w = (torch.randn(4 * 32, k, generator=g) / k ** 0.5).to(device, dtype)
+        cos, sin = rope_table(16, 32, 10000.0, None, device=device)
+        from specpilot.kernels.gemv import choice
+
+        choice._CHOSEN[("qkv_rope", k, 2, 1, 16, False, False, False)] = {
+            "PAIRS": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": pre}
+
+        def run():
+            caches = [torch.zeros(1, 1, 8, 32, dtype=dtype, device=device) for _ in range(2)]
+            q = qkv_rope_triton(x.view(1, 1, k), w, None, None, 1e-5, torch.tensor([[5]], device=device), cos, sin,
+                                *caches, torch.tensor([[3]], device=device), 2, 1, 32)
+            return [q, *caches]
+    else:
+        w = (torch.randn(2 * n if "gate_up" in fusion else n, k, generator=g) / k ** 0.5).to(device, dtype)
+        kw = {"residual": torch.randn(1, n, generator=g).to(device, dtype)} if fusion == "residual" else {}
+        if "norm" in fusion:
+            kw.update(norm_weight=(1 + 0.1 * torch.randn(k, generator=g)).to(device, dtype), eps=1e-5, gate_up=True)
+        config = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": pre}
+
+        def run():
+            return [gemv_triton(x, w, tune=False, config=config, **kw)]
+    try:
+        monkeypatch.setenv("SPECPILOT_GEMV_AHEAD", "0")
+        assert not ahead_on()
+        behind = run()
+        monkeypatch.setenv("SPECPILOT_GEMV_AHEAD", "1")
+        ahead = run()
+    finally:
+        from specpilot.kernels.gemv import choice
+
+        choice.forget()
+    assert all(torch.equal(a, b) for a, b in zip(ahead, behind, strict=True))
+    assert all(a.abs().sum() > 0 for a in ahead)
+    monkeypatch.setenv("SPECPILOT_GEMV_AHEAD", "soon")
+    with pytest.raises(ValueError, match="SPECPILOT_GEMV_AHEAD"):
+        ahead_on()
+
+
 def _check_gemv(device, dtype, tol, rows, n, k, fusion, config):
     from specpilot.kernels.gemv.naive import gemv_naive
     from specpilot.kernels.gemv.triton import gemv_triton

@@ -105,7 +105,7 @@ def test_weight_tiles_before_the_wait_do_not_spill(config, gate_up):
     flags = dict(HAS_NORM=gate_up, GATE_UP=gate_up, HAS_RES=not gate_up, HAS_BIAS=False)
     ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
                                                    BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
-                                                   PRE=config["PRE"]),
+                                                   PRE=config["PRE"], AHEAD=True),
                 num_warps=config["num_warps"], num_stages=config["num_stages"])
     regs, spills = registers(ptx)
     assert spills == 0, (regs, spills)
@@ -115,11 +115,13 @@ def test_weight_tiles_before_the_wait_do_not_spill(config, gate_up):
 @hopper
 @pytest.mark.parametrize("config", _deep("qkv_rope"), ids=str)
 def test_qkv_rope_tiles_before_the_wait_do_not_spill(config):
+    """As the layers after the first run it: the norm handed over (with the in-loop norm and the loads one
+    step ahead, (8, 512, 8 warps, PRE 2) takes 167 registers)."""
     from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
 
-    ptx = build(_qkv_rope_kernel, QKV_TYPES, dict(HQ=32, HKV=8, HALF=64, PAIRS=config["PAIRS"], HAS_NORM=True,
-                                                  HAS_BIAS=False, USE_GDC=True, BLOCK_K=config["BLOCK_K"],
-                                                  EVEN_K=True, PRE=config["PRE"]),
+    ptx = build(_qkv_rope_kernel, QKV_TYPES, dict(HQ=32, HKV=8, HALF=64, PAIRS=config["PAIRS"], HAS_NORM=False,
+                                                  NPARTS=512, HAS_BIAS=False, USE_GDC=True, BLOCK_K=config["BLOCK_K"],
+                                                  EVEN_K=True, PRE=config["PRE"], AHEAD=True),
                 num_warps=config["num_warps"], num_stages=config["num_stages"])
     regs, spills = registers(ptx)
     assert spills == 0 and regs <= 128 * 8 // config["num_warps"], (regs, spills)
@@ -152,20 +154,51 @@ def loop_bodies(ptx: str) -> list[str]:
 
 @hopper
 @pytest.mark.parametrize("config", _candidates("gemv"), ids=str)
-@pytest.mark.parametrize("fusion", ["residual", "norm", "norm_gate_up"])
-def test_one_row_loop_has_no_barrier(config, fusion):
+@pytest.mark.parametrize("fusion", ["residual", "norm", "norm_gate_up", "handed_gate_up"])
+def test_one_row_loop_has_no_barrier_and_asks_one_step_ahead(config, fusion):
     """x is read as tiles of the weight tile's shape, so the one-row kernel's weight loop holds no barrier
-    (x broadcast from a vector put a shared-memory round trip with barriers in every step)."""
-    from specpilot.kernels.gemv.triton import _stream_kernel
+    (x broadcast from a vector put a shared-memory round trip with barriers in every step). Where the
+    loads go one step ahead (the default, for tiles ahead_fits) the loop's loads are the next step's
+    (predicated on there being one), the first step's are issued after the PDL wait before the first
+    barrier (the PRE tile's sum, which waits on x), and the build spills nothing."""
+    from specpilot.kernels.gemv.triton import _stream_kernel, ahead_fits
 
-    flags = dict(HAS_NORM="norm" in fusion, GATE_UP="gate_up" in fusion, HAS_RES=fusion == "residual", HAS_BIAS=False)
+    flags = dict(HAS_NORM=fusion.startswith("norm"), GATE_UP="gate_up" in fusion, HAS_RES=fusion == "residual",
+                 HAS_BIAS=False, NPARTS=512 if fusion.startswith("handed") else 0)
+    ahead = ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"])
     ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
                                                    BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
-                                                   PRE=config["PRE"]),
+                                                   PRE=config["PRE"], AHEAD=ahead),
                 divisible=("N", "K"), num_warps=config["num_warps"], num_stages=config["num_stages"])
     (body,) = loop_bodies(ptx)
     assert "ld.global.v4" in body  # the weight stream itself: 16-byte loads
     assert "bar.sync" not in body
+    if ahead:
+        assert re.search(r"@%p\d+ ld\.global\.v4", body)
+        after_wait = ptx.split("griddepcontrol.wait", 1)[1].split("bar.sync", 1)[0]
+        assert re.search(r"@%p\d+ ld\.global\.v4", after_wait)
+        assert registers(ptx)[1] == 0
+
+
+@hopper
+@pytest.mark.parametrize("qkv", [False, True])
+def test_one_row_kernels_build_without_loads_ahead(qkv):
+    """SPECPILOT_GEMV_AHEAD=0 builds the loop that loads each step's tiles in that step."""
+    from specpilot.kernels.gemv.triton import _stream_kernel
+    from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
+
+    if qkv:
+        ptx = build(_qkv_rope_kernel, QKV_TYPES, dict(HQ=32, HKV=8, HALF=64, PAIRS=4, HAS_NORM=False, HAS_BIAS=False,
+                                                      USE_GDC=True, BLOCK_K=512, EVEN_K=True, PRE=1, NPARTS=512,
+                                                      AHEAD=False), num_warps=4, num_stages=2)
+    else:
+        ptx = build(_stream_kernel, STREAM_TYPES, dict(HAS_NORM=False, GATE_UP=False, HAS_RES=True, HAS_BIAS=False,
+                                                       USE_GDC=True, BLOCK_N=16, BLOCK_K=512, EVEN_N=True,
+                                                       EVEN_K=True, PRE=1, AHEAD=False),
+                    divisible=("N", "K"), num_warps=8, num_stages=2)
+    (body,) = loop_bodies(ptx)
+    assert "ld.global.v4" in body and not re.search(r"@%p\d+ ld\.global\.v4", body)
+    assert registers(ptx)[1] == 0
 
 
 def opcodes(body: str) -> list[str]:
@@ -185,7 +218,8 @@ def _loop_and_registers(flags: dict, types: dict, config: dict) -> tuple[str, in
     from specpilot.kernels.gemv.triton import _stream_kernel
 
     ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
-                                            BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True, PRE=config["PRE"]),
+                                            BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True, PRE=config["PRE"],
+                                            AHEAD=True),
                 divisible=("N", "K"), num_warps=config["num_warps"], num_stages=config["num_stages"])
     (body,) = loop_bodies(ptx)
     return (body, *registers(ptx))
@@ -238,7 +272,8 @@ def test_qkv_rope_builds(gdc, pairs, handed):
 
     ptx = build(_qkv_rope_kernel, QKV_TYPES, dict(HQ=32, HKV=8, HALF=64, PAIRS=pairs, HAS_NORM=not handed,
                                                   HAS_BIAS=True, USE_GDC=gdc, BLOCK_K=512, EVEN_K=True,
-                                                  PRE=2 if gdc else 1, TRACE=gdc, NPARTS=512 if handed else 0),
+                                                  PRE=2 if gdc else 1, TRACE=gdc, NPARTS=512 if handed else 0,
+                                                  AHEAD=gdc),
                 num_warps=4, num_stages=2)
     assert registers(ptx)[1] == 0
     assert ("griddepcontrol.wait" in ptx) == gdc
@@ -258,9 +293,14 @@ def test_split_attention_builds(fuse, causal):
              "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32"}
     ptx = build(_split_kernel, types, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
                                            HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse,
-                                           TRACE=fuse),
+                                           TRACE=fuse, PRELOAD=fuse and causal),
                 num_warps=4, num_stages=3)
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    before_wait = ptx.split("griddepcontrol.wait", 1)[0]
+    # PRELOAD (the decode step's): the first block of committed K/V (and cache_len / start) before the wait
+    assert (before_wait.count("ld.global") >= 2 * 4) == (fuse and causal), before_wait.count("ld.global")
+    if fuse and causal:
+        assert registers(ptx)[1] == 0
     assert ("atom" in ptx) == fuse  # the arrival counter only in the fused combine
     assert ("%globaltimer" in ptx) == fuse  # traced where fused, to build both ways
 

@@ -125,10 +125,13 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
 
 
 # (name, environment): the first is the step-tuning run and the headline (the kernels' defaults: PDL on, norms
-# handed over by the projection that writes the stream); no_handoff: every normed projection recomputes its
-# norm in the weight loop (kernels/gemv.NormedStream).
-GEMV_VARIANTS = (("pdl", {}), ("no_handoff", {"SPECPILOT_NORM_HANDOFF": "0"}), ("no_pdl", {"SPECPILOT_PDL": "0"}))
-_GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_NORM_HANDOFF")
+# handed over by the projection that writes the stream, loads one loop step ahead); no_ahead: each loop step
+# of the one-row kernels loads its own tiles, the attention its first K/V block after the PDL wait
+# (SPECPILOT_GEMV_AHEAD, same arithmetic); no_handoff: every normed projection recomputes its norm in the
+# weight loop (kernels/gemv.NormedStream).
+GEMV_VARIANTS = (("pdl", {}), ("no_ahead", {"SPECPILOT_GEMV_AHEAD": "0"}),
+                 ("no_handoff", {"SPECPILOT_NORM_HANDOFF": "0"}), ("no_pdl", {"SPECPILOT_PDL": "0"}))
+_GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_NORM_HANDOFF", "SPECPILOT_GEMV_AHEAD")
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) -> dict:

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
+from specpilot.kernels.gemv import ahead_on
 from specpilot.kernels.gemv.choice import step_config
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
@@ -95,20 +96,24 @@ def _split_kernel(
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False,
+    FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False, PRELOAD: tl.constexpr = False,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
-    this split's share of the visible slots (see the module docstring)."""
+    this split's share of the visible slots (see the module docstring). PRELOAD (PDL, causal, no
+    window): the split's first block of committed slots is loaded before the PDL wait. Those slots, and
+    cache_len / start, were written at least two kernels earlier, complete before the kernel just before
+    this one passed its own wait and released this one; only q and the new rows need the wait."""
     rec = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * 5  # kernels/trace.py
     if TRACE:
         opening(rec)
-    if USE_GDC:  # q and the cache rows come from the previous kernels: wait first (see dispatch.pdl_on)
+    if USE_GDC:  # q and the new cache rows come from the previous kernel: wait for it (see dispatch.pdl_on)
         # The next kernel may start now: it streams weights only until its own wait.
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    if TRACE:
-        stamp(rec, 1)  # WAITED
-        stamp(rec, 2)  # STREAMED: nothing streams before the wait
+        if not PRELOAD:
+            tl.extra.cuda.gdc_wait()
+            if TRACE:
+                stamp(rec, 1)  # WAITED
+                stamp(rec, 2)  # STREAMED: nothing streams before the wait
     pid = tl.program_id(0)
     split = tl.program_id(1)
     tile = pid % row_tiles
@@ -131,7 +136,6 @@ def _split_kernel(
 
     q_base = q_ptr + b.to(tl.int64) * sq_b + (h * G).to(tl.int64) * sq_h
     q_ptrs = q_base + offs_t[:, None] * sq_t + offs_g[:, None] * sq_h + offs_d[None, :] * sq_d
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     k_base = k_ptr + b.to(tl.int64) * sk_b + h.to(tl.int64) * sk_h
     v_base = v_ptr + b.to(tl.int64) * sv_b + h.to(tl.int64) * sv_h
 
@@ -178,7 +182,23 @@ def _split_kernel(
     else:
         mid = tl.minimum(tl.maximum((hi_c // BLOCK_N) * BLOCK_N, s_begin), s_end)
 
-    for s0 in range(s_begin, mid, BLOCK_N):
+    s_first = s_begin
+    if PRELOAD:
+        first = s_begin < mid
+        offs_s = s_begin + offs_n
+        k_first = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=first, other=0.0)
+        v_first = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=first, other=0.0)
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()
+        if TRACE:
+            stamp(rec, 1)  # WAITED
+            stamp(rec, 2)  # STREAMED: the first K/V block before the wait
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    if PRELOAD:
+        if first:
+            m_i, l_i, acc = _softmax_step(q, k_first, v_first, 0, qk_scale, m_i, l_i, acc, False, PRECISION)
+            s_first = s_begin + BLOCK_N
+    for s0 in range(s_first, mid, BLOCK_N):
         offs_s = s0 + offs_n
         k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :])
         v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :])
@@ -399,6 +419,9 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # cuBLAS's GEMMs (verify rows) early launches only cost (bench/results/2026-11-29_engine_core_17402fe_h200.json).
     pdl = pdl_on(q, default=fuse_combine and t == 1)
     launch = {"launch_pdl": True} if pdl else {}
+    # The `gemv` decode step's attention loads its first committed block before the PDL wait (without PDL
+    # only a peeled loop step: the interpreter tests it so).
+    preload = fuse_combine and t == 1 and causal and not has_window and ahead_on()
     rec, traced = trace_slot("attention", grid[0] * grid[1], out) if fuse_combine and t == 1 else (out, False)
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,
@@ -411,7 +434,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         HKV=hkv, G=g, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
-        FUSE_COMBINE=counters is not None, TRACE=traced, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FUSE_COMBINE=counters is not None, TRACE=traced, PRELOAD=preload,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch,
     )
     if splits > 1 and counters is None:

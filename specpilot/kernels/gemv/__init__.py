@@ -48,9 +48,21 @@ def norm_input(x, norm_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch
 def handoff_on() -> bool:
     """Whether residual-writing one-row GEMVs hand the next norm its inputs (NormedStream); default on,
     SPECPILOT_NORM_HANDOFF=0 turns it off (each normed projection then recomputes the norm in its loop)."""
-    mode = os.environ.get("SPECPILOT_NORM_HANDOFF", "").strip()
+    return _switch("SPECPILOT_NORM_HANDOFF")
+
+
+def ahead_on() -> bool:
+    """Whether the one-row kernels' weight loop requests each step's tiles one step ahead (and the first
+    ones before it waits on x: gemv/triton._stream_rows); default on, SPECPILOT_GEMV_AHEAD=0 turns it off.
+    It changes when loads are issued, never what is computed."""
+    return _switch("SPECPILOT_GEMV_AHEAD")
+
+
+def _switch(name: str) -> bool:
+    """An on-by-default environment switch: unset or 1 on, 0 off, anything else an error."""
+    mode = os.environ.get(name, "").strip()
     if mode not in ("", "0", "1"):
-        raise ValueError(f"SPECPILOT_NORM_HANDOFF={mode!r}: expected 1 (on, the default) or 0 (off)")
+        raise ValueError(f"{name}={mode!r}: expected 1 (on, the default) or 0 (off)")
     return mode != "0"
 
 

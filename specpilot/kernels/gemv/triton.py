@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv import MAX_ROWS, NormedStream, handoff_on, norm_input, stream_of
+from specpilot.kernels.gemv import MAX_ROWS, NormedStream, ahead_on, handoff_on, norm_input, stream_of
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
@@ -99,10 +99,11 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
                    N, K, eps, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                    GATE_UP: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
-                   NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0):
+                   NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False):
     """NEXT: also write, for the norm (weight g) that reads y, y * g (in y's dtype: as an x the loop loads it
     like any other) and this block's sum of y^2 in float32 (the y stored, rounded). NPARTS (a power of
-    two >= n_parts, or 0): x is such an h * g, its rstd comes from the n_parts sums at parts_ptr."""
+    two >= n_parts, or 0): x is such an h * g, its rstd comes from the n_parts sums at parts_ptr.
+    AHEAD: loads one loop step ahead (_stream_rows)."""
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
@@ -112,7 +113,7 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
     out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
-                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS)
+                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD)
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     out = out.to(dtype).to(tl.float32)
@@ -135,13 +136,16 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
 def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
                  USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
                  EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr, parts_ptr, n_parts,
-                 NPARTS: tl.constexpr):
+                 NPARTS: tl.constexpr, AHEAD: tl.constexpr = False):
     """sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
     x' = rms_norm(x) * norm weight when HAS_NORM (one pass: the row's rstd scales the sums at the end)
     or when NPARTS (x is x * norm weight already, the sums of squares come in n_parts pieces).
     The first PRE weight tiles (one wide tile; the host keeps PRE * BLOCK_K <= K where K is a multiple of
     BLOCK_K) stream before the PDL wait: no earlier kernel writes weights, so a kernel launched early
-    streams while the one before it finishes. After the last weight load the next kernel may start."""
+    streams while the one before it finishes. After the last weight load the next kernel may start.
+    AHEAD: every step of the loop requests the next step's weight and x tiles before it computes on its
+    own, and the loop's first tiles are requested before anything waits on x, so after the PDL wait the
+    weight stream resumes at once instead of after x's round trip. Same arithmetic either way."""
     kp = tl.arange(0, PRE * BLOCK_K)
     wp = _tile(rows, 0, kp, nmask, K, EVEN_N, EVEN_K)
     wp2 = wp
@@ -154,24 +158,49 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     if NPARTS:  # loaded now, summed at the end: the load's latency hides behind the weight stream
         p = tl.arange(0, NPARTS)
         parts = tl.load(parts_ptr + p, mask=p < n_parts, other=0.0)
-    xp, sqp = _row_tile(x_ptr, nw_ptr, 0, kp, K, HAS_NORM, EVEN_K, ROWS)
+    k = tl.arange(0, BLOCK_K)
+    n_tiles = tl.cdiv(K, BLOCK_K)
+    xp_raw = _x_tile(x_ptr, 0, kp, K, EVEN_K, ROWS, True)
+    wn = tl.zeros([ROWS, BLOCK_K], dtype=wp.dtype)
+    wn2 = wn
+    xn = tl.zeros([ROWS, BLOCK_K], dtype=xp_raw.dtype)
+    if AHEAD:
+        more = PRE < n_tiles
+        wn = _tile_if(rows, PRE * BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
+        if TWO:
+            wn2 = _tile_if(rows2, PRE * BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
+        xn = _x_tile(x_ptr, PRE * BLOCK_K, k, K, EVEN_K, ROWS, more)
+    xp, sqp = _x_values(xp_raw, nw_ptr, 0, kp, K, HAS_NORM, EVEN_K, ROWS)
     head = tl.sum(wp.to(tl.float32) * xp, axis=1)
     head2 = head
     if TWO:
         head2 = tl.sum(wp2.to(tl.float32) * xp, axis=1)
-    k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
     ss = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
-    for i in range(PRE, tl.cdiv(K, BLOCK_K)):
+    for i in range(PRE, n_tiles):
         k0 = i * BLOCK_K
-        w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K)
-        x, sq = _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM, EVEN_K, ROWS)
+        if AHEAD:  # this step's tiles arrived during the last one; ask for the next step's now
+            w = wn
+            w2 = wn2
+            xr = xn
+            more = i + 1 < n_tiles
+            wn = _tile_if(rows, k0 + BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
+            if TWO:
+                wn2 = _tile_if(rows2, k0 + BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
+            xn = _x_tile(x_ptr, k0 + BLOCK_K, k, K, EVEN_K, ROWS, more)
+            x, sq = _x_values(xr, nw_ptr, k0, k, K, HAS_NORM, EVEN_K, ROWS)
+        else:
+            w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K)
+            x, sq = _x_values(_x_tile(x_ptr, k0, k, K, EVEN_K, ROWS, True), nw_ptr, k0, k, K, HAS_NORM, EVEN_K,
+                              ROWS)
         if HAS_NORM:
             ss += sq
         acc += w.to(tl.float32) * x
         if TWO:
-            acc2 += _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K).to(tl.float32) * x
+            if not AHEAD:
+                w2 = _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K)
+            acc2 += w2.to(tl.float32) * x
     if TRACE:
         stamp(rec, 2)  # STREAMED
     if USE_GDC:
@@ -190,24 +219,38 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
 
 
 @triton.jit
-def _row_tile(x_ptr, nw_ptr, k0, k, K, HAS_NORM: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr):
-    """x[k0 + k] in float32 (times the norm weight when HAS_NORM) and its squares, for the row's rstd,
-    as [ROWS, len(k)] tiles whose rows all read the same addresses (L1 hits): the weight tile's layout.
-    A [len(k)] vector broadcast over the rows instead went through shared memory with two barriers every
-    loop step, up to six with the norm (PTX of the sm_90 build), and made the 8B step 3.6% slower, the
-    27B 5.8% (bench/results/2026-11-30_engine_core_x_tiles_h200.json)."""
+def _x_tile(x_ptr, k0, k, K, EVEN_K: tl.constexpr, ROWS: tl.constexpr, pred):
+    """x[k0 + k] as it is stored, as a [ROWS, len(k)] tile whose rows all read the same addresses (L1
+    hits): the weight tile's layout. A [len(k)] vector broadcast over the rows instead went through
+    shared memory with two barriers every loop step, up to six with the norm (PTX of the sm_90 build),
+    and made the 8B step 3.6% slower, the 27B 5.8% (bench/results/2026-11-30_engine_core_x_tiles_h200.json).
+    pred: load at all (a scalar; False gives zeros)."""
     offs = k0 + k[None, :] + tl.zeros([ROWS], dtype=tl.int32)[:, None]
     if EVEN_K:
-        x = tl.load(x_ptr + offs).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
+        return tl.load(x_ptr + offs, mask=pred, other=0.0)
+    return tl.load(x_ptr + offs, mask=pred & (offs < K), other=0.0)
+
+
+@triton.jit
+def _x_values(xr, nw_ptr, k0, k, K, HAS_NORM: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr):
+    """An x tile (_x_tile) in float32, times the norm weight when HAS_NORM, and its squares (the row's rstd)."""
+    x = xr.to(tl.float32)
     sq = x * x
     if HAS_NORM:
+        offs = k0 + k[None, :] + tl.zeros([ROWS], dtype=tl.int32)[:, None]
         if EVEN_K:
             x = x * tl.load(nw_ptr + offs).to(tl.float32)
         else:
             x = x * tl.load(nw_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
     return x, sq
+
+
+@triton.jit
+def _tile_if(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, pred):
+    """_tile, loaded only when pred (a scalar; else zeros): AHEAD's request for the next loop step."""
+    if EVEN_N and EVEN_K:
+        return tl.load(rows + k0 + k[None, :], mask=pred, other=0.0)
+    return tl.load(rows + k0 + k[None, :], mask=pred & nmask[:, None] & (k0 + k < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -281,6 +324,15 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     return y.view(*h.shape[:-1], n)
 
 
+def ahead_fits(rows: int, config: dict, in_loop_norm: bool) -> bool:
+    """Whether the loop loads one step ahead (ahead_on()) for a program streaming `rows` weight rows (both
+    sets) in tiles of config's BLOCK_K: only where a thread's share of a step's tiles, weights and (with
+    the in-loop norm) norm weights, is at most 64 elements. Holding two steps of larger shares spilled
+    registers in the sm_90 build (gate/up at 4 warps and 512 columns: tests/test_kernels_compile.py)."""
+    share = rows * config["BLOCK_K"] * (2 if in_loop_norm else 1) // (32 * config.get("num_warps", 4))
+    return ahead_on() and share <= 64
+
+
 def pre_clamped(config: dict, k: int) -> dict:
     """The config with PRE (weight tiles streamed before the PDL wait, one tile of PRE * BLOCK_K) cut to
     the tiles K holds whole, rounded down to a power of two (a tile's width must be one)."""
@@ -321,5 +373,6 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
                    torch.empty(blocks, dtype=torch.float32, device=y.device))
     rec, traced = trace_slot(f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}", blocks, y)
     _STREAM[grid](*tensors, rec, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced,
-                  NEXT=next_norm is not None, NPARTS=nparts, **config, **launch)
+                  NEXT=next_norm is not None, NPARTS=nparts, **config, **launch,
+                  AHEAD=ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"]))
     return handoff[1:] if next_norm is not None else None

@@ -19,7 +19,7 @@ import triton.language as tl
 from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv import norm_input
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
-from specpilot.kernels.gemv.triton import _stream_rows, parts_args, pre_clamped
+from specpilot.kernels.gemv.triton import _stream_rows, ahead_fits, parts_args, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
 from specpilot.kernels.trace import opening, stamp
@@ -31,7 +31,7 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
                      trace_ptr, parts_ptr, n_parts, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr,
                      HALF: tl.constexpr, PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
                      USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
-                     TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0):
+                     TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False):
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
@@ -44,7 +44,7 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
     full = i < HALF  # all true: heads divide evenly
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
     a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
-                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS)
+                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD)
     if HAS_BIAS:
         a += tl.load(b_ptr + rows_a).to(tl.float32)
         b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
@@ -110,9 +110,11 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     if chosen is not None:
         rec, traced = trace_slot("qkv_rope", grid[0], q)
         args = args[:11] + (rec,) + args[12:]
-        _PLAIN[grid](*args, **meta, TRACE=traced, **pre_clamped(chosen, hidden))
+        _PLAIN[grid](*args, **meta, TRACE=traced, **pre_clamped(chosen, hidden),
+                     AHEAD=ahead_fits(2 * pairs, chosen, has_norm))
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **meta, PAIRS=pairs)
     else:
-        _PLAIN[grid](*args, **meta, PAIRS=pairs, BLOCK_K=128, num_warps=4)
+        _PLAIN[grid](*args, **meta, PAIRS=pairs, BLOCK_K=128, num_warps=4,
+                     AHEAD=ahead_fits(2 * pairs, {"BLOCK_K": 128, "num_warps": 4}, has_norm))
     return q
