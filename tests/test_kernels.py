@@ -415,7 +415,7 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
     choice.forget()
 
 
-def test_later_tuning_rounds_retime_each_key_beside_the_others_choices():
+def test_later_tuning_rounds_retime_each_key_beside_the_others_choices(monkeypatch):
     """The first round tunes key a while b runs its fallback, where a's candidate 0 looks best; with b
     at its choice a's candidate 2 is faster, which the second round finds."""
     from specpilot.kernels.gemv import choice
@@ -434,10 +434,15 @@ def test_later_tuning_rounds_retime_each_key_beside_the_others_choices():
             return 10.0 + (0.0 if ia == 0 else 1.0)
         return abs(ia - 2) + abs(choice.CANDIDATES["gemv"].index(b) - 3)
 
-    first = choice.tune_step(step, measure, rounds=1)
+    monkeypatch.setenv("SPECPILOT_TUNE_ROUNDS", "1")
+    first = choice.tune_step(step, measure)
     assert first[repr(keys[0])]["config"] == choice.CANDIDATES["gemv"][0]
     choice.forget()
+    monkeypatch.delenv("SPECPILOT_TUNE_ROUNDS")
     report = choice.tune_step(step, measure)
     assert [choice.step_config(k) for k in keys] == [choice.CANDIDATES["gemv"][2], choice.CANDIDATES["gemv"][3]]
     assert min(report[repr(keys[0])]["ms_first_round"]) == 10.0 and min(report[repr(keys[0])]["ms"]) == 0.0
     choice.forget()
+    monkeypatch.setenv("SPECPILOT_TUNE_ROUNDS", "many")
+    with pytest.raises(ValueError, match="SPECPILOT_TUNE_ROUNDS"):
+        choice.tune_step(step, measure)

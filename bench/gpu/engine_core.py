@@ -130,11 +130,11 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
 # (SPECPILOT_GEMV_AHEAD, same arithmetic); no_handoff: every normed projection recomputes its norm in the
 # weight loop (kernels/gemv.NormedStream).
 GEMV_VARIANTS = (("pdl", {}), ("no_pdl", {"SPECPILOT_PDL": "0"}), ("no_handoff", {"SPECPILOT_NORM_HANDOFF": "0"}),
-                 ("no_ahead", {"SPECPILOT_GEMV_AHEAD": "0"}))
-# Loading ahead changes which tiles are fastest (registers, loads in flight): no_ahead gets configs tuned for it
-# (every other variant keeps the headline's), so the two are compared each at its best.
-RETUNED = ("no_ahead",)
-_GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_NORM_HANDOFF", "SPECPILOT_GEMV_AHEAD")
+                 ("no_ahead", {"SPECPILOT_GEMV_AHEAD": "0"}), ("one_round", {"SPECPILOT_TUNE_ROUNDS": "1"}))
+# Loading ahead changes which tiles are fastest (registers, loads in flight): no_ahead gets configs tuned for it,
+# and one_round configs from a one-round step tuning (every other variant keeps the headline's).
+RETUNED = ("no_ahead", "one_round")
+_GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_NORM_HANDOFF", "SPECPILOT_GEMV_AHEAD", "SPECPILOT_TUNE_ROUNDS")
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float) -> dict:

@@ -9,6 +9,7 @@ Triton's own autotuning cache; kernels whose key has no choice fall back to the 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 _CHOSEN: dict[tuple, dict] = {}
@@ -70,15 +71,24 @@ def record_keys(step: Callable[[], None]) -> list[tuple]:
     return list(_SEEN)
 
 
-def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], float], rounds: int = 2) -> dict:
+def tune_rounds() -> int:
+    """Rounds of the step tuning: SPECPILOT_TUNE_ROUNDS (1 to 4), default 2."""
+    raw = os.environ.get("SPECPILOT_TUNE_ROUNDS", "").strip() or "2"
+    if raw not in ("1", "2", "3", "4"):
+        raise ValueError(f"SPECPILOT_TUNE_ROUNDS={raw!r}: expected 1 to 4 (default 2)")
+    return int(raw)
+
+
+def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], float],
+              rounds: int | None = None) -> dict:
     """Coordinate descent over the keys `step` launches: each key gets the candidate under which
     `measure(step)` (milliseconds of the whole step) is lowest. The first round tunes each key while the
     keys after it still run their fallbacks (on the H200 8B a step ~30% slower than the tuned one); each
     later round times every key's candidates again with all the others at their choices. Returns
-    {key: {config, ms by candidate in the last round, and in the first}}."""
+    {key: {config, ms by candidate in the last round, and in the first}}. rounds: tune_rounds() unless given."""
     keys = [key for key in record_keys(step) if key not in _CHOSEN]  # not tuned by an earlier engine
     report = {}
-    for _ in range(rounds):
+    for _ in range(rounds or tune_rounds()):
         for key in keys:
             times = []
             for i, cfg in enumerate(CANDIDATES[key[0]]):
