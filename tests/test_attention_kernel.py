@@ -127,6 +127,18 @@ def test_decode_step_runs_the_split_count_chosen_in_the_step(monkeypatch):
         attend_triton(q, k, v, vis, 0.25)  # not the gemv step: no lookup
         assert asked[-1] is None
         assert choice.record_keys(lambda: attend_triton(q, k, v, vis, 0.25, fuse_combine=True)) == [key]
+        # the first committed block is loaded before the PDL wait unless the tuning chose otherwise
+        preloads, kernel = [], kernel_module._split_kernel
+
+        class Spy:
+            def __getitem__(self, grid):
+                return lambda *a, **kw: preloads.append(kw["PRELOAD"]) or kernel[grid](*a, **kw)
+
+        monkeypatch.setattr(kernel_module, "_split_kernel", Spy())
+        for chosen in ({"NUM_SPLITS": 2}, {"NUM_SPLITS": 2, "AHEAD": False}):
+            choice._CHOSEN[key] = chosen
+            assert rel_err(attend_triton(q, k, v, vis, 0.25, fuse_combine=True), ref) <= 1e-4
+        assert preloads == [True, False]
     finally:
         choice.forget()
 

@@ -386,7 +386,7 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
 
     class Spy:  # stands in for the compiled kernel: records the config each launch asked for
         def __getitem__(self, grid):
-            return lambda *args, **kw: launched.append({k: kw[k] for k in ("BLOCK_N", "BLOCK_K") if k in kw})
+            return lambda *args, **kw: launched.append({k: kw[k] for k in ("BLOCK_N", "BLOCK_K", "AHEAD") if k in kw})
 
     monkeypatch.setattr(gemv_mod, "_STREAM", Spy())
     monkeypatch.setattr(gemv_mod, "_STREAM_TUNED", Spy())
@@ -396,21 +396,31 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
         gemv_triton(x, w)
         choice.step_config(("qkv_rope", 64))
 
-    def measure(_):  # a step's time: how far each key's config is from its fastest candidate
-        total = 0.0
+    def measure(_):  # a step's time: how far each key's config is from its fastest candidate, and loads ahead
+        total = 0.0  # pay on the GEMV (0.5 without), cost on q/k/v + rope (0.5 with)
         for key in choice.record_keys(step):
             cfg = choice.step_config(key)
-            total += 5.0 if cfg is None else abs(choice.CANDIDATES[key[0]].index(cfg) - fastest[key[0]])
+            if cfg is None:
+                total += 5.0
+                continue
+            plain = {k: v for k, v in cfg.items() if k != "AHEAD"}
+            total += abs(choice.CANDIDATES[key[0]].index(plain) - fastest[key[0]])
+            total += 0.5 * (cfg.get("AHEAD", True) == (key[0] == "qkv_rope"))
         return total
 
     report = choice.tune_step(step, measure)
     assert len(report) == 2
     for key in choice.record_keys(step):
-        assert choice.step_config(key) == choice.CANDIDATES[key[0]][fastest[key[0]]]
+        plain = choice.CANDIDATES[key[0]][fastest[key[0]]]
+        assert choice.step_config(key) == (plain if key[0] == "gemv" else {**plain, "AHEAD": False})
     launched.clear()
     gemv_triton(x, w)
     want = choice.CANDIDATES["gemv"][2]
-    assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"]}]
+    assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"], "AHEAD": True}]
+    choice._CHOSEN[choice.record_keys(lambda: gemv_triton(x, w))[0]] = {**want, "AHEAD": False}
+    launched.clear()
+    gemv_triton(x, w)
+    assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"], "AHEAD": False}]
     assert choice.tune_step(step, measure) == {}  # known keys are not tuned again
     choice.forget()
 
@@ -427,8 +437,8 @@ def test_later_tuning_rounds_retime_each_key_beside_the_others_choices(monkeypat
         for key in keys:
             choice.step_config(key)
 
-    def measure(_):
-        a, b = (choice.step_config(k) for k in keys)
+    def measure(_):  # loads ahead change nothing here: the tuning keeps them
+        a, b = ({k: v for k, v in c.items() if k != "AHEAD"} if c else c for c in map(choice.step_config, keys))
         ia = choice.CANDIDATES["gemv"].index(a)
         if b is None:
             return 10.0 + (0.0 if ia == 0 else 1.0)

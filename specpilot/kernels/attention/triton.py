@@ -389,6 +389,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     hkv, length = k_cache.shape[1], k_cache.shape[2]
     g = hq // hkv
     rows = t * g
+    chosen = None
     if num_splits is None and fuse_combine and t == 1:  # the `gemv` decode step: its split count is tuned
         chosen = step_config(("attention", b, hkv, g, d, length))
         num_splits = (chosen["NUM_SPLITS"] or None) if chosen else None
@@ -421,7 +422,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     launch = {"launch_pdl": True} if pdl else {}
     # The `gemv` decode step's attention loads its first committed block before the PDL wait (without PDL
     # only a peeled loop step: the interpreter tests it so).
-    preload = fuse_combine and t == 1 and causal and not has_window and ahead_on()
+    preload = fuse_combine and t == 1 and causal and not has_window and ahead_on() and (chosen or {}).get("AHEAD", True)
     rec, traced = trace_slot("attention", grid[0] * grid[1], out) if fuse_combine and t == 1 else (out, False)
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,

@@ -315,8 +315,8 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
         return y.view(shape)
     args = (x2, nw, weight, bias if bias is not None else weight, r2, y, x2.shape[0], n, k, eps, x2.stride(0),
             r2.stride(0), y.stride(0))
-    if config is not None:  # PRE belongs to the one-row kernel
-        _gemv_kernel[grid](*args, **flags, **{key: v for key, v in config.items() if key != "PRE"})
+    if config is not None:  # PRE and AHEAD belong to the one-row kernel
+        _gemv_kernel[grid](*args, **flags, **{key: v for key, v in config.items() if key not in ("PRE", "AHEAD")})
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **flags)
     else:
@@ -330,7 +330,12 @@ def ahead_fits(rows: int, config: dict, in_loop_norm: bool) -> bool:
     the in-loop norm) norm weights, is at most 64 elements. Holding two steps of larger shares spilled
     registers in the sm_90 build (gate/up at 4 warps and 512 columns: tests/test_kernels_compile.py)."""
     share = rows * config["BLOCK_K"] * (2 if in_loop_norm else 1) // (32 * config.get("num_warps", 4))
-    return ahead_on() and share <= 64
+    return ahead_on() and config.get("AHEAD", True) and share <= 64
+
+
+def launch_config(config: dict) -> dict:
+    """A chosen config as launch arguments: AHEAD, the step tuning's choice, goes through ahead_fits."""
+    return {key: v for key, v in config.items() if key != "AHEAD"}
 
 
 def pre_clamped(config: dict, k: int) -> dict:
@@ -373,6 +378,6 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
                    torch.empty(blocks, dtype=torch.float32, device=y.device))
     rec, traced = trace_slot(f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}", blocks, y)
     _STREAM[grid](*tensors, rec, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced,
-                  NEXT=next_norm is not None, NPARTS=nparts, **config, **launch,
+                  NEXT=next_norm is not None, NPARTS=nparts, **launch_config(config), **launch,
                   AHEAD=ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"]))
     return handoff[1:] if next_norm is not None else None

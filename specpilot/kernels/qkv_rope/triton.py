@@ -19,7 +19,7 @@ import triton.language as tl
 from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv import norm_input
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
-from specpilot.kernels.gemv.triton import _stream_rows, ahead_fits, parts_args, pre_clamped
+from specpilot.kernels.gemv.triton import _stream_rows, ahead_fits, launch_config, parts_args, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
 from specpilot.kernels.trace import opening, stamp
@@ -110,7 +110,7 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     if chosen is not None:
         rec, traced = trace_slot("qkv_rope", grid[0], q)
         args = args[:11] + (rec,) + args[12:]
-        _PLAIN[grid](*args, **meta, TRACE=traced, **pre_clamped(chosen, hidden),
+        _PLAIN[grid](*args, **meta, TRACE=traced, **launch_config(pre_clamped(chosen, hidden)),
                      AHEAD=ahead_fits(2 * pairs, chosen, has_norm))
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **meta, PAIRS=pairs)
