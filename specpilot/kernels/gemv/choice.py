@@ -87,7 +87,8 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
     later round times every key's candidates again with all the others at their choices. Returns
     {key: {config, ms by candidate in the last round, and in the first}}. rounds: tune_rounds() unless given.
     Loading one loop step ahead (kernels/gemv.ahead_on) is chosen per key too: each round times its winner
-    once more with AHEAD False (on the H200 it paid on the 8B's step and cost on the 27B's)."""
+    once more with AHEAD False (on the H200, loading ahead everywhere made the 8B's step 0.06-0.10 ms
+    faster; on the 27B's it was within the run-to-run spread, either way)."""
     from specpilot.kernels.gemv import ahead_on
 
     keys = [key for key in record_keys(step) if key not in _CHOSEN]  # not tuned by an earlier engine
