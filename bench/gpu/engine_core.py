@@ -142,8 +142,8 @@ def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float, va
     kernels' configs (and the attention's split count) are chosen by timing the captured step in the
     first variant's warm-up; a later variant keeps them and tunes only kernels it adds (no_handoff's
     in-loop norms), except the RETUNED ones, tuned afresh. PDL and loading ahead change when kernels run
-    and load, never what they compute (equal tokens); without the norm hand-over the squares sum in another
-    order and h * g is not rounded (tokens may differ after a near-tie)."""
+    and load, never what they compute (equal tokens under equal configs); without the norm hand-over the
+    squares sum in another order and h * g is not rounded (tokens may differ after a near-tie)."""
     out, tokens = {}, {}
     choice.forget()
     saved = {k: os.environ.get(k) for k in _GEMV_ENV}

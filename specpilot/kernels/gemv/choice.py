@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from specpilot.kernels.gemv import ahead_on
+
 _CHOSEN: dict[tuple, dict] = {}
 _SEEN: list[tuple] = []
 _RECORDING = [False]
@@ -89,8 +91,6 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
     Loading one loop step ahead (kernels/gemv.ahead_on) is chosen per key too: each round times its winner
     once more with AHEAD False (on the H200, loading ahead everywhere made the 8B's step 0.06-0.10 ms
     faster; on the 27B's it was within the run-to-run spread, either way)."""
-    from specpilot.kernels.gemv import ahead_on
-
     keys = [key for key in record_keys(step) if key not in _CHOSEN]  # not tuned by an earlier engine
     report = {}
     for _ in range(rounds or tune_rounds()):
@@ -100,13 +100,13 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
                 _CHOSEN[key] = cfg
                 times.append((measure(step), i))
             best_ms, best = min(times)
-            _CHOSEN[key] = CANDIDATES[key[0]][best]
+            _CHOSEN[key] = winner = CANDIDATES[key[0]][best]
             entry = report.setdefault(repr(key), {"ms_first_round": [t for t, _ in times]})
             entry.update(ms=[t for t, _ in times])
             if ahead_on():  # the winner once more without loading ahead: it did not pay on every kernel
-                _CHOSEN[key] = {**_CHOSEN[key], "AHEAD": False}
+                _CHOSEN[key] = {**winner, "AHEAD": False}
                 entry["ms_without_ahead"] = measure(step)
                 if entry["ms_without_ahead"] >= best_ms:
-                    _CHOSEN[key] = CANDIDATES[key[0]][best]
+                    _CHOSEN[key] = winner
             entry["config"] = _CHOSEN[key]
     return report

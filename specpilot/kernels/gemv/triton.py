@@ -161,12 +161,10 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     k = tl.arange(0, BLOCK_K)
     n_tiles = tl.cdiv(K, BLOCK_K)
     xp_raw = _x_tile(x_ptr, 0, kp, K, EVEN_K, ROWS, True)
-    wn = tl.zeros([ROWS, BLOCK_K], dtype=wp.dtype)
-    wn2 = wn
-    xn = tl.zeros([ROWS, BLOCK_K], dtype=xp_raw.dtype)
     if AHEAD:
         more = PRE < n_tiles
         wn = _tile_if(rows, PRE * BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
+        wn2 = wn
         if TWO:
             wn2 = _tile_if(rows2, PRE * BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
         xn = _x_tile(x_ptr, PRE * BLOCK_K, k, K, EVEN_K, ROWS, more)

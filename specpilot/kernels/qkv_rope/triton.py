@@ -115,6 +115,6 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **meta, PAIRS=pairs)
     else:
-        _PLAIN[grid](*args, **meta, PAIRS=pairs, BLOCK_K=128, num_warps=4,
-                     AHEAD=ahead_fits(2 * pairs, {"BLOCK_K": 128, "num_warps": 4}, has_norm))
+        fixed = {"BLOCK_K": 128, "num_warps": 4}
+        _PLAIN[grid](*args, **meta, PAIRS=pairs, **fixed, AHEAD=ahead_fits(2 * pairs, fixed, has_norm))
     return q
