@@ -270,6 +270,36 @@ def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype
         ahead_on()
 
 
+@pytest.mark.skipif(not CUDA, reason="Gluon kernels run only on a GPU (no interpreter)")
+@pytest.mark.parametrize("stage", [{"BLOCK_N": 16, "BLOCK_K": 512, "STAGE": 4},
+                                   {"BLOCK_N": 32, "BLOCK_K": 512, "STAGE": 2},
+                                   {"BLOCK_N": 16, "BLOCK_K": 256, "STAGE": 8}], ids=str)
+@pytest.mark.parametrize("next_norm", [False, True])
+def test_staged_gemv_matches_the_reference(stage, next_norm):
+    """gemv/staged.py (EXPERIMENTAL): a config with STAGE takes the shared-memory kernel for the residual
+    projection (and its hand-over), with the reference's result; a pair or a norm falls back to Triton."""
+    from specpilot.kernels.gemv import NormedStream
+    from specpilot.kernels.gemv.naive import gemv_naive
+    from specpilot.kernels.gemv.triton import gemv_triton
+
+    g = torch.Generator().manual_seed(stage["STAGE"] + next_norm)
+    n, k = 256, 4096
+    a = torch.randn(1, k, generator=g).to("cuda", torch.bfloat16)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to("cuda", torch.bfloat16)
+    r = torch.randn(1, n, generator=g).to("cuda", torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(n, generator=g)).to("cuda", torch.bfloat16)
+    config = {**stage, "num_warps": 8, "num_stages": 1, "PRE": 1}
+    out = gemv_triton(a, w, residual=r, tune=False, config=config, next_norm=nw if next_norm else None)
+    want = gemv_naive(a, w, residual=r)
+    h = out.stream if next_norm else out
+    assert rel(h, want) <= 1e-2
+    if next_norm:
+        assert isinstance(out, NormedStream) and torch.equal(out.scaled, (h.float() * nw.float()).to(torch.bfloat16))
+        assert rel(out.sumsq.sum(), h.float().square().sum()) <= 1e-5
+    pair = (torch.randn(2 * n, k, generator=g) / k ** 0.5).to("cuda", torch.bfloat16)
+    assert rel(gemv_triton(a, pair, gate_up=True, tune=False, config=config), gemv_naive(a, pair, gate_up=True)) <= 1e-2
+
+
 def _check_gemv(device, dtype, tol, rows, n, k, fusion, config):
     from specpilot.kernels.gemv.naive import gemv_naive
     from specpilot.kernels.gemv.triton import gemv_triton

@@ -84,9 +84,10 @@ def registers(ptx: str) -> tuple[int, int]:
 
 
 def _candidates(kind: str) -> list[dict]:
+    """The candidates the Triton kernels take (the staged ones go to gemv/staged.py)."""
     from specpilot.kernels.gemv.choice import CANDIDATES
 
-    return CANDIDATES[kind]
+    return [c for c in CANDIDATES[kind] if "STAGE" not in c]
 
 
 def _deep(kind: str) -> list[dict]:
@@ -318,3 +319,32 @@ def test_combine_and_rope_build():
     ptx = build(_rope_qkv_kernel, types, dict(HQ=40, HKV=8, HALF=64, HEAD_OFFSET=0, HAS_NORM=True, USE_GDC=True),
                 num_warps=1)
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+
+
+@hopper
+@pytest.mark.parametrize("config", __import__("specpilot.kernels.gemv.choice", fromlist=["STAGED"]).STAGED, ids=str)
+@pytest.mark.parametrize("next_norm", [False, True])
+def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
+    """gemv/staged.py (EXPERIMENTAL): the STAGE tiles go to shared memory by cp.async before the PDL wait,
+    64 KB a program, and the build spills nothing."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from specpilot.kernels.gemv.staged import _staged_kernel
+
+    warps_k = config["BLOCK_K"] // 256
+    constexprs = dict(BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"],
+                      WARPS_N=config["num_warps"] // warps_k, WARPS_K=warps_k, HAS_RES=True, NEXT=next_norm,
+                      USE_GDC=True)
+    types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32", "K": "i32"}
+    names = _staged_kernel.arg_names
+    sig = {n: types.get(n, "constexpr") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if types.get(n, "").startswith("*") or n == "K"}
+    kernel = triton.compile(GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
+                            target=HOPPER, options=dict(num_warps=config["num_warps"]))
+    ptx = kernel.asm["ptx"]
+    before, after = ptx.split("griddepcontrol.wait", 1)
+    assert "cp.async.cg.shared.global" in before and "cp.async.commit_group" in before
+    assert "cp.async.wait_group" in after and "cp.async.cg" not in after
+    assert kernel.metadata.shared >= config["STAGE"] * config["BLOCK_N"] * config["BLOCK_K"] * 2 == 65536
+    assert registers(ptx)[1] == 0

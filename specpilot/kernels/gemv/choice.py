@@ -43,6 +43,23 @@ CANDIDATES = {
 }
 
 
+# EXPERIMENTAL, not yet run on a GPU (gemv/staged.py): STAGE weight tiles copied into shared memory before
+# the PDL wait, for the plain and residual-writing projections (64 KB a program: two an SM).
+STAGED = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 8, "num_stages": 1, "PRE": 1, "STAGE": st}
+          for bn, bk, st in ((16, 512, 4), (16, 256, 8), (32, 512, 2))]
+CANDIDATES["gemv"] += STAGED
+
+
+def candidates(key: tuple) -> list[dict]:
+    """The configs tuned for a key: staged ones only where gemv/staged.py applies (no in-loop norm, no
+    gate/up pair, no bias, no handed-over norm)."""
+    if key[0] != "gemv":
+        return CANDIDATES[key[0]]
+    flags = dict(key[3:])
+    plain = not (flags.get("HAS_NORM") or flags.get("GATE_UP") or flags.get("HAS_BIAS") or flags.get("PRENORM"))
+    return [c for c in CANDIDATES["gemv"] if plain or "STAGE" not in c]
+
+
 # The decode attention's split count (0: the shape heuristic, kernels/attention/triton._config). Its best
 # value depends on how much of the cache is filled, so the step is tuned at a quarter of the context.
 # (Candidates where the attention, once its K/V were read, bulk-prefetched half or all of the output
@@ -96,11 +113,11 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
     for _ in range(rounds or tune_rounds()):
         for key in keys:
             times = []
-            for i, cfg in enumerate(CANDIDATES[key[0]]):
+            for i, cfg in enumerate(candidates(key)):
                 _CHOSEN[key] = cfg
                 times.append((measure(step), i))
             best_ms, best = min(times)
-            _CHOSEN[key] = winner = CANDIDATES[key[0]][best]
+            _CHOSEN[key] = winner = candidates(key)[best]
             entry = report.setdefault(repr(key), {"ms_first_round": [t for t, _ in times]})
             entry.update(ms=[t for t, _ in times])
             if ahead_on():  # the winner once more without loading ahead: it did not pay on every kernel

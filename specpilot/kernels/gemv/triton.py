@@ -261,7 +261,7 @@ def _tile(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
 # Triton's autotuner is the fallback when no config was chosen in a captured step (choice.py); same candidates.
 _STREAM_CONFIGS = [triton.Config({"BLOCK_N": c["BLOCK_N"], "BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"],
                                  num_stages=c["num_stages"]) for c in CANDIDATES["gemv"]
-                   if c["PRE"] == 1]
+                   if c["PRE"] == 1 and "STAGE" not in c]
 _EVEN = triton.heuristics({"EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
                            "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _STREAM = _EVEN(_stream_kernel)
@@ -314,7 +314,8 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     args = (x2, nw, weight, bias if bias is not None else weight, r2, y, x2.shape[0], n, k, eps, x2.stride(0),
             r2.stride(0), y.stride(0))
     if config is not None:  # PRE and AHEAD belong to the one-row kernel
-        _gemv_kernel[grid](*args, **flags, **{key: v for key, v in config.items() if key not in ("PRE", "AHEAD")})
+        _gemv_kernel[grid](*args, **flags, **{key: v for key, v in config.items()
+                                              if key not in ("PRE", "AHEAD", "STAGE")})
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **flags)
     else:
@@ -374,6 +375,14 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     if next_norm is not None:
         handoff = (next_norm, torch.empty(n, dtype=y.dtype, device=y.device),
                    torch.empty(blocks, dtype=torch.float32, device=y.device))
+    if config.get("STAGE"):  # EXPERIMENTAL (gemv/staged.py): weight tiles staged in shared memory
+        from specpilot.kernels.gemv.staged import staged_fits, staged_launch
+
+        if staged_fits(n, k, config, flags, nparts) and not _INTERPRET:
+            staged_launch(tensors[0], tensors[2], tensors[4] if flags["HAS_RES"] else None, y, handoff, config,
+                          next_norm is not None, pdl)
+            return handoff[1:] if next_norm is not None else None
+        config = {key: v for key, v in config.items() if key != "STAGE"}
     rec, traced = trace_slot(f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}", blocks, y)
     _STREAM[grid](*tensors, rec, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced,
                   NEXT=next_norm is not None, NPARTS=nparts, **launch_config(config), **launch,
