@@ -271,24 +271,22 @@ def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype
 
 
 @pytest.mark.skipif(not CUDA, reason="Gluon kernels run only on a GPU (no interpreter)")
-@pytest.mark.parametrize("stage", [{"BLOCK_N": 16, "BLOCK_K": 512, "STAGE": 4},
-                                   {"BLOCK_N": 32, "BLOCK_K": 512, "STAGE": 2},
-                                   {"BLOCK_N": 16, "BLOCK_K": 256, "STAGE": 8}], ids=str)
+@pytest.mark.parametrize("config", __import__("specpilot.kernels.gemv.choice", fromlist=["STAGED"]).STAGED, ids=str)
+@pytest.mark.parametrize("k", [4096, 14336])
 @pytest.mark.parametrize("next_norm", [False, True])
-def test_staged_gemv_matches_the_reference(stage, next_norm):
-    """gemv/staged.py (EXPERIMENTAL): a config with STAGE takes the shared-memory kernel for the residual
-    projection (and its hand-over), with the reference's result; a pair or a norm falls back to Triton."""
+def test_staged_gemv_matches_the_reference(config, k, next_norm):
+    """gemv/staged.py: a config with STAGE takes the shared-memory ring for the residual projection (and
+    its hand-over), with the reference's result; a pair falls back to Triton."""
     from specpilot.kernels.gemv import NormedStream
     from specpilot.kernels.gemv.naive import gemv_naive
     from specpilot.kernels.gemv.triton import gemv_triton
 
-    g = torch.Generator().manual_seed(stage["STAGE"] + next_norm)
-    n, k = 256, 4096
+    g = torch.Generator().manual_seed(config["STAGE"] + k + next_norm)
+    n = 256
     a = torch.randn(1, k, generator=g).to("cuda", torch.bfloat16)
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to("cuda", torch.bfloat16)
     r = torch.randn(1, n, generator=g).to("cuda", torch.bfloat16)
     nw = (1 + 0.1 * torch.randn(n, generator=g)).to("cuda", torch.bfloat16)
-    config = {**stage, "num_warps": 8, "num_stages": 1, "PRE": 1}
     out = gemv_triton(a, w, residual=r, tune=False, config=config, next_norm=nw if next_norm else None)
     want = gemv_naive(a, w, residual=r)
     h = out.stream if next_norm else out
@@ -298,6 +296,30 @@ def test_staged_gemv_matches_the_reference(stage, next_norm):
         assert rel(out.sumsq.sum(), h.float().square().sum()) <= 1e-5
     pair = (torch.randn(2 * n, k, generator=g) / k ** 0.5).to("cuda", torch.bfloat16)
     assert rel(gemv_triton(a, pair, gate_up=True, tune=False, config=config), gemv_naive(a, pair, gate_up=True)) <= 1e-2
+
+
+def test_staged_configs_go_only_where_the_ring_applies_and_fall_back_elsewhere(monkeypatch):
+    """The step tuning offers the shared-memory ring (gemv/staged.py) to plain and residual-writing
+    projections only, none with SPECPILOT_GEMV_STAGED=0; where the ring cannot run (the interpreter, a K
+    its tiles do not divide, float32) a STAGE config runs the Triton kernel with the same tiles, same result."""
+    from specpilot.kernels.gemv import choice
+    from specpilot.kernels.gemv.triton import gemv_triton
+
+    writer = ("gemv", 4096, 4096, ("GATE_UP", False), ("HAS_RES", True), ("NEXT", True), ("PRENORM", False))
+    reader = ("gemv", 28672, 4096, ("GATE_UP", True), ("HAS_RES", False), ("NEXT", False), ("PRENORM", True))
+    staged = lambda key: [c for c in choice.candidates(key) if "STAGE" in c]  # noqa: E731
+    assert staged(writer) == choice.STAGED and staged(reader) == []
+    assert len(choice.candidates(reader)) == len(choice.CANDIDATES["gemv"]) - len(choice.STAGED)
+    monkeypatch.setenv("SPECPILOT_GEMV_STAGED", "0")
+    assert staged(writer) == []
+    g, device = torch.Generator().manual_seed(7), SETTINGS[-1][0]
+    x, w = torch.randn(1, 1000, generator=g).to(device), torch.randn(64, 1000, generator=g).to(device)
+    r = torch.randn(1, 64, generator=g).to(device)
+    ring = {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 8, "num_stages": 1, "PRE": 1, "STAGE": 2}
+    plain = {key: v for key, v in ring.items() if key != "STAGE"}
+    got = gemv_triton(x, w, residual=r, tune=False, config=ring)
+    assert torch.equal(got, gemv_triton(x, w, residual=r, tune=False, config=plain))
+    assert rel(got, x @ w.T + r) <= 1e-5
 
 
 def _check_gemv(device, dtype, tol, rows, n, k, fusion, config):

@@ -325,8 +325,8 @@ def test_combine_and_rope_build():
 @pytest.mark.parametrize("config", __import__("specpilot.kernels.gemv.choice", fromlist=["STAGED"]).STAGED, ids=str)
 @pytest.mark.parametrize("next_norm", [False, True])
 def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
-    """gemv/staged.py (EXPERIMENTAL): the STAGE tiles go to shared memory by cp.async before the PDL wait,
-    64 KB a program, and the build spills nothing."""
+    """gemv/staged.py: the ring's STAGE tiles go to shared memory by cp.async before the PDL wait, one copy
+    group each; the loop after it waits for a tile, reads it and refills its slot; nothing spills."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from specpilot.kernels.gemv.staged import _staged_kernel
@@ -344,7 +344,12 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
                             target=HOPPER, options=dict(num_warps=config["num_warps"]))
     ptx = kernel.asm["ptx"]
     before, after = ptx.split("griddepcontrol.wait", 1)
-    assert "cp.async.cg.shared.global" in before and "cp.async.commit_group" in before
-    assert "cp.async.wait_group" in after and "cp.async.cg" not in after
-    assert kernel.metadata.shared >= config["STAGE"] * config["BLOCK_N"] * config["BLOCK_K"] * 2 == 65536
+    assert before.count("cp.async.commit_group") == config["STAGE"] and "ld.global" not in before
+    chunks = config["BLOCK_N"] * config["BLOCK_K"] * 2 // 16 // (32 * config["num_warps"])  # 16 B a copy
+    assert before.count("cp.async.cg.shared.global") == config["STAGE"] * chunks
+    loop = after.split("launch_dependents", 1)[0]
+    wait, read, refill = (loop.index(s) for s in (f"cp.async.wait_group \t{config['STAGE'] - 1};",
+                                                   "ld.shared", "cp.async.cg.shared.global"))
+    assert wait < read < refill and loop.count("cp.async.cg.shared.global") == chunks
+    assert kernel.metadata.shared == config["STAGE"] * config["BLOCK_N"] * config["BLOCK_K"] * 2
     assert registers(ptx)[1] == 0

@@ -43,11 +43,17 @@ CANDIDATES = {
 }
 
 
-# EXPERIMENTAL, not yet run on a GPU (gemv/staged.py): STAGE weight tiles copied into shared memory before
-# the PDL wait, for the plain and residual-writing projections (64 KB a program: two an SM).
+# Weight tiles through a ring of STAGE shared-memory slots, the first STAGE copied before the PDL wait
+# (gemv/staged.py), for the plain and residual-writing projections: 32-128 KB a program, so that the
+# output projection's blocks, resident beside the attention before it, keep the DRAM busy through it.
 STAGED = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 8, "num_stages": 1, "PRE": 1, "STAGE": st}
-          for bn, bk, st in ((16, 512, 4), (16, 256, 8), (32, 512, 2))]
+          for bn, bk, st in ((16, 512, 4), (16, 256, 8), (32, 512, 2), (16, 512, 2), (32, 512, 4))]
 CANDIDATES["gemv"] += STAGED
+
+
+def staged_on() -> bool:
+    """SPECPILOT_GEMV_STAGED=0 keeps the staged configs out of the step tuning."""
+    return os.environ.get("SPECPILOT_GEMV_STAGED", "1") != "0"
 
 
 def candidates(key: tuple) -> list[dict]:
@@ -56,7 +62,7 @@ def candidates(key: tuple) -> list[dict]:
     if key[0] != "gemv":
         return CANDIDATES[key[0]]
     flags = dict(key[3:])
-    plain = not (flags.get("HAS_NORM") or flags.get("GATE_UP") or flags.get("HAS_BIAS") or flags.get("PRENORM"))
+    plain = staged_on() and not any(flags.get(f) for f in ("HAS_NORM", "GATE_UP", "HAS_BIAS", "PRENORM"))
     return [c for c in CANDIDATES["gemv"] if plain or "STAGE" not in c]
 
 

@@ -375,10 +375,10 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     if next_norm is not None:
         handoff = (next_norm, torch.empty(n, dtype=y.dtype, device=y.device),
                    torch.empty(blocks, dtype=torch.float32, device=y.device))
-    if config.get("STAGE"):  # EXPERIMENTAL (gemv/staged.py): weight tiles staged in shared memory
+    if config.get("STAGE"):  # weight tiles through a ring in shared memory (gemv/staged.py)
         from specpilot.kernels.gemv.staged import staged_fits, staged_launch
 
-        if staged_fits(n, k, config, flags, nparts) and not _INTERPRET:
+        if staged_fits(n, k, config, flags, nparts, tensors[2].element_size()) and not _INTERPRET:
             staged_launch(tensors[0], tensors[2], tensors[4] if flags["HAS_RES"] else None, y, handoff, config,
                           next_norm is not None, pdl)
             return handoff[1:] if next_norm is not None else None
