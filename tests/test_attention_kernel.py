@@ -132,13 +132,13 @@ def test_decode_step_runs_the_split_count_chosen_in_the_step(monkeypatch):
 
         class Spy:
             def __getitem__(self, grid):
-                return lambda *a, **kw: preloads.append(kw["PRELOAD"]) or kernel[grid](*a, **kw)
+                return lambda *a, **kw: preloads.append((kw["PRELOAD"], kw["LATE"])) or kernel[grid](*a, **kw)
 
         monkeypatch.setattr(kernel_module, "_split_kernel", Spy())
-        for chosen in ({"NUM_SPLITS": 2}, {"NUM_SPLITS": 2, "AHEAD": False}):
+        for chosen in ({"NUM_SPLITS": 2}, {"NUM_SPLITS": 2, "AHEAD": False}, {"NUM_SPLITS": 2, "LATE": True}):
             choice._CHOSEN[key] = chosen
             assert rel_err(attend_triton(q, k, v, vis, 0.25, fuse_combine=True), ref) <= 1e-4
-        assert preloads == [True, False]
+        assert preloads == [(True, False), (False, False), (True, True)]  # LATE: released after the wait
     finally:
         choice.forget()
 

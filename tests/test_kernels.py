@@ -312,6 +312,10 @@ def test_staged_configs_go_only_where_the_ring_applies_and_fall_back_elsewhere(m
     assert len(choice.candidates(reader)) == len(choice.CANDIDATES["gemv"]) - len(choice.STAGED)
     monkeypatch.setenv("SPECPILOT_GEMV_STAGED", "0")
     assert staged(writer) == []
+    attention = ("attention", 1, 8, 4, 128, 1024)
+    assert any(c.get("LATE") for c in choice.candidates(attention))
+    monkeypatch.setenv("SPECPILOT_ATTN_LATE", "0")
+    assert choice.candidates(attention) == [c for c in choice.CANDIDATES["attention"] if not c.get("LATE")]
     g, device = torch.Generator().manual_seed(7), SETTINGS[-1][0]
     x, w = torch.randn(1, 1000, generator=g).to(device), torch.randn(64, 1000, generator=g).to(device)
     r = torch.randn(1, 64, generator=g).to(device)

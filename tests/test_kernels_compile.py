@@ -284,7 +284,8 @@ def test_qkv_rope_builds(gdc, pairs, handed):
 @hopper
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("causal", [True, False])
-def test_split_attention_builds(fuse, causal):
+@pytest.mark.parametrize("late", [False, True])
+def test_split_attention_builds(fuse, causal, late):
     from specpilot.kernels.attention.triton import _split_kernel
 
     ints = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
@@ -294,10 +295,12 @@ def test_split_attention_builds(fuse, causal):
              "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32"}
     ptx = build(_split_kernel, types, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
                                            HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse,
-                                           TRACE=fuse, PRELOAD=fuse and causal),
+                                           TRACE=fuse, PRELOAD=fuse and causal, LATE=late),
                 num_warps=4, num_stages=3)
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     before_wait = ptx.split("griddepcontrol.wait", 1)[0]
+    # LATE: the next kernel is released only after this one's wait (the previous kernel is done)
+    assert ("griddepcontrol.launch_dependents" in before_wait) == (not late)
     # PRELOAD (the decode step's): the first block of committed K/V (and cache_len / start) before the wait
     assert (before_wait.count("ld.global") >= 2 * 4) == (fuse and causal), before_wait.count("ld.global")
     if fuse and causal:

@@ -161,6 +161,8 @@ def splits_by_position(eng: Engine, g: int, hkv: int) -> dict:
     table = {}
     try:
         for cfg in choice.CANDIDATES["attention"]:
+            if cfg.get("LATE"):  # a split count once (the early release, as before)
+                continue
             choice._CHOSEN[key] = cfg
             table[cfg["NUM_SPLITS"]] = {p: timed_step(eng, p, reps=20) for p in POSITIONS}
     finally:

@@ -131,13 +131,14 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
 # weight loop (kernels/gemv.NormedStream).
 GEMV_VARIANTS = (("pdl", {}), ("no_pdl", {"SPECPILOT_PDL": "0"}), ("no_handoff", {"SPECPILOT_NORM_HANDOFF": "0"}),
                  ("no_ahead", {"SPECPILOT_GEMV_AHEAD": "0"}), ("one_round", {"SPECPILOT_TUNE_ROUNDS": "1"}),
-                 ("no_staged", {"SPECPILOT_GEMV_STAGED": "0"}))
+                 ("no_staged", {"SPECPILOT_GEMV_STAGED": "0"}), ("no_late", {"SPECPILOT_ATTN_LATE": "0"}),
+                 ("neither", {"SPECPILOT_GEMV_STAGED": "0", "SPECPILOT_ATTN_LATE": "0"}))
 # Loading ahead changes which tiles are fastest (registers, loads in flight): no_ahead gets configs tuned for it,
-# one_round configs from a one-round step tuning, no_staged configs tuned without the shared-memory ring
-# (every other variant keeps the headline's).
-RETUNED = ("no_ahead", "one_round", "no_staged")
+# one_round configs from a one-round step tuning, no_staged / no_late / neither configs tuned without the
+# shared-memory ring / the attention's late release / both (every other variant keeps the headline's).
+RETUNED = ("no_ahead", "one_round", "no_staged", "no_late", "neither")
 _GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_NORM_HANDOFF", "SPECPILOT_GEMV_AHEAD", "SPECPILOT_TUNE_ROUNDS",
-             "SPECPILOT_GEMV_STAGED")
+             "SPECPILOT_GEMV_STAGED", "SPECPILOT_ATTN_LATE")
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float, variants=GEMV_VARIANTS) -> dict:

@@ -97,6 +97,7 @@ def _split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
     FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False, PRELOAD: tl.constexpr = False,
+    LATE: tl.constexpr = False,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring). PRELOAD (PDL, causal, no
@@ -107,10 +108,14 @@ def _split_kernel(
     if TRACE:
         opening(rec)
     if USE_GDC:  # q and the new cache rows come from the previous kernel: wait for it (see dispatch.pdl_on)
-        # The next kernel may start now: it streams weights only until its own wait.
-        tl.extra.cuda.gdc_launch_dependents()
+        # The next kernel may start now: it streams weights only until its own wait. LATE: only once the
+        # previous kernel is done, so that those weights stream while this one runs, not beside that one.
+        if not LATE:
+            tl.extra.cuda.gdc_launch_dependents()
         if not PRELOAD:
             tl.extra.cuda.gdc_wait()
+            if LATE:
+                tl.extra.cuda.gdc_launch_dependents()
             if TRACE:
                 stamp(rec, 1)  # WAITED
                 stamp(rec, 2)  # STREAMED: nothing streams before the wait
@@ -190,6 +195,8 @@ def _split_kernel(
         v_first = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=first, other=0.0)
         if USE_GDC:
             tl.extra.cuda.gdc_wait()
+            if LATE:
+                tl.extra.cuda.gdc_launch_dependents()
         if TRACE:
             stamp(rec, 1)  # WAITED
             stamp(rec, 2)  # STREAMED: the first K/V block before the wait
@@ -435,7 +442,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         HKV=hkv, G=g, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
-        FUSE_COMBINE=counters is not None, TRACE=traced, PRELOAD=preload,
+        FUSE_COMBINE=counters is not None, TRACE=traced, PRELOAD=preload, LATE=bool((chosen or {}).get("LATE")),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch,
     )

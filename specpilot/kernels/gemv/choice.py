@@ -51,18 +51,21 @@ STAGED = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 8, "num_stages": 1, "PRE":
 CANDIDATES["gemv"] += STAGED
 
 
-def staged_on() -> bool:
-    """SPECPILOT_GEMV_STAGED=0 keeps the staged configs out of the step tuning."""
-    return os.environ.get("SPECPILOT_GEMV_STAGED", "1") != "0"
+def offered(option: str) -> bool:
+    """SPECPILOT_GEMV_STAGED=0 / SPECPILOT_ATTN_LATE=0 keep the configs with STAGE / LATE out of the step
+    tuning (the runs that measure what each option gains)."""
+    return os.environ.get({"STAGE": "SPECPILOT_GEMV_STAGED", "LATE": "SPECPILOT_ATTN_LATE"}[option], "1") != "0"
 
 
 def candidates(key: tuple) -> list[dict]:
     """The configs tuned for a key: staged ones only where gemv/staged.py applies (no in-loop norm, no
     gate/up pair, no bias, no handed-over norm)."""
+    if key[0] == "attention":
+        return [c for c in CANDIDATES["attention"] if offered("LATE") or not c.get("LATE")]
     if key[0] != "gemv":
         return CANDIDATES[key[0]]
     flags = dict(key[3:])
-    plain = staged_on() and not any(flags.get(f) for f in ("HAS_NORM", "GATE_UP", "HAS_BIAS", "PRENORM"))
+    plain = offered("STAGE") and not any(flags.get(f) for f in ("HAS_NORM", "GATE_UP", "HAS_BIAS", "PRENORM"))
     return [c for c in CANDIDATES["gemv"] if plain or "STAGE" not in c]
 
 
@@ -71,7 +74,11 @@ def candidates(key: tuple) -> list[dict]:
 # (Candidates where the attention, once its K/V were read, bulk-prefetched half or all of the output
 # projection's weight into the L2 were never chosen and were removed:
 # bench/results/2026-11-30_engine_core_attn_prefetch_b37bb7a_h200.json.)
-CANDIDATES["attention"] = [{"NUM_SPLITS": s} for s in (0, 1, 2, 4, 8)]
+# LATE: the attention lets the next kernel (the output projection) start only once it has passed its own
+# wait, so that the weights that one loads before its wait (PRE, STAGE) stream while the attention runs,
+# not beside the q/k/v projection's last loads.
+CANDIDATES["attention"] = [{"NUM_SPLITS": s} for s in (0, 1, 2, 4, 8)] + [{"NUM_SPLITS": s, "LATE": True}
+                                                                          for s in (1, 4, 8)]
 
 
 def step_config(key: tuple) -> dict | None:
