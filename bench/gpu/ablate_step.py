@@ -93,6 +93,7 @@ def project_variant(skip: str = "", unfuse_gate_up: bool = False, keep: tuple = 
 
 CURRENT = {}  # the model's intermediate size and vocabulary, for kind_of
 ONLY: set[str] = set()  # --only
+OPTIONS: list[bool] = []  # --options
 ABLATIONS = {
     "full": {},
     "pdl_off": {},
@@ -171,6 +172,43 @@ def splits_by_position(eng: Engine, g: int, hkv: int) -> dict:
     return {"chosen": kept, "ms_by_splits_and_position": table}
 
 
+def options_paired(eng: Engine, rounds: int = 5) -> dict:
+    """The step with the configs the tuning chose against the same without the attention's LATE release,
+    without the shared-memory ring (each key that chose STAGE re-tuned over the other candidates), and
+    without both; the four timed in turn, `rounds` times, so that drift hits them alike."""
+    pos = CONTEXT // 4
+    chosen = dict(choice._CHOSEN)
+    staged = [k for k, c in chosen.items() if c.get("STAGE")]
+    no_late = {k: {f: v for f, v in c.items() if f != "LATE"} for k, c in chosen.items()}
+    saved = os.environ.get("SPECPILOT_GEMV_STAGED")
+    os.environ["SPECPILOT_GEMV_STAGED"] = "0"
+    try:
+        for k in staged:
+            del choice._CHOSEN[k]
+        with torch.inference_mode():
+            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
+        no_staged = dict(choice._CHOSEN)
+    finally:
+        if saved is None:
+            del os.environ["SPECPILOT_GEMV_STAGED"]
+        else:
+            os.environ["SPECPILOT_GEMV_STAGED"] = saved
+    neither = {k: {f: v for f, v in c.items() if f != "LATE"} for k, c in no_staged.items()}
+    variants = {"chosen": chosen, "no_late": no_late, "no_staged": no_staged, "neither": neither}
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, configs in variants.items():
+            choice._CHOSEN.clear()
+            choice._CHOSEN.update(configs)
+            times[name].append(timed_step(eng, pos))
+    choice._CHOSEN.clear()
+    choice._CHOSEN.update(chosen)
+    late = {repr(k): c for k, c in chosen.items() if c.get("LATE")}
+    return {"median_ms": {n: sorted(t)[len(t) // 2] for n, t in times.items()}, "ms_by_round": times,
+            "late_chosen": late, "staged_chosen": {repr(k): chosen[k] for k in staged},
+            "replaced_by": {repr(k): no_staged[k] for k in staged}}
+
+
 def run_model(name: str, bw: dict) -> dict:
     cfg = MODELS[name]
     CURRENT.update(inter=cfg.intermediate_size, vocab=cfg.vocab_size)
@@ -183,6 +221,11 @@ def run_model(name: str, bw: dict) -> dict:
     eng = Engine(target, None, context=CONTEXT, gemv=True)
     eng.warmup(AR)  # chooses the one-row configs and the attention split count
     same = eng.generate(prompt, 16, (), AR).tokens[:4] == ref[:4]
+    if OPTIONS:
+        res = options_paired(eng)
+        print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
+                                                              for k, v in res["median_ms"].items()))
+        return {"floor_ms": floor, "tokens_match_cublas_first_4": same, **res}
     times = ablate(eng)
     if ONLY:
         print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
@@ -215,15 +258,19 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", default="", help="comma list of ablations to time (and full); no costs or splits")
+    ap.add_argument("--options", action="store_true",
+                    help="only the paired timing of the tuning's options (attention LATE, STAGE rings)")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
+    if args.options:
+        OPTIONS.append(True)
     report = {**provenance("PYTHONPATH=. python3 bench/gpu/ablate_step.py"), "context": CONTEXT,
               "position": CONTEXT // 4}
     report["bandwidth"] = bw = bandwidth()
     report["models"] = {m: run_model(m, bw) for m in args.models.split(",")}
     with open(os.path.join(args.out, "ablate_step.json"), "w") as f:
         json.dump(report, f, indent=1)
-    if ONLY:
+    if ONLY or OPTIONS:
         return
     print("\nmodel      floor   full  pdl_off  no_attn  gemvs_only   (ms per step, % of floor for full)")
     for m, r in report["models"].items():
