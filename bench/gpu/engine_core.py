@@ -295,8 +295,9 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--parts", default="gemv,verify,stock,ceiling", help="what to time beside AR")
-    ap.add_argument("--gemv-variants", default=",".join(n for n, _ in GEMV_VARIANTS),
-                    help="which of GEMV_VARIANTS the gemv part runs (the first, pdl, always)")
+    ap.add_argument("--gemv-variants", default="pdl,no_pdl,no_handoff,no_ahead,one_round",
+                    help="which of GEMV_VARIANTS the gemv part runs (the first, pdl, always; also no_staged, "
+                         "no_late, neither)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     report = provenance("PYTHONPATH=. python bench/gpu/engine_core.py")
