@@ -512,3 +512,76 @@ def test_later_tuning_rounds_retime_each_key_beside_the_others_choices(monkeypat
     monkeypatch.setenv("SPECPILOT_TUNE_ROUNDS", "many")
     with pytest.raises(ValueError, match="SPECPILOT_TUNE_ROUNDS"):
         choice.tune_step(step, measure)
+
+
+def test_layer_halves_keep_ar_output_and_leave_the_counters_at_zero(monkeypatch):
+    """SPECPILOT_HEAD_HALVES=1 (models/halves.py): the one-row attention as two halves of the K/V heads
+    (six kernels, two arrival counters) gives the default path's AR tokens on a tiny float32 model, really
+    ran, and each step's consumers reset the counters."""
+    import specpilot.models.halves as halves
+    from specpilot.fixtures.random_models import random_target, tiny_target_config
+    from specpilot.runtime.engine import Engine
+    from specpilot.runtime.options import parse_system
+
+    device = "cuda" if CUDA else "cpu"
+    if not CUDA:
+        monkeypatch.setenv("SPECPILOT_KERNELS", "triton")  # the interpreter runs the Triton kernels
+    target = random_target(tiny_target_config(), seed=3, device=device)
+    prompt, ar = list(range(5, 12)), parse_system("ar")
+    plain = Engine(target, None, context=32, gemv=True).generate(prompt, 5, (), ar).tokens
+    ran, real = [], halves.attention_halves
+    monkeypatch.setattr(halves, "attention_halves", lambda *a, **k: ran.append(1) or real(*a, **k))
+    import specpilot.models.layers as layers
+
+    monkeypatch.setattr(layers, "attention_halves", halves.attention_halves)
+    monkeypatch.setenv("SPECPILOT_HEAD_HALVES", "1")
+    assert Engine(target, None, context=32, gemv=True).generate(prompt, 5, (), ar).tokens == plain
+    assert ran
+    counters = [m._halves_sync for m in target.modules() if getattr(m, "_halves_sync", None) is not None]
+    assert counters and all(int(c.abs().sum()) == 0 for c in counters)
+    monkeypatch.setenv("SPECPILOT_HEAD_HALVES", "2")
+    with pytest.raises(ValueError, match="SPECPILOT_HEAD_HALVES"):
+        halves.halves_on()
+
+
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+def test_halves_kernels_compute_what_one_launch_does(device, dtype, tol):
+    """The layer halves' pieces: q/k/v + rope of each half of the heads writes exactly what one launch
+    writes, each block arriving once on its counter; the output projection as a float32 partial over
+    half the columns plus the other half (with bias, residual) matches the one-launch projection."""
+    from specpilot.kernels.gemv.naive import gemv_naive
+    from specpilot.kernels.gemv.triton import gemv_triton
+    from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
+
+    g = torch.Generator().manual_seed(17)
+    hq, hkv, d, k, length = 4, 2, 32, 96, 8
+    x = torch.randn(1, 1, k, generator=g).to(device, dtype)
+    w = (torch.randn((hq + 2 * hkv) * d, k, generator=g) / k ** 0.5).to(device, dtype)
+    cos, sin = rope_table(16, d, 10000.0, None, device=device)
+    pos, slot = torch.tensor([[5]], device=device), torch.tensor([[3]], device=device)
+
+    def caches():
+        return [torch.zeros(1, hkv, length, d, dtype=dtype, device=device) for _ in range(2)]
+
+    whole = caches()
+    q_whole = qkv_rope_triton(x, w, None, None, 1e-5, pos, cos, sin, *whole, slot, hq, hkv, d, tune=False)
+    split, q = caches(), torch.zeros(1, 1, hq, d, dtype=dtype, device=device)
+    sync = torch.zeros(4, dtype=torch.int32, device=device)
+    for part in (0, 1):
+        _, blocks = qkv_rope_triton(x, w, None, None, 1e-5, pos, cos, sin, *split, slot, hq, hkv, d, tune=False,
+                                    part=(part, 2), wait=part == 0, sync=sync[2 * part:2 * part + 2], q_out=q)
+        assert int(sync[2 * part]) == blocks == (hq + 2 * hkv) // 2 * (d // 2 // 8)
+    assert torch.equal(q, q_whole) and all(torch.equal(a, b) for a, b in zip(split, whole, strict=True))
+    assert q.abs().sum() > 0 and whole[1].abs().sum() > 0
+
+    n, cols = 64, 48
+    a = torch.randn(1, 1, k, generator=g).to(device, dtype)
+    wo = (torch.randn(n, k, generator=g) / k ** 0.5).to(device, dtype)
+    bias, r = torch.randn(n, generator=g).to(device, dtype), torch.randn(1, 1, n, generator=g).to(device, dtype)
+    config = {"BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2, "PRE": 1}
+    part = gemv_triton(a[..., :cols], wo[:, :cols], out_dtype=torch.float32, early=True, tune=False, config=config)
+    assert part.dtype == torch.float32 and rel(part, a[..., :cols].float() @ wo[:, :cols].float().T) <= 1e-5
+    got = gemv_triton(a[..., cols:], wo[:, cols:], bias, residual=r, add=part.view(-1), tune=False, config=config)
+    assert rel(got, gemv_naive(a, wo, bias, residual=r)) <= max(tol, 1e-2 if tol == 0 else 1e-5)
+    with pytest.raises(ValueError, match="one row"):
+        gemv_triton(torch.cat([a, a], 1), wo[:, cols:], add=part.view(-1), tune=False, config=config)

@@ -42,10 +42,12 @@ def hopper(test):
 P = "*bf16"
 STREAM_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")},
                 "N": "i32", "K": "i32", "eps": "fp32", "trace_ptr": "*i64", "sq_ptr": "*fp32",
-                "parts_ptr": "*fp32", "n_parts": "i32"}  # the one-row GEMV's (gemv/triton._stream_kernel) arguments
+                "parts_ptr": "*fp32", "n_parts": "i32", "add_ptr": "*fp32",
+                "stride_w": "i32"}  # the one-row GEMV's (gemv/triton._stream_kernel) arguments
 QKV_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
-             "eps": "fp32", "trace_ptr": "*i64", "parts_ptr": "*fp32", "n_parts": "i32"}  # qkv_rope's
+             "eps": "fp32", "trace_ptr": "*i64", "parts_ptr": "*fp32", "n_parts": "i32",
+             "sync_ptr": "*i32"}  # qkv_rope's
 
 
 def build(fn, types: dict, constexprs: dict, divisible: tuple = (), **options) -> str:
@@ -170,7 +172,7 @@ def test_one_row_loop_has_no_barrier_and_asks_one_step_ahead(config, fusion):
     ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
                                                    BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
                                                    PRE=config["PRE"], AHEAD=ahead),
-                divisible=("N", "K"), num_warps=config["num_warps"], num_stages=config["num_stages"])
+                divisible=("N", "K", "stride_w"), num_warps=config["num_warps"], num_stages=config["num_stages"])
     (body,) = loop_bodies(ptx)
     assert "ld.global.v4" in body  # the weight stream itself: 16-byte loads
     assert "bar.sync" not in body
@@ -196,7 +198,7 @@ def test_one_row_kernels_build_without_loads_ahead(qkv):
         ptx = build(_stream_kernel, STREAM_TYPES, dict(HAS_NORM=False, GATE_UP=False, HAS_RES=True, HAS_BIAS=False,
                                                        USE_GDC=True, BLOCK_N=16, BLOCK_K=512, EVEN_N=True,
                                                        EVEN_K=True, PRE=1, AHEAD=False),
-                    divisible=("N", "K"), num_warps=8, num_stages=2)
+                    divisible=("N", "K", "stride_w"), num_warps=8, num_stages=2)
     (body,) = loop_bodies(ptx)
     assert "ld.global.v4" in body and not re.search(r"@%p\d+ ld\.global\.v4", body)
     assert registers(ptx)[1] == 0
@@ -221,7 +223,7 @@ def _loop_and_registers(flags: dict, types: dict, config: dict) -> tuple[str, in
     ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
                                             BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True, PRE=config["PRE"],
                                             AHEAD=True),
-                divisible=("N", "K"), num_warps=config["num_warps"], num_stages=config["num_stages"])
+                divisible=("N", "K", "stride_w"), num_warps=config["num_warps"], num_stages=config["num_stages"])
     (body,) = loop_bodies(ptx)
     return (body, *registers(ptx))
 
@@ -292,7 +294,8 @@ def test_split_attention_builds(fuse, causal, late):
             "T", "L", "window", "row_tiles")
     types = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
              "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
-             "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32"}
+             "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32",
+             "sync_ptr": "*i32", "sync_expected": "i32"}
     ptx = build(_split_kernel, types, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
                                            HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse,
                                            TRACE=fuse, PRELOAD=fuse and causal, LATE=late),
@@ -338,11 +341,12 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
     constexprs = dict(BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"],
                       WARPS_N=config["num_warps"] // warps_k, WARPS_K=warps_k, HAS_RES=True, NEXT=next_norm,
                       USE_GDC=True)
-    types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32", "K": "i32"}
+    types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32",
+             "add_ptr": "*fp32", "K": "i32", "stride_w": "i32"}
     names = _staged_kernel.arg_names
     sig = {n: types.get(n, "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if types.get(n, "").startswith("*") or n == "K"}
+             if types.get(n, "").startswith("*") or n in ("K", "stride_w")}
     kernel = triton.compile(GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
                             target=HOPPER, options=dict(num_warps=config["num_warps"]))
     ptx = kernel.asm["ptx"]
@@ -356,3 +360,41 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
     assert wait < read < refill and loop.count("cp.async.cg.shared.global") == chunks
     assert kernel.metadata.shared == config["STAGE"] * config["BLOCK_N"] * config["BLOCK_K"] * 2
     assert registers(ptx)[1] == 0
+
+
+@hopper
+def test_layer_halves_kernels_wait_and_release_where_the_plan_says():
+    """models/halves.py in the sm_90 builds: q/k/v of the second half never waits and releases the next
+    kernel first thing; every q/k/v block arrives with a release at GPU scope after a barrier; the
+    attention that spins acquires in a loop and never waits for the kernel just before, except at its end
+    with WAIT_END; the early output projection releases the next kernel before its PDL wait."""
+    from specpilot.kernels.attention.triton import _split_kernel
+    from specpilot.kernels.gemv.triton import _stream_kernel
+    from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
+
+    qkv = dict(HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, HAS_BIAS=False, USE_GDC=True, BLOCK_K=512,
+               EVEN_K=True, NPARTS=32, PARTS=2, ARRIVE=True)
+    first = build(_qkv_rope_kernel, QKV_TYPES, dict(**qkv, PART=0, WAIT=True), num_warps=4, num_stages=2)
+    second = build(_qkv_rope_kernel, QKV_TYPES, dict(**qkv, PART=1, WAIT=False), num_warps=4, num_stages=2)
+    assert "griddepcontrol.wait" in first and "griddepcontrol.wait" not in second
+    assert second.index("griddepcontrol.launch_dependents") < second.index("ld.global")
+    for ptx in (first, second):
+        tail = ptx[ptx.rindex("bar.sync"):]
+        assert "atom.global.gpu.release.add" in tail
+    ints = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
+            "T", "L", "window", "row_tiles")
+    types = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
+             "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
+             "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32",
+             "sync_ptr": "*i32", "sync_expected": "i32"}
+    attn = dict(HKV=4, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=8, CAUSAL=True, HAS_WINDOW=False,
+                PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=True, PRELOAD=True, SPIN=True)
+    for wait_end in (False, True):
+        ptx = build(_split_kernel, types, dict(**attn, WAIT_END=wait_end), num_warps=4, num_stages=3)
+        assert "ld.global.gpu.acquire" in ptx and ptx.count("griddepcontrol.wait") == int(wait_end)
+        assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global.gpu.acquire")
+    flags = dict(HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, GATE_UP=False, USE_GDC=True, BLOCK_N=16, BLOCK_K=512,
+                 EVEN_N=True, EVEN_K=True, EARLY=True)
+    ptx = build(_stream_kernel, {**STREAM_TYPES, "y_ptr": "*fp32"}, flags, divisible=("N", "K", "stride_w"),
+                num_warps=8, num_stages=2)
+    assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("griddepcontrol.wait")

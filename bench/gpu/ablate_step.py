@@ -25,6 +25,7 @@ Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -174,39 +175,60 @@ def splits_by_position(eng: Engine, g: int, hkv: int) -> dict:
 
 def options_paired(eng: Engine, rounds: int = 5) -> dict:
     """The step with the configs the tuning chose against the same without the attention's LATE release,
-    without the shared-memory ring (each key that chose STAGE re-tuned over the other candidates), and
-    without both; the four timed in turn, `rounds` times, so that drift hits them alike."""
+    without the shared-memory ring (each key that chose STAGE re-tuned over the other configs), without
+    both, and with the layer halves (models/halves.py; their kernels' keys tuned beside the chosen ones);
+    all timed in turn, `rounds` times, so that drift hits them alike."""
     pos = CONTEXT // 4
+
+    def tune() -> None:
+        with torch.inference_mode():
+            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
+
     chosen = dict(choice._CHOSEN)
     staged = [k for k, c in chosen.items() if c.get("STAGE")]
     no_late = {k: {f: v for f, v in c.items() if f != "LATE"} for k, c in chosen.items()}
-    saved = os.environ.get("SPECPILOT_GEMV_STAGED")
-    os.environ["SPECPILOT_GEMV_STAGED"] = "0"
-    try:
+    with _env(SPECPILOT_GEMV_STAGED="0"):
         for k in staged:
             del choice._CHOSEN[k]
-        with torch.inference_mode():
-            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
+        tune()
         no_staged = dict(choice._CHOSEN)
-    finally:
-        if saved is None:
-            del os.environ["SPECPILOT_GEMV_STAGED"]
-        else:
-            os.environ["SPECPILOT_GEMV_STAGED"] = saved
     neither = {k: {f: v for f, v in c.items() if f != "LATE"} for k, c in no_staged.items()}
-    variants = {"chosen": chosen, "no_late": no_late, "no_staged": no_staged, "neither": neither}
+    choice._CHOSEN.clear()
+    choice._CHOSEN.update(chosen)
+    with _env(SPECPILOT_HEAD_HALVES="1"):
+        tune()
+        halves = dict(choice._CHOSEN)
+    variants = {"chosen": (chosen, {}), "no_late": (no_late, {}), "no_staged": (no_staged, {}),
+                "neither": (neither, {}), "halves": (halves, {"SPECPILOT_HEAD_HALVES": "1"})}
     times = {name: [] for name in variants}
     for _ in range(rounds):
-        for name, configs in variants.items():
+        for name, (configs, env) in variants.items():
             choice._CHOSEN.clear()
             choice._CHOSEN.update(configs)
-            times[name].append(timed_step(eng, pos))
+            with _env(**env):
+                times[name].append(timed_step(eng, pos))
     choice._CHOSEN.clear()
     choice._CHOSEN.update(chosen)
     late = {repr(k): c for k, c in chosen.items() if c.get("LATE")}
     return {"median_ms": {n: sorted(t)[len(t) // 2] for n, t in times.items()}, "ms_by_round": times,
             "late_chosen": late, "staged_chosen": {repr(k): chosen[k] for k in staged},
-            "replaced_by": {repr(k): no_staged[k] for k in staged}}
+            "replaced_by": {repr(k): no_staged[k] for k in staged},
+            "halves_keys": {repr(k): c for k, c in halves.items() if k not in chosen}}
+
+
+@contextlib.contextmanager
+def _env(**values: str):
+    """Environment variables set for the block, restored after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def run_model(name: str, bw: dict) -> dict:
@@ -259,7 +281,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", default="", help="comma list of ablations to time (and full); no costs or splits")
     ap.add_argument("--options", action="store_true",
-                    help="only the paired timing of the tuning's options (attention LATE, STAGE rings)")
+                    help="only the paired timing of the tuning's options (attention LATE, STAGE rings, layer halves)")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
     if args.options:

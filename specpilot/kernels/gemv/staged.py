@@ -33,16 +33,17 @@ def _gdc(instr: gl.constexpr):
 
 
 @gluon.jit
-def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, K,
+def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, add_ptr, K, stride_w,
                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGE: gl.constexpr, WARPS_N: gl.constexpr,
-                   WARPS_K: gl.constexpr, HAS_RES: gl.constexpr, NEXT: gl.constexpr, USE_GDC: gl.constexpr):
+                   WARPS_K: gl.constexpr, HAS_RES: gl.constexpr, NEXT: gl.constexpr, USE_GDC: gl.constexpr,
+                   HAS_ADD: gl.constexpr = False, EARLY: gl.constexpr = False):
     """y[n] = (r[n] +) sum_k W[n, k] x[k] for this program's BLOCK_N rows, the weight tiles streamed through
     a ring of STAGE shared-memory slots, the first STAGE requested before the PDL wait. NEXT as in
-    gemv/triton._stream_kernel."""
+    gemv/triton._stream_kernel, and stride_w, HAS_ADD, EARLY."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS_N, WARPS_K], [1, 0])  # 16-byte chunks
     n = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout))
     k = gl.arange(0, BLOCK_K, gl.SliceLayout(0, layout))
-    tiles = w_ptr + n[:, None].to(gl.int64) * K + k[None, :]
+    tiles = w_ptr + n[:, None].to(gl.int64) * stride_w + k[None, :]
     ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGE, BLOCK_N, BLOCK_K],
                                      gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     steps = K // BLOCK_K  # > STAGE (staged_fits)
@@ -50,6 +51,8 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, K,
         cp.async_copy_global_to_shared(ring.index(t), tiles + t * BLOCK_K)
         cp.commit_group()
     if USE_GDC:
+        if EARLY:
+            _gdc("griddepcontrol.launch_dependents; // dummy $0")
         _gdc("griddepcontrol.wait; // dummy $0")
     acc = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
     x = gl.load(x_ptr + k)
@@ -66,7 +69,10 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, K,
     if USE_GDC:
         _gdc("griddepcontrol.launch_dependents; // dummy $0")
     dtype: gl.constexpr = y_ptr.dtype.element_ty
-    out = gl.sum(acc, axis=1).to(dtype).to(gl.float32)
+    out = gl.sum(acc, axis=1)
+    if HAS_ADD:
+        out = out + gl.load(add_ptr + n)
+    out = out.to(dtype).to(gl.float32)
     if HAS_RES:
         out = out + gl.load(r_ptr + n).to(gl.float32)
     stored = out.to(dtype)
@@ -87,13 +93,16 @@ def staged_fits(n: int, k: int, config: dict, flags: dict, parts: int, itemsize:
 
 
 def staged_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
-                  handoff: tuple, config: dict, next_norm: bool, pdl: bool) -> None:
+                  handoff: tuple, config: dict, next_norm: bool, pdl: bool, add: torch.Tensor | None = None,
+                  early: bool = False) -> None:
     """Launch _staged_kernel over the rows of `weight` (handoff: g, h * g, sums as _stream passes them)."""
     n, k = weight.shape
     warps = config.get("num_warps", 8)
     warps_k = min(warps, config["BLOCK_K"] // 256)  # a warp covers 256 columns of 16-byte chunks
     _staged_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
-        x, weight, residual if residual is not None else y, y, *handoff, k,
+        x, weight, residual if residual is not None else y, y, *handoff, add if add is not None else y, k,
+        weight.stride(0),
         BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"], WARPS_N=warps // warps_k,
-        WARPS_K=warps_k, HAS_RES=residual is not None, NEXT=next_norm, USE_GDC=pdl, num_warps=warps,
+        WARPS_K=warps_k, HAS_RES=residual is not None, NEXT=next_norm, USE_GDC=pdl, HAS_ADD=add is not None,
+        EARLY=early, num_warps=warps,
         **({"launch_pdl": True} if pdl else {}))

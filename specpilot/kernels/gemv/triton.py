@@ -96,26 +96,33 @@ def _gemv_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, eps, stride
 
 @triton.jit
 def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, xg_ptr, sq_ptr, parts_ptr, n_parts,
-                   N, K, eps, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                   GATE_UP: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
-                   NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False):
+                   N, K, eps, add_ptr, stride_w, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   HAS_RES: tl.constexpr, GATE_UP: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
+                   TRACE: tl.constexpr = False, NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0,
+                   AHEAD: tl.constexpr = False, HAS_ADD: tl.constexpr = False, EARLY: tl.constexpr = False):
     """NEXT: also write, for the norm (weight g) that reads y, y * g (in y's dtype: as an x the loop loads it
     like any other) and this block's sum of y^2 in float32 (the y stored, rounded). NPARTS (a power of
     two >= n_parts, or 0): x is such an h * g, its rstd comes from the n_parts sums at parts_ptr.
-    AHEAD: loads one loop step ahead (_stream_rows)."""
+    AHEAD: loads one loop step ahead (_stream_rows). stride_w: the weight's row stride (K unless the
+    weight is a slice of columns). HAS_ADD: a float32 partial sum (the other columns' share) is added
+    before rounding. EARLY: the next kernel may start at once (layer halves: models/halves.py)."""
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
         opening(rec)
+    if USE_GDC and EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
-    w_rows = w_ptr + n[:, None].to(tl.int64) * K
-    up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
+    w_rows = w_ptr + n[:, None].to(tl.int64) * stride_w
+    up_rows = w_rows + N.to(tl.int64) * stride_w  # the up rows sit N rows below the gate rows
     out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
                                BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD)
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+    if HAS_ADD:
+        out += tl.load(add_ptr + n, mask=nmask, other=0.0)
     out = out.to(dtype).to(tl.float32)
     if GATE_UP:
         silu = (out / (1.0 + tl.exp(-out))).to(dtype).to(tl.float32)
@@ -286,27 +293,34 @@ def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
 def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                 norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
                 gate_up: bool = False, tune: bool = True, config: dict | None = None,
-                next_norm: torch.Tensor | None = None):
+                next_norm: torch.Tensor | None = None, add: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None, early: bool = False):
     """[.., K] -> [.., N] (N = weight rows, or half of them for gate_up); see the module docstring.
     tune: autotune per shape; else `config` (BLOCK_N, BLOCK_K, num_warps, num_stages) or a fixed one.
     x may be a NormedStream (kernels/gemv): when norm_weight is its norm's, its handed-over h * g and sums
     replace the norm prologue. next_norm: a one-row call returns a NormedStream for that norm (unless
-    SPECPILOT_NORM_HANDOFF=0)."""
+    SPECPILOT_NORM_HANDOFF=0). One row only (the layer halves, models/halves.py): `weight` may be a slice
+    of columns (row stride > K); `add` a float32 [N] partial sum added before rounding; `out_dtype`
+    float32 for such a partial; `early` lets the next kernel start at once."""
     rows_w, k = weight.shape
     n = rows_w // 2 if gate_up else rows_w
     h = stream_of(x)
     xin, sumsq = norm_input(x, norm_weight)
     handed = sumsq is not None
     x2 = _rows(xin, k)
-    y = torch.empty(x2.shape[0], n, dtype=h.dtype, device=h.device)
+    split = add is not None or out_dtype is not None or early or weight.stride(0) != k
+    if split and (x2.shape[0] != 1 or weight.stride(1) != 1 or gate_up):
+        raise ValueError("a column slice of the weight, a partial sum or an early release: one row, no gate/up")
+    y = torch.empty(x2.shape[0], n, dtype=out_dtype or h.dtype, device=h.device)
     r2 = residual.reshape(-1, n) if residual is not None else y
     nw = norm_weight if norm_weight is not None and not handed else x2
     flags = dict(HAS_NORM=norm_weight is not None and not handed, HAS_BIAS=bias is not None,
                  HAS_RES=residual is not None, GATE_UP=gate_up)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     if x2.shape[0] == 1:
+        flags.update(HAS_ADD=add is not None)
         out = _stream((x2, nw, weight, bias if bias is not None else weight, r2, y), n, k, eps, flags, tune, config,
-                      sumsq, next_norm if handoff_on() else None)
+                      sumsq, next_norm if handoff_on() else None, add, early)
         shape = (*h.shape[:-1], n)
         if isinstance(out, tuple):
             return NormedStream(y.view(shape), out[0].view(shape), out[1], next_norm)
@@ -354,7 +368,8 @@ def parts_args(sumsq: torch.Tensor | None, like: torch.Tensor) -> tuple[tuple, i
 
 
 def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool, config: dict | None,
-            sumsq: torch.Tensor | None, next_norm: torch.Tensor | None):
+            sumsq: torch.Tensor | None, next_norm: torch.Tensor | None, add: torch.Tensor | None = None,
+            early: bool = False):
     """Launch the one-row kernel; with next_norm also the hand-over to the next norm: returns (h * g, sums)
     then, else None. The hand-over needs the grid, so before the step tuning has chosen a config it runs
     the fixed one, not the autotuner: the step's first eager run then launches the hand-over's readers,
@@ -363,11 +378,15 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     pdl = pdl_on(y, default=True)  # the one-row kernel runs only in the `gemv` decode step
     parts, nparts = parts_args(sumsq, y)
     key_flags = {**flags, "NEXT": next_norm is not None, "PRENORM": sumsq is not None}
+    if not flags.get("HAS_ADD"):  # the keys as before the layer halves
+        key_flags.pop("HAS_ADD", None)
     config = config or step_config(("gemv", n, k, *sorted(key_flags.items())))
+    extra = dict(add_ptr=add if add is not None else y, stride_w=tensors[2].stride(0), EARLY=early)
     launch = {"launch_pdl": True} if pdl else {}
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     if config is None and tune and not _INTERPRET and next_norm is None:
-        _STREAM_TUNED[grid](*tensors, y, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts, **launch)
+        _STREAM_TUNED[grid](*tensors, y, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts, **launch,
+                            **extra)
         return None
     config = pre_clamped(config or _FIXED, k)
     blocks = triton.cdiv(n, config["BLOCK_N"])
@@ -380,11 +399,11 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
 
         if staged_fits(n, k, config, flags, nparts, tensors[2].element_size()) and not _INTERPRET:
             staged_launch(tensors[0], tensors[2], tensors[4] if flags["HAS_RES"] else None, y, handoff, config,
-                          next_norm is not None, pdl)
+                          next_norm is not None, pdl, add, early)
             return handoff[1:] if next_norm is not None else None
         config = {key: v for key, v in config.items() if key != "STAGE"}
     rec, traced = trace_slot(f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}", blocks, y)
     _STREAM[grid](*tensors, rec, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced,
-                  NEXT=next_norm is not None, NPARTS=nparts, **launch_config(config), **launch,
+                  NEXT=next_norm is not None, NPARTS=nparts, **launch_config(config), **launch, **extra,
                   AHEAD=ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"]))
     return handoff[1:] if next_norm is not None else None
