@@ -15,7 +15,8 @@ heads, A and B (each with its q heads), the layer's attention part runs as six k
 
 The sums of the output projection are the same products added in another order (two float32 halves),
 so tokens may differ from the one-launch path after a near-tie. Off by default
-(SPECPILOT_HEAD_HALVES=1 turns it on); measured with `bench/gpu/engine_core.py --gemv-variants halves`.
+(SPECPILOT_HEAD_HALVES=1 turns it on): on the H200 the 8B step ran 0.15 ms slower with it (4.207 against
+4.058 ms, `bench/gpu/ablate_step.py --options`, BENCHMARKS.md 2026-12-01), why not yet known.
 """
 
 from __future__ import annotations
