@@ -408,7 +408,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     No host synchronisation: cache_len / start stay on the device; the grid depends only on shapes.
     num_splits overrides the heuristic split count (for tests and tuning). fuse_combine: the last split
     of each row tile to finish merges the partials (one launch instead of two). The layer halves
-    (models/halves.py, PDL only): `out` a [B, T, Hq, D] view to write; `sync` (counter, blocks): wait for
+    (models/halves.py): `out` a [B, T, Hq, D] view to write; `sync` (counter, blocks): wait for
     that many blocks to arrive on the counter instead of the PDL wait (kernels/sync.py); wait_at_end: the
     PDL wait at the end instead; counter_base: where in the fused combine's counters this launch's start
     (two launches that may overlap use disjoint ones)."""
