@@ -340,9 +340,9 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
     warps_k = config["BLOCK_K"] // 256
     constexprs = dict(BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"],
                       WARPS_N=config["num_warps"] // warps_k, WARPS_K=warps_k, HAS_RES=True, NEXT=next_norm,
-                      USE_GDC=True)
+                      USE_GDC=True, TRACE=next_norm)  # traced where NEXT, to build both ways
     types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32",
-             "add_ptr": "*fp32", "K": "i32", "stride_w": "i32"}
+             "add_ptr": "*fp32", "trace_ptr": "*i64", "K": "i32", "stride_w": "i32"}
     names = _staged_kernel.arg_names
     sig = {n: types.get(n, "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
@@ -359,7 +359,7 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
                                                    "ld.shared", "cp.async.cg.shared.global"))
     assert wait < read < refill and loop.count("cp.async.cg.shared.global") == chunks
     assert kernel.metadata.shared == config["STAGE"] * config["BLOCK_N"] * config["BLOCK_K"] * 2
-    assert registers(ptx)[1] == 0
+    assert registers(ptx)[1] == 0 and ("%globaltimer" in ptx) == next_norm
 
 
 @hopper

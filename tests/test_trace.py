@@ -39,14 +39,18 @@ def test_slot_is_off_outside_tracing_and_for_cpu_tensors():
 
 
 @pytest.mark.skipif(not CUDA, reason="the records come from a GPU's clocks")
-def test_traced_gemv_records_ordered_times_on_real_sms():
+@pytest.mark.parametrize("ring", [False, True])
+def test_traced_gemv_records_ordered_times_on_real_sms(ring):
+    """The streaming GEMV, and (ring) gemv/staged.py's shared-memory ring, which takes bf16 weights."""
     from specpilot.kernels.gemv import choice
     from specpilot.kernels.gemv.triton import gemv_triton
 
-    x, w = torch.randn(1, 1024, device="cuda"), torch.randn(4096, 1024, device="cuda")
+    dtype = torch.bfloat16 if ring else torch.float32
+    x, w = torch.randn(1, 1024, device="cuda", dtype=dtype), torch.randn(4096, 1024, device="cuda", dtype=dtype)
     key = ("gemv", 4096, 1024, ("GATE_UP", False), ("HAS_BIAS", False), ("HAS_NORM", False), ("HAS_RES", False),
            ("NEXT", False), ("PRENORM", False))
-    choice._CHOSEN[key] = choice.CANDIDATES["gemv"][0]
+    config = choice.STAGED[0] if ring else choice.CANDIDATES["gemv"][0]
+    choice._CHOSEN[key] = config
     try:
         want = gemv_triton(x, w)
         with tracing(4096) as trace:
@@ -56,8 +60,8 @@ def test_traced_gemv_records_ordered_times_on_real_sms():
     finally:
         choice._CHOSEN.pop(key)
     assert torch.equal(got, want)  # tracing changes when things are written down, not what is computed
-    blocks = 4096 // choice.CANDIDATES["gemv"][0]["BLOCK_N"]
-    assert len(rec["start"]) == blocks
+    blocks = 4096 // config["BLOCK_N"]
+    assert len(rec["start"]) == blocks and rec["kind"] == "gemv 4096x1024" + (" ring" if ring else "")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for i in range(blocks):
         assert 0 < rec["start"][i] <= rec["waited"][i] <= rec["streamed"][i] <= rec["end"][i], i

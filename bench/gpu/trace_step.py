@@ -8,6 +8,7 @@ graphs (the stamps' own cost) and prints, per kernel kind, the medians over laye
 quantities `trace.summarize` defines (lead, release, busy, tail, blocks per SM, TB/s).
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/trace_step.py [--models dense-8b] [--out DIR]
+       [--halves]   (the layer halves on: models/halves.py)
 """
 
 from __future__ import annotations
@@ -33,13 +34,25 @@ REPS = 50
 
 
 def kind_bytes(cfg) -> dict[str, int]:
-    """Weight bytes per launch of each traced kind (the kinds trace.slot names)."""
+    """Weight bytes per launch of each traced kind (the kinds trace.slot names; with the layer halves also
+    theirs, and " ring" for gemv/staged.py's kernel)."""
     h, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q = cfg.num_heads * d
     qkv = q + 2 * cfg.num_kv_heads * d
-    return {"qkv_rope": 2 * qkv * h, f"gemv {qkv}x{h}": 2 * qkv * h, f"gemv {h}x{q}": 2 * h * q,
-            f"gemv {inter}x{h} gate_up": 4 * inter * h, f"gemv {h}x{inter}": 2 * h * inter,
-            f"gemv {cfg.vocab_size}x{h}": 2 * cfg.vocab_size * h}
+    out = {"qkv_rope": 2 * qkv * h, "qkv_rope 1/2": qkv * h, "qkv_rope 2/2": qkv * h, f"gemv {qkv}x{h}": 2 * qkv * h,
+           f"gemv {h}x{q}": 2 * h * q, f"gemv {h}x{q // 2} partial": h * q, f"gemv {h}x{q // 2}": h * q,
+           f"gemv {inter}x{h} gate_up": 4 * inter * h, f"gemv {h}x{inter}": 2 * h * inter,
+           f"gemv {cfg.vocab_size}x{h}": 2 * cfg.vocab_size * h}
+    return {**out, **{f"{k} ring": v for k, v in out.items() if k.startswith("gemv")}}
+
+
+def middle_layer(rows: list[dict]) -> list[dict]:
+    """The launches of a middle layer: from one layer's first q/k/v launch to the next one's."""
+    starts = [i for i, r in enumerate(rows) if r["kind"] in ("qkv_rope", "qkv_rope 1/2")]
+    if len(starts) < 2:
+        return rows
+    mid = (len(starts) - 1) // 2
+    return rows[starts[mid]:starts[mid + 1]]
 
 
 def trace_mode(eng: Engine, pos: int, capacity: int) -> dict:
@@ -92,9 +105,8 @@ def run_model(name: str, bw: dict) -> dict:
             os.environ["SPECPILOT_PDL"] = env
             t = trace_mode(eng, CONTEXT // 4, capacity=1 << 20)
             rows = summarize(t.pop("records"), nbytes)
-            mid = len(rows) // 2 - len(rows) // 2 % 5  # a middle layer's five launches, in full
             out["modes"][mode] = {**t, "pct_of_floor": 100 * floor / t["plain_ms"], "by_kind": by_kind(rows),
-                                  "span_ms": rows[-1]["last_end"] / 1e3, "middle_layer": rows[mid:mid + 5],
+                                  "span_ms": rows[-1]["last_end"] / 1e3, "middle_layer": middle_layer(rows),
                                   "launches": rows}
             report_mode(name, mode, out["modes"][mode])
     finally:
@@ -118,14 +130,26 @@ def report_mode(name: str, mode: str, m: dict) -> None:
                  for c, w in (("busy", 8), ("lead", 6), ("early", 6), ("release", 8), ("tail", 6))]
         rate = f"{k['tb_s']:6.2f}" if k["tb_s"] else "     -"
         print(f"  {kind:28s} {k['launches']:3d} {k['busy_ms']:8.3f} {' '.join(cells)} {k['per_sm_max']:6d} {rate}")
+    layer = m["middle_layer"]
+    t0 = layer[0]["first_start"] if layer else 0.0
+    print("  a middle layer (us from its first start): kind, blocks, first start, release, last end, lead")
+    for r in layer:
+        release = f"{r['release']:6.2f}" if r["release"] is not None else "     -"
+        lead = f"{r['lead']:6.2f}" if r["lead"] is not None else "     -"
+        print(f"    {r['kind']:28s} {r['blocks']:5d} {r['first_start'] - t0:8.2f} {release} "
+              f"{r['last_end'] - t0:8.2f} {lead}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="dense-8b")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--halves", action="store_true", help="the step with the layer halves (models/halves.py)")
     args = ap.parse_args()
-    report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/trace_step.py --models {args.models}"),
+    if args.halves:
+        os.environ["SPECPILOT_HEAD_HALVES"] = "1"
+    flag = " --halves" if args.halves else ""
+    report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/trace_step.py --models {args.models}{flag}"),
               "context": CONTEXT, "position": CONTEXT // 4, "times": "microseconds unless named _ms"}
     report["bandwidth"] = bw = bandwidth()
     report["models"] = {m: run_model(m, bw) for m in args.models.split(",")}

@@ -80,11 +80,12 @@ def attention_halves(attn, x, positions, rope, k_cache, v_cache, slots, vis, nor
     ka, kb = slice(0, hkv // 2), slice(hkv // 2, hkv)
     scale = d ** -0.5
     attend_triton(q[:, :, a], k_cache[:, ka], v_cache[:, ka], vis, scale, fuse_combine=True, out=o[:, :, a],
-                  sync=(sync[0:2], blocks[0]))
+                  sync=(sync[0:2], blocks[0]), label="attention 1/2")
     cols = hq // 2 * d
     flat = o.view(1, 1, hq * d)
     partial = gemv_triton(flat[..., :cols], attn.wo.weight[:, :cols], out_dtype=torch.float32, early=True)
     attend_triton(q[:, :, b], k_cache[:, kb], v_cache[:, kb], vis, scale, fuse_combine=True, out=o[:, :, b],
-                  sync=(sync[2:4], blocks[1]), wait_at_end=True, counter_base=MAX_FUSED_TILES // 2)
+                  sync=(sync[2:4], blocks[1]), wait_at_end=True, counter_base=MAX_FUSED_TILES // 2,
+                  label="attention 2/2")
     return gemv_triton(flat[..., cols:], attn.wo.weight[:, cols:], attn.wo.bias, residual=stream_of(residual),
                        next_norm=next_norm, add=partial.view(-1))

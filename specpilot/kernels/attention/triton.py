@@ -402,7 +402,7 @@ def _counters(device: torch.device) -> torch.Tensor | None:
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
                   scale: float, num_splits: int | None = None, fuse_combine: bool = False,
                   out: torch.Tensor | None = None, sync: tuple[torch.Tensor, int] | None = None,
-                  wait_at_end: bool = False, counter_base: int = 0) -> torch.Tensor:
+                  wait_at_end: bool = False, counter_base: int = 0, label: str = "attention") -> torch.Tensor:
     """q [B, T, Hq, D] (any strides); k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D], q's dtype.
 
     No host synchronisation: cache_len / start stay on the device; the grid depends only on shapes.
@@ -411,7 +411,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (models/halves.py): `out` a [B, T, Hq, D] view to write; `sync` (counter, blocks): wait for
     that many blocks to arrive on the counter instead of the PDL wait (kernels/sync.py); wait_at_end: the
     PDL wait at the end instead; counter_base: where in the fused combine's counters this launch's start
-    (two launches that may overlap use disjoint ones)."""
+    (two launches that may overlap use disjoint ones); label: its kind in a trace (kernels/trace.py)."""
     _check(q, k_cache, v_cache, vis)
     b, t, hq, d = q.shape
     hkv, length = k_cache.shape[1], k_cache.shape[2]
@@ -455,7 +455,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # The `gemv` decode step's attention loads its first committed block before the PDL wait (without PDL
     # only a peeled loop step: the interpreter tests it so).
     preload = fuse_combine and t == 1 and causal and not has_window and ahead_on() and (chosen or {}).get("AHEAD", True)
-    rec, traced = trace_slot("attention", grid[0] * grid[1], out) if fuse_combine and t == 1 else (out, False)
+    rec, traced = trace_slot(label, grid[0] * grid[1], out) if fuse_combine and t == 1 else (out, False)
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,
         out, part_m, part_l, part_acc, counters if counters is not None else cache_len, rec,

@@ -394,15 +394,16 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     if next_norm is not None:
         handoff = (next_norm, torch.empty(n, dtype=y.dtype, device=y.device),
                    torch.empty(blocks, dtype=torch.float32, device=y.device))
+    kind = f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}{' partial' if y.dtype == torch.float32 else ''}"
     if config.get("STAGE"):  # weight tiles through a ring in shared memory (gemv/staged.py)
         from specpilot.kernels.gemv.staged import staged_fits, staged_launch
 
         if staged_fits(n, k, config, flags, nparts, tensors[2].element_size()) and not _INTERPRET:
             staged_launch(tensors[0], tensors[2], tensors[4] if flags["HAS_RES"] else None, y, handoff, config,
-                          next_norm is not None, pdl, add, early)
+                          next_norm is not None, pdl, add, early, trace_slot(f"{kind} ring", blocks, y))
             return handoff[1:] if next_norm is not None else None
         config = {key: v for key, v in config.items() if key != "STAGE"}
-    rec, traced = trace_slot(f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}", blocks, y)
+    rec, traced = trace_slot(kind, blocks, y)
     _STREAM[grid](*tensors, rec, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced,
                   NEXT=next_norm is not None, NPARTS=nparts, **launch_config(config), **launch, **extra,
                   AHEAD=ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"]))

@@ -141,7 +141,7 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
         raise ValueError(f"head_dim {head_dim}: half of it is not a multiple of {pairs} rotary pairs")
     grid = ((num_heads + 2 * num_kv_heads) // parts_n * (half // pairs),)
     if chosen is not None:
-        rec, traced = trace_slot("qkv_rope", grid[0], q)
+        rec, traced = trace_slot("qkv_rope" if parts_n == 1 else f"qkv_rope {share + 1}/{parts_n}", grid[0], q)
         args = args[:11] + (rec,) + args[12:]
         _PLAIN[grid](*args, **meta, TRACE=traced, **launch_config(pre_clamped(chosen, hidden)),
                      AHEAD=ahead_fits(2 * pairs, chosen, has_norm))
