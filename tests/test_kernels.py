@@ -514,9 +514,10 @@ def test_later_tuning_rounds_retime_each_key_beside_the_others_choices(monkeypat
         choice.tune_step(step, measure)
 
 
-def test_layer_halves_keep_ar_output_and_leave_the_counters_at_zero(monkeypatch):
-    """SPECPILOT_HEAD_HALVES=1 (models/halves.py): the one-row attention as two halves of the K/V heads
-    (six kernels, two arrival counters) gives the default path's AR tokens on a tiny float32 model, really
+@pytest.mark.parametrize("order", ["1", "2"])
+def test_layer_halves_keep_ar_output_and_leave_the_counters_at_zero(monkeypatch, order):
+    """SPECPILOT_HEAD_HALVES=1 or 2 (models/halves.py): the one-row attention as two halves of the K/V heads
+    (six kernels, arrival counters) gives the default path's AR tokens on a tiny float32 model, really
     ran, and each step's consumers reset the counters."""
     import specpilot.models.halves as halves
     from specpilot.fixtures.random_models import random_target, tiny_target_config
@@ -534,14 +535,14 @@ def test_layer_halves_keep_ar_output_and_leave_the_counters_at_zero(monkeypatch)
     import specpilot.models.layers as layers
 
     monkeypatch.setattr(layers, "attention_halves", halves.attention_halves)
-    monkeypatch.setenv("SPECPILOT_HEAD_HALVES", "1")
+    monkeypatch.setenv("SPECPILOT_HEAD_HALVES", order)
     assert Engine(target, None, context=32, gemv=True).generate(prompt, 5, (), ar).tokens == plain
     assert ran
     counters = [m._halves_sync for m in target.modules() if getattr(m, "_halves_sync", None) is not None]
     assert counters and all(int(c.abs().sum()) == 0 for c in counters)
-    monkeypatch.setenv("SPECPILOT_HEAD_HALVES", "2")
+    monkeypatch.setenv("SPECPILOT_HEAD_HALVES", "3")
     with pytest.raises(ValueError, match="SPECPILOT_HEAD_HALVES"):
-        halves.halves_on()
+        halves.halves_mode()
 
 
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)

@@ -42,8 +42,8 @@ def hopper(test):
 P = "*bf16"
 STREAM_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")},
                 "N": "i32", "K": "i32", "eps": "fp32", "trace_ptr": "*i64", "sq_ptr": "*fp32",
-                "parts_ptr": "*fp32", "n_parts": "i32", "add_ptr": "*fp32",
-                "stride_w": "i32"}  # the one-row GEMV's (gemv/triton._stream_kernel) arguments
+                "parts_ptr": "*fp32", "n_parts": "i32", "add_ptr": "*fp32", "stride_w": "i32", "sync_ptr": "*i32",
+                "sync_expected": "i32"}  # the one-row GEMV's (gemv/triton._stream_kernel) arguments
 QKV_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
              "eps": "fp32", "trace_ptr": "*i64", "parts_ptr": "*fp32", "n_parts": "i32",
@@ -295,7 +295,7 @@ def test_split_attention_builds(fuse, causal, late):
     types = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
              "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
              "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32",
-             "sync_ptr": "*i32", "sync_expected": "i32"}
+             "sync_ptr": "*i32", "sync_expected": "i32", "arrive_ptr": "*i32"}
     ptx = build(_split_kernel, types, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
                                            HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse,
                                            TRACE=fuse, PRELOAD=fuse and causal, LATE=late),
@@ -386,15 +386,22 @@ def test_layer_halves_kernels_wait_and_release_where_the_plan_says():
     types = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
              "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
              "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32",
-             "sync_ptr": "*i32", "sync_expected": "i32"}
+             "sync_ptr": "*i32", "sync_expected": "i32", "arrive_ptr": "*i32"}
     attn = dict(HKV=4, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=8, CAUSAL=True, HAS_WINDOW=False,
                 PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=True, PRELOAD=True, SPIN=True)
-    for wait_end in (False, True):
-        ptx = build(_split_kernel, types, dict(**attn, WAIT_END=wait_end), num_warps=4, num_stages=3)
+    for wait_end in (False, True):  # order 2's attention of A arrives (after the fused combine)
+        ptx = build(_split_kernel, types, dict(**attn, WAIT_END=wait_end, ARRIVE=not wait_end), num_warps=4,
+                    num_stages=3)
         assert "ld.global.gpu.acquire" in ptx and ptx.count("griddepcontrol.wait") == int(wait_end)
         assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global.gpu.acquire")
+        assert ("atom.global.gpu.release.add" in ptx) == (not wait_end)
     flags = dict(HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, GATE_UP=False, USE_GDC=True, BLOCK_N=16, BLOCK_K=512,
                  EVEN_N=True, EVEN_K=True, EARLY=True)
-    ptx = build(_stream_kernel, {**STREAM_TYPES, "y_ptr": "*fp32"}, flags, divisible=("N", "K", "stride_w"),
-                num_warps=8, num_stages=2)
+    types = {**STREAM_TYPES, "y_ptr": "*fp32"}
+    ptx = build(_stream_kernel, types, flags, divisible=("N", "K", "stride_w"), num_warps=8, num_stages=2)
     assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("griddepcontrol.wait")
+    # order 2's o projection over A's columns: spins on the attention's arrivals, PDL-waits only at its end
+    ptx = build(_stream_kernel, types, dict(**flags, SPIN=True, WAIT_END=True), divisible=("N", "K", "stride_w"),
+                num_warps=8, num_stages=2)
+    assert ptx.count("griddepcontrol.wait") == 1 and ptx.index("ld.global.gpu.acquire") < ptx.index("fma")
+    assert ptx.rindex("fma") < ptx.index("griddepcontrol.wait")

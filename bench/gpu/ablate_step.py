@@ -176,7 +176,8 @@ def splits_by_position(eng: Engine, g: int, hkv: int) -> dict:
 def options_paired(eng: Engine, rounds: int = 5) -> dict:
     """The step with the configs the tuning chose against the same without the attention's LATE release,
     without the shared-memory ring (each key that chose STAGE re-tuned over the other configs), without
-    both, and with the layer halves (models/halves.py; their kernels' keys tuned beside the chosen ones);
+    both, and with the layer halves in either order (models/halves.py; their kernels' keys tuned beside
+    the chosen ones);
     all timed in turn, `rounds` times, so that drift hits them alike."""
     pos = CONTEXT // 4
 
@@ -195,11 +196,14 @@ def options_paired(eng: Engine, rounds: int = 5) -> dict:
     neither = {k: {f: v for f, v in c.items() if f != "LATE"} for k, c in no_staged.items()}
     choice._CHOSEN.clear()
     choice._CHOSEN.update(chosen)
-    with _env(SPECPILOT_HEAD_HALVES="1"):
-        tune()
-        halves = dict(choice._CHOSEN)
+    halves = {}
+    for order in ("1", "2"):  # each order's new keys tuned beside the chosen configs
+        with _env(SPECPILOT_HEAD_HALVES=order):
+            tune()
+            halves[order] = dict(choice._CHOSEN)
     variants = {"chosen": (chosen, {}), "no_late": (no_late, {}), "no_staged": (no_staged, {}),
-                "neither": (neither, {}), "halves": (halves, {"SPECPILOT_HEAD_HALVES": "1"})}
+                "neither": (neither, {}), "halves": (halves["1"], {"SPECPILOT_HEAD_HALVES": "1"}),
+                "halves2": (halves["2"], {"SPECPILOT_HEAD_HALVES": "2"})}
     times = {name: [] for name in variants}
     for _ in range(rounds):
         for name, (configs, env) in variants.items():
@@ -213,7 +217,7 @@ def options_paired(eng: Engine, rounds: int = 5) -> dict:
     return {"median_ms": {n: sorted(t)[len(t) // 2] for n, t in times.items()}, "ms_by_round": times,
             "late_chosen": late, "staged_chosen": {repr(k): chosen[k] for k in staged},
             "replaced_by": {repr(k): no_staged[k] for k in staged},
-            "halves_keys": {repr(k): c for k, c in halves.items() if k not in chosen}}
+            "halves_keys": {repr(k): c for k, c in halves["2"].items() if k not in chosen}}
 
 
 @contextlib.contextmanager

@@ -146,9 +146,9 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--halves", action="store_true", help="the step with the layer halves (models/halves.py)")
     args = ap.parse_args()
-    if args.halves:
-        os.environ["SPECPILOT_HEAD_HALVES"] = "1"
-    flag = " --halves" if args.halves else ""
+    if args.halves and os.environ.get("SPECPILOT_HEAD_HALVES", "0") in ("", "0"):
+        os.environ["SPECPILOT_HEAD_HALVES"] = "1"  # order 1 unless the environment names one
+    flag = f" --halves (SPECPILOT_HEAD_HALVES={os.environ['SPECPILOT_HEAD_HALVES']})" if args.halves else ""
     report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/trace_step.py --models {args.models}{flag}"),
               "context": CONTEXT, "position": CONTEXT // 4, "times": "microseconds unless named _ms"}
     report["bandwidth"] = bw = bandwidth()

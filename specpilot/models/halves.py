@@ -2,7 +2,8 @@
 
 In the one-row step the attention is a chain of dependent round trips (q/k/v done, K/V read, softmax,
 merge) during which the DRAM idles: 0.23 ms of the 8B step (BENCHMARKS.md). Split by halves of the K/V
-heads, A and B (each with its q heads), the layer's attention part runs as six kernels:
+heads, A and B (each with its q heads), the layer's attention part runs as six kernels. Order 1
+(SPECPILOT_HEAD_HALVES=1):
 
   1. q/k/v + rope of A      PDL wait; each block arrives on A's counter when done (kernels/sync.py)
   2. q/k/v + rope of B      no wait (its input was complete before 1 passed its wait); lets 3 start
@@ -13,10 +14,16 @@ heads, A and B (each with its q heads), the layer's attention part runs as six k
   6. o projection, B's columns    PDL wait for 5; adds 4's partial, the bias and the residual, rounds
                             once, hands over to the next norm like the one-launch projection
 
+A dependent launch starts only once every block of the kernel before it has started, so in order 1 the
+attention of B waits for all of 4's blocks to be resident. Order 2 (=2) launches both attentions first:
+3 as above but also arriving on a third counter, 4 the attention of B (spins on B's counter), 5 the o
+projection over A's columns (spins on 3's arrivals, lets 6 start at once, waits for 4 at its end), 6 as
+above.
+
 The sums of the output projection are the same products added in another order (two float32 halves),
-so tokens may differ from the one-launch path after a near-tie. Off by default
-(SPECPILOT_HEAD_HALVES=1 turns it on): on the H200 the 8B step ran 0.15 ms slower with it (4.207 against
-4.058 ms, `bench/gpu/ablate_step.py --options`, BENCHMARKS.md 2026-12-01), why not yet known.
+so tokens may differ from the one-launch path after a near-tie. Off by default: on the H200 order 1 made
+the 8B step 0.15 ms slower (4.207 against 4.058 ms, `bench/gpu/ablate_step.py --options`, BENCHMARKS.md
+2026-12-01); order 2 has not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -29,29 +36,30 @@ from specpilot.kernels.gemv import stream_of
 from specpilot.kernels.qkv_rope import qkv_rope_applies
 
 
-def halves_on() -> bool:
-    """SPECPILOT_HEAD_HALVES: 1 on, unset or 0 off (the default)."""
+def halves_mode() -> int:
+    """SPECPILOT_HEAD_HALVES: 1 or 2 (the order, see above), unset or 0 off (the default)."""
     mode = os.environ.get("SPECPILOT_HEAD_HALVES", "").strip()
-    if mode not in ("", "0", "1"):
-        raise ValueError(f"SPECPILOT_HEAD_HALVES={mode!r}: expected 1 (on) or 0 (off, the default)")
-    return mode == "1"
+    if mode not in ("", "0", "1", "2"):
+        raise ValueError(f"SPECPILOT_HEAD_HALVES={mode!r}: expected 1 or 2 (on, in that order) or 0 (off, the "
+                         "default)")
+    return int(mode or 0)
 
 
 def halves_apply(attn, x, vis) -> bool:
     """Whether `attn` (models/layers.Attention) can run its one row as halves."""
     cfg = attn.cfg
-    return (attn.gemv and halves_on() and qkv_rope_applies(x, attn.gemv, cfg.qk_norm, cfg.head_dim)
+    return (attn.gemv and halves_mode() > 0 and qkv_rope_applies(x, attn.gemv, cfg.qk_norm, cfg.head_dim)
             and cfg.num_kv_heads % 2 == 0 and vis.tree is None and not vis.window)
 
 
 def _sync(attn, device: torch.device) -> torch.Tensor | None:
-    """The layer's two arrival counters (with their consumers' counts), zeros, allocated outside graph
+    """The layer's three arrival counters (each with its consumers' count), zeros, allocated outside graph
     capture (a graph keeps the pointer)."""
     buf = getattr(attn, "_halves_sync", None)
     if buf is None or buf.device != device:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        buf = attn._halves_sync = torch.zeros(4, dtype=torch.int32, device=device)
+        buf = attn._halves_sync = torch.zeros(6, dtype=torch.int32, device=device)
     return buf
 
 
@@ -78,14 +86,23 @@ def attention_halves(attn, x, positions, rope, k_cache, v_cache, slots, vis, nor
         blocks.append(n)
     a, b = slice(0, hq // 2), slice(hq // 2, hq)
     ka, kb = slice(0, hkv // 2), slice(hkv // 2, hkv)
-    scale = d ** -0.5
-    attend_triton(q[:, :, a], k_cache[:, ka], v_cache[:, ka], vis, scale, fuse_combine=True, out=o[:, :, a],
-                  sync=(sync[0:2], blocks[0]), label="attention 1/2")
-    cols = hq // 2 * d
-    flat = o.view(1, 1, hq * d)
-    partial = gemv_triton(flat[..., :cols], attn.wo.weight[:, :cols], out_dtype=torch.float32, early=True)
-    attend_triton(q[:, :, b], k_cache[:, kb], v_cache[:, kb], vis, scale, fuse_combine=True, out=o[:, :, b],
-                  sync=(sync[2:4], blocks[1]), wait_at_end=True, counter_base=MAX_FUSED_TILES // 2,
-                  label="attention 2/2")
+    scale, cols, flat = d ** -0.5, hq // 2 * d, o.view(1, 1, hq * d)
+
+    def attend_half(half, kv, counter, label, **kw):
+        return attend_triton(q[:, :, half], k_cache[:, kv], v_cache[:, kv], vis, scale, fuse_combine=True,
+                             out=o[:, :, half], sync=(sync[2 * counter:2 * counter + 2], blocks[counter]),
+                             label=label, **kw)
+
+    def first_columns(**kw):  # the o projection over A's columns: a float32 partial sum
+        return gemv_triton(flat[..., :cols], attn.wo.weight[:, :cols], out_dtype=torch.float32, early=True, **kw)
+
+    if halves_mode() == 1:
+        attend_half(a, ka, 0, "attention 1/2")
+        partial = first_columns()
+        attend_half(b, kb, 1, "attention 2/2", wait_at_end=True, counter_base=MAX_FUSED_TILES // 2)
+    else:
+        _, n = attend_half(a, ka, 0, "attention 1/2", arrive_on=sync[4:6])
+        attend_half(b, kb, 1, "attention 2/2", counter_base=MAX_FUSED_TILES // 2)
+        partial = first_columns(sync=(sync[4:6], n), wait_at_end=True)
     return gemv_triton(flat[..., cols:], attn.wo.weight[:, cols:], attn.wo.bias, residual=stream_of(residual),
                        next_norm=next_norm, add=partial.view(-1))

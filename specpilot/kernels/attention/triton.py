@@ -49,7 +49,7 @@ import triton.language as tl
 from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
 from specpilot.kernels.gemv import ahead_on
 from specpilot.kernels.gemv.choice import step_config
-from specpilot.kernels.sync import await_arrivals
+from specpilot.kernels.sync import arrive, await_arrivals
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
 from specpilot.spec.masks import Visibility
@@ -99,7 +99,7 @@ def _split_kernel(
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
     FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False, PRELOAD: tl.constexpr = False,
     LATE: tl.constexpr = False, sync_ptr=None, sync_expected=0, SPIN: tl.constexpr = False,
-    WAIT_END: tl.constexpr = False,
+    WAIT_END: tl.constexpr = False, arrive_ptr=None, ARRIVE: tl.constexpr = False,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring). PRELOAD (PDL, causal, no
@@ -264,6 +264,8 @@ def _split_kernel(
                            row_ok, offs_d, D, NUM_SPLITS, BLOCK_M, D)
                 tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
                 tl.atomic_xchg(count_ptr + pid, 0)
+    if ARRIVE:  # after the combine: once all blocks arrived, the output is complete
+        arrive(arrive_ptr)
     if WAIT_END and USE_GDC:  # the kernel just before (running beside this one) is done once this one is
         tl.extra.cuda.gdc_wait()
     if TRACE:
@@ -402,7 +404,8 @@ def _counters(device: torch.device) -> torch.Tensor | None:
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
                   scale: float, num_splits: int | None = None, fuse_combine: bool = False,
                   out: torch.Tensor | None = None, sync: tuple[torch.Tensor, int] | None = None,
-                  wait_at_end: bool = False, counter_base: int = 0, label: str = "attention") -> torch.Tensor:
+                  wait_at_end: bool = False, counter_base: int = 0, label: str = "attention",
+                  arrive_on: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, T, Hq, D] (any strides); k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D], q's dtype.
 
     No host synchronisation: cache_len / start stay on the device; the grid depends only on shapes.
@@ -411,7 +414,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (models/halves.py): `out` a [B, T, Hq, D] view to write; `sync` (counter, blocks): wait for
     that many blocks to arrive on the counter instead of the PDL wait (kernels/sync.py); wait_at_end: the
     PDL wait at the end instead; counter_base: where in the fused combine's counters this launch's start
-    (two launches that may overlap use disjoint ones); label: its kind in a trace (kernels/trace.py)."""
+    (two launches that may overlap use disjoint ones); label: its kind in a trace (kernels/trace.py);
+    arrive_on: each block arrives on that counter when done. Returns also the number of blocks then."""
     _check(q, k_cache, v_cache, vis)
     b, t, hq, d = q.shape
     hkv, length = k_cache.shape[1], k_cache.shape[2]
@@ -448,6 +452,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if fuse_combine and splits > 1 and counter_base + grid[0] <= MAX_FUSED_TILES:
         counters = _counters(q.device)
         counters = counters[counter_base:] if counters is not None else None
+    if splits > 1 and counters is None and (sync is not None or wait_at_end or arrive_on is not None):
+        raise ValueError("the layer halves' attention needs the fused combine (its counters, outside capture)")
     # PDL by default only in the one-row `gemv` step, where every kernel around is PDL-aware: beside
     # cuBLAS's GEMMs (verify rows) early launches only cost (bench/results/2026-11-29_engine_core_17402fe_h200.json).
     pdl = pdl_on(q, default=fuse_combine and t == 1)
@@ -469,7 +475,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
         FUSE_COMBINE=counters is not None, TRACE=traced, PRELOAD=preload, LATE=bool((chosen or {}).get("LATE")),
         sync_ptr=sync[0] if sync is not None else None, sync_expected=sync[1] if sync is not None else 0,
-        SPIN=sync is not None, WAIT_END=wait_at_end,
+        SPIN=sync is not None, WAIT_END=wait_at_end, arrive_ptr=arrive_on, ARRIVE=arrive_on is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch,
     )
@@ -486,4 +492,4 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             HKV=hkv, G=g, D=d, NUM_SPLITS=splits, ROWS=combine_rows, BLOCK_D=block_d, USE_GDC=pdl, num_warps=4,
             **launch,
         )
-    return out
+    return (out, grid[0] * grid[1]) if arrive_on is not None else out

@@ -60,13 +60,13 @@ def offered(option: str) -> bool:
 
 def candidates(key: tuple) -> list[dict]:
     """The configs tuned for a key: staged ones only where gemv/staged.py applies (no in-loop norm, no
-    gate/up pair, no bias, no handed-over norm)."""
+    gate/up pair, no bias, no handed-over norm, no spin)."""
     if key[0] == "attention":
         return [c for c in CANDIDATES["attention"] if offered("LATE") or not c.get("LATE")]
     if key[0] != "gemv":
         return CANDIDATES[key[0]]
     flags = dict(key[3:])
-    plain = offered("STAGE") and not any(flags.get(f) for f in ("HAS_NORM", "GATE_UP", "HAS_BIAS", "PRENORM"))
+    plain = offered("STAGE") and not any(flags.get(f) for f in ("HAS_NORM", "GATE_UP", "HAS_BIAS", "PRENORM", "SPIN"))
     return [c for c in CANDIDATES["gemv"] if plain or "STAGE" not in c]
 
 
