@@ -48,6 +48,12 @@ QKV_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
              "eps": "fp32", "trace_ptr": "*i64", "parts_ptr": "*fp32", "n_parts": "i32",
              "sync_ptr": "*i32"}  # qkv_rope's
+_ATTN_INTS = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
+              "T", "L", "window", "row_tiles")
+ATTN_TYPES = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
+              "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
+              "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(_ATTN_INTS, "i32"), "qk_scale": "fp32",
+              "sync_ptr": "*i32", "sync_expected": "i32", "arrive_ptr": "*i32"}  # the decode attention's
 
 
 def build(fn, types: dict, constexprs: dict, divisible: tuple = (), **options) -> str:
@@ -290,13 +296,7 @@ def test_qkv_rope_builds(gdc, pairs, handed):
 def test_split_attention_builds(fuse, causal, late):
     from specpilot.kernels.attention.triton import _split_kernel
 
-    ints = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
-            "T", "L", "window", "row_tiles")
-    types = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
-             "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
-             "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32",
-             "sync_ptr": "*i32", "sync_expected": "i32", "arrive_ptr": "*i32"}
-    ptx = build(_split_kernel, types, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
+    ptx = build(_split_kernel, ATTN_TYPES, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
                                            HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse,
                                            TRACE=fuse, PRELOAD=fuse and causal, LATE=late),
                 num_warps=4, num_stages=3)
@@ -381,16 +381,10 @@ def test_layer_halves_kernels_wait_and_release_where_the_plan_says():
     for ptx in (first, second):
         tail = ptx[ptx.rindex("bar.sync"):]
         assert "atom.global.gpu.release.add" in tail
-    ints = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
-            "T", "L", "window", "row_tiles")
-    types = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
-             "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
-             "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(ints, "i32"), "qk_scale": "fp32",
-             "sync_ptr": "*i32", "sync_expected": "i32", "arrive_ptr": "*i32"}
     attn = dict(HKV=4, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=8, CAUSAL=True, HAS_WINDOW=False,
                 PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=True, PRELOAD=True, SPIN=True)
     for wait_end in (False, True):  # order 2's attention of A arrives (after the fused combine)
-        ptx = build(_split_kernel, types, dict(**attn, WAIT_END=wait_end, ARRIVE=not wait_end), num_warps=4,
+        ptx = build(_split_kernel, ATTN_TYPES, dict(**attn, WAIT_END=wait_end, ARRIVE=not wait_end), num_warps=4,
                     num_stages=3)
         assert "ld.global.gpu.acquire" in ptx and ptx.count("griddepcontrol.wait") == int(wait_end)
         assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global.gpu.acquire")

@@ -177,8 +177,7 @@ def options_paired(eng: Engine, rounds: int = 5) -> dict:
     """The step with the configs the tuning chose against the same without the attention's LATE release,
     without the shared-memory ring (each key that chose STAGE re-tuned over the other configs), without
     both, and with the layer halves in either order (models/halves.py; their kernels' keys tuned beside
-    the chosen ones);
-    all timed in turn, `rounds` times, so that drift hits them alike."""
+    the chosen ones); all timed in turn, `rounds` times, so that drift hits them alike."""
     pos = CONTEXT // 4
 
     def tune() -> None:

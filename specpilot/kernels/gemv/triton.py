@@ -333,7 +333,8 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  HAS_RES=residual is not None, GATE_UP=gate_up)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     if x2.shape[0] == 1:
-        flags.update(HAS_ADD=add is not None)
+        if add is not None:  # absent otherwise: the kernel's default, and the keys as before the layer halves
+            flags["HAS_ADD"] = True
         out = _stream((x2, nw, weight, bias if bias is not None else weight, r2, y), n, k, eps, flags, tune, config,
                       sumsq, next_norm if handoff_on() else None, add, early, sync, wait_at_end)
         shape = (*h.shape[:-1], n)
@@ -393,8 +394,6 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     pdl = pdl_on(y, default=True)  # the one-row kernel runs only in the `gemv` decode step
     parts, nparts = parts_args(sumsq, y)
     key_flags = {**flags, "NEXT": next_norm is not None, "PRENORM": sumsq is not None}
-    if not flags.get("HAS_ADD"):  # the keys as before the layer halves
-        key_flags.pop("HAS_ADD", None)
     if sync is not None:
         key_flags["SPIN"] = True
     config = config or step_config(("gemv", n, k, *sorted(key_flags.items())))
@@ -403,8 +402,8 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
                  WAIT_END=wait_at_end)
     launch = {"launch_pdl": True} if pdl else {}
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    if config is None and tune and not _INTERPRET and next_norm is None and sync is None:  # (timing runs of a
-        # spinning kernel would spin for ever: the first one resets the counter)
+    # (not for a spinning kernel: after the autotuner's first timing run reset the counter the next spins for ever)
+    if config is None and tune and not _INTERPRET and next_norm is None and sync is None:
         _STREAM_TUNED[grid](*tensors, y, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts, **launch,
                             **extra)
         return None
