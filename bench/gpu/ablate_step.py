@@ -20,6 +20,7 @@ configs by the same step tuning as the engine's. Apart from full and gate_up_unf
 compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
+       [--only a,b | --options | --ring-sweep]
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def project_variant(skip: str = "", unfuse_gate_up: bool = False, keep: tuple = 
 
 CURRENT = {}  # the model's intermediate size and vocabulary, for kind_of
 ONLY: set[str] = set()  # --only
-OPTIONS: list[bool] = []  # --options
+OPTIONS: list[str] = []  # --options / --ring-sweep
 ABLATIONS = {
     "full": {},
     "pdl_off": {},
@@ -219,6 +220,40 @@ def options_paired(eng: Engine, rounds: int = 5) -> dict:
             "halves_keys": {repr(k): c for k, c in halves["2"].items() if k not in chosen}}
 
 
+def ring_sweep(eng: Engine, cfg, rounds: int = 5) -> dict:
+    """The output projection's ring size against the attention's release, jointly: the step tuning picks
+    one key at a time, so a big ring that pays only with LATE (its copies streaming while the attention
+    runs, not beside q/k/v's last loads) and LATE that pays only with a big ring can both lose there. Every
+    STAGED config and the tuning's best config without a ring, each with the attention's chosen split
+    count, LATE and not, all timed in turn, `rounds` times."""
+    pos = CONTEXT // 4
+    chosen = dict(choice._CHOSEN)
+    (o_key,) = [k for k in chosen if k[0] == "gemv" and k[1:3] == (cfg.hidden_size, cfg.num_heads * cfg.head_dim)]
+    attn = [k for k in chosen if k[0] == "attention"]
+    tuned = eng.gemv_tuning[repr(o_key)]["ms"]  # by choice.candidates(o_key), the last round
+    plain = min((t, i) for i, t in enumerate(tuned) if "STAGE" not in choice.candidates(o_key)[i])[1]
+    rings = {"no ring": choice.candidates(o_key)[plain],
+             **{"ring {BLOCK_N}x{BLOCK_K}x{STAGE}".format(**c): c for c in choice.STAGED}}
+    variants = {"chosen": chosen}
+    for late in (False, True):
+        for name, ring in rings.items():
+            configs = {**chosen, o_key: ring}
+            for k in attn:
+                configs[k] = {f: v for f, v in chosen[k].items() if f != "LATE"} | ({"LATE": True} if late else {})
+            variants[f"{'late' if late else 'early'} {name}"] = configs
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, configs in variants.items():
+            choice._CHOSEN.clear()
+            choice._CHOSEN.update(configs)
+            times[name].append(timed_step(eng, pos))
+    choice._CHOSEN.clear()
+    choice._CHOSEN.update(chosen)
+    return {"median_ms": {n: sorted(t)[len(t) // 2] for n, t in times.items()}, "ms_by_round": times,
+            "o_key": repr(o_key), "o_chosen": chosen[o_key], "attention_chosen": {repr(k): chosen[k] for k in attn},
+            "configs": {n: rings[n.split(" ", 1)[1]] for n in variants if n != "chosen"}}
+
+
 @contextlib.contextmanager
 def _env(**values: str):
     """Environment variables set for the block, restored after."""
@@ -247,7 +282,7 @@ def run_model(name: str, bw: dict) -> dict:
     eng.warmup(AR)  # chooses the one-row configs and the attention split count
     same = eng.generate(prompt, 16, (), AR).tokens[:4] == ref[:4]
     if OPTIONS:
-        res = options_paired(eng)
+        res = options_paired(eng) if OPTIONS[0] == "options" else ring_sweep(eng, cfg)
         print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
                                                               for k, v in res["median_ms"].items()))
         return {"floor_ms": floor, "tokens_match_cublas_first_4": same, **res}
@@ -285,11 +320,15 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma list of ablations to time (and full); no costs or splits")
     ap.add_argument("--options", action="store_true",
                     help="only the paired timing of the tuning's options (attention LATE, STAGE rings, layer halves)")
+    ap.add_argument("--ring-sweep", action="store_true",
+                    help="only the paired timing of the output projection's ring sizes, with and without LATE")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
-    if args.options:
-        OPTIONS.append(True)
-    report = {**provenance("PYTHONPATH=. python3 bench/gpu/ablate_step.py"), "context": CONTEXT,
+    if args.options or args.ring_sweep:
+        OPTIONS.append("options" if args.options else "ring_sweep")
+    flags = f" --only {args.only}" * bool(args.only) + f" --{OPTIONS[0].replace('_', '-')}" * bool(OPTIONS)
+    report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/ablate_step.py --models {args.models}{flags}"),
+              "context": CONTEXT,
               "position": CONTEXT // 4}
     report["bandwidth"] = bw = bandwidth()
     report["models"] = {m: run_model(m, bw) for m in args.models.split(",")}

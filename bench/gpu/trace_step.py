@@ -145,11 +145,15 @@ def main() -> None:
     ap.add_argument("--models", default="dense-8b")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--halves", action="store_true", help="the step with the layer halves (models/halves.py)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma list of PDL modes to trace (pdl, no_pdl)")
     args = ap.parse_args()
+    for mode in set(MODES) - set(args.modes.split(",")):
+        del MODES[mode]
     if args.halves and os.environ.get("SPECPILOT_HEAD_HALVES", "0") in ("", "0"):
         os.environ["SPECPILOT_HEAD_HALVES"] = "1"  # order 1 unless the environment names one
     flag = f" --halves (SPECPILOT_HEAD_HALVES={os.environ['SPECPILOT_HEAD_HALVES']})" if args.halves else ""
-    report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/trace_step.py --models {args.models}{flag}"),
+    report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/trace_step.py --models {args.models}{flag} "
+                                f"--modes {args.modes}"),
               "context": CONTEXT, "position": CONTEXT // 4, "times": "microseconds unless named _ms"}
     report["bandwidth"] = bw = bandwidth()
     report["models"] = {m: run_model(m, bw) for m in args.models.split(",")}

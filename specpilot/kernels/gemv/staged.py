@@ -14,8 +14,9 @@ for the output projection: 0.30 ms a step on the 27B shapes, 0.04 ms on the 8B's
 attention's late release (BENCHMARKS.md, 2026-12-01).
 
 Scope: the plain projection with the residual epilogue and the norm hand-over (NEXT), the output and
-down projections' flags; no in-loop norm, no gate/up pair, no bias. STAGE and the tile's sides are
-powers of two (Gluon's shared layouts need them); K a multiple of BLOCK_K, N of BLOCK_N; 16-bit weights.
+down projections' flags; no in-loop norm, no gate/up pair, no bias. The tile's sides are powers of two
+(Gluon's shared layouts need them; the slot count STAGE need not be); K a multiple of BLOCK_K, N of
+BLOCK_N; 16-bit weights.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def staged_fits(n: int, k: int, config: dict, flags: dict, parts: int, itemsize:
     """Whether a one-row projection can take the staged kernel with this config (16-bit weights: a
     thread's chunk of 8 is one 16-byte copy)."""
     bn, bk, stage = config["BLOCK_N"], config["BLOCK_K"], config.get("STAGE", 0)
-    pow2 = all(v & (v - 1) == 0 for v in (bn, bk, stage))
+    pow2 = all(v & (v - 1) == 0 for v in (bn, bk))  # the ring's slot count need not be one
     plain = not (flags["HAS_NORM"] or flags["GATE_UP"] or flags["HAS_BIAS"]) and parts == 0
     return stage > 0 and pow2 and plain and n % bn == 0 and k % bk == 0 and k // bk > stage and itemsize == 2
 

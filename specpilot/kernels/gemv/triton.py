@@ -413,7 +413,7 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     if next_norm is not None:
         handoff = (next_norm, torch.empty(n, dtype=y.dtype, device=y.device),
                    torch.empty(blocks, dtype=torch.float32, device=y.device))
-    kind = f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}{' partial' if y.dtype == torch.float32 else ''}"
+    kind = f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}{' partial' if y.dtype != tensors[0].dtype else ''}"
     if config.get("STAGE"):  # weight tiles through a ring in shared memory (gemv/staged.py)
         from specpilot.kernels.gemv.staged import staged_fits, staged_launch
 
