@@ -46,8 +46,9 @@ def test_traced_gemv_records_ordered_times_on_real_sms(ring):
     from specpilot.kernels.gemv.triton import gemv_triton
 
     dtype = torch.bfloat16 if ring else torch.float32
-    x, w = torch.randn(1, 1024, device="cuda", dtype=dtype), torch.randn(4096, 1024, device="cuda", dtype=dtype)
-    key = ("gemv", 4096, 1024, ("GATE_UP", False), ("HAS_BIAS", False), ("HAS_NORM", False), ("HAS_RES", False),
+    # K 4096: eight 512-column steps, more than the ring's STAGE (a ring as long as K falls back to Triton)
+    x, w = torch.randn(1, 4096, device="cuda", dtype=dtype), torch.randn(4096, 4096, device="cuda", dtype=dtype)
+    key = ("gemv", 4096, 4096, ("GATE_UP", False), ("HAS_BIAS", False), ("HAS_NORM", False), ("HAS_RES", False),
            ("NEXT", False), ("PRENORM", False))
     config = choice.STAGED[0] if ring else choice.CANDIDATES["gemv"][0]
     choice._CHOSEN[key] = config
@@ -61,7 +62,7 @@ def test_traced_gemv_records_ordered_times_on_real_sms(ring):
         choice._CHOSEN.pop(key)
     assert torch.equal(got, want)  # tracing changes when things are written down, not what is computed
     blocks = 4096 // config["BLOCK_N"]
-    assert len(rec["start"]) == blocks and rec["kind"] == "gemv 4096x1024" + (" ring" if ring else "")
+    assert len(rec["start"]) == blocks and rec["kind"] == "gemv 4096x4096" + (" ring" if ring else "")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for i in range(blocks):
         assert 0 < rec["start"][i] <= rec["waited"][i] <= rec["streamed"][i] <= rec["end"][i], i

@@ -220,12 +220,16 @@ def options_paired(eng: Engine, rounds: int = 5) -> dict:
             "halves_keys": {repr(k): c for k, c in halves["2"].items() if k not in chosen}}
 
 
+# Rings the step tuning no longer offers (they lost here, 2026-12-01): six tiles, 96 and 192 KB a program.
+BIG_RINGS = [{**choice.STAGED[0], "BLOCK_N": bn, "STAGE": 6} for bn in (16, 32)]
+
+
 def ring_sweep(eng: Engine, cfg, rounds: int = 5) -> dict:
     """The output projection's ring size against the attention's release, jointly: the step tuning picks
     one key at a time, so a big ring that pays only with LATE (its copies streaming while the attention
     runs, not beside q/k/v's last loads) and LATE that pays only with a big ring can both lose there. Every
     STAGED config and the tuning's best config without a ring, each with the attention's chosen split
-    count, LATE and not, all timed in turn, `rounds` times."""
+    count, LATE and not, all timed in turn, `rounds` times; also BIG_RINGS."""
     pos = CONTEXT // 4
     chosen = dict(choice._CHOSEN)
     (o_key,) = [k for k in chosen if k[0] == "gemv" and k[1:3] == (cfg.hidden_size, cfg.num_heads * cfg.head_dim)]
@@ -233,7 +237,7 @@ def ring_sweep(eng: Engine, cfg, rounds: int = 5) -> dict:
     tuned = eng.gemv_tuning[repr(o_key)]["ms"]  # by choice.candidates(o_key), the last round
     plain = min((t, i) for i, t in enumerate(tuned) if "STAGE" not in choice.candidates(o_key)[i])[1]
     rings = {"no ring": choice.candidates(o_key)[plain],
-             **{"ring {BLOCK_N}x{BLOCK_K}x{STAGE}".format(**c): c for c in choice.STAGED}}
+             **{"ring {BLOCK_N}x{BLOCK_K}x{STAGE}".format(**c): c for c in choice.STAGED + BIG_RINGS}}
     variants = {"chosen": chosen}
     for late in (False, True):
         for name, ring in rings.items():
