@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 2's headline on one GPU (~7 min; on an x2 machine the 27B runs on GPU 1 beside the rest):
+#   the one-row kernels' GPU tests that a change to the ring, the trace or the halves touches, then
+#   engine_core.py --parts gemv for dense-8b (the default step tuning and, tuned afresh, a three-round one)
+#   and for dense-27b: AR ms per token against cuBLAS AR and the weight-pass floor, one model a process.
+# Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
+# Usage: SPECPILOT_COMMIT=<sha> [VARIANTS_8B=pdl,three_rounds] bash bench/gpu/headline.sh
+set -u
+export PYTHONPATH=.
+rm -rf /tmp/o && mkdir -p /tmp/o/8b /tmp/o/27b  # a warm machine keeps old files
+
+core() {  # model, variants
+  timeout 300 python3 -u bench/gpu/engine_core.py --parts gemv --models "dense-$1" --gemv-variants "$2" \
+    --out "/tmp/o/$1" > "/tmp/o/$1.log" 2>&1
+}
+
+first() {
+  timeout 120 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "staged or traced or halves" \
+    > /tmp/o/tests.log 2>&1
+  core 8b "${VARIANTS_8B:-pdl,three_rounds}"
+}
+
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  (CUDA_VISIBLE_DEVICES=0 first) &
+  (CUDA_VISIBLE_DEVICES=1 core 27b pdl) &
+  wait
+else
+  first
+  core 27b pdl
+fi
+tail -n 2 /tmp/o/tests.log
+for m in 8b 27b; do grep -E "AR with Triton|^\[bw\]" "/tmp/o/$m.log"; tail -n 3 "/tmp/o/$m.log"; done
+tar czf "$OUT/run.tgz" -C /tmp/o .
