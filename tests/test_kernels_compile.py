@@ -42,18 +42,16 @@ def hopper(test):
 P = "*bf16"
 STREAM_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")},
                 "N": "i32", "K": "i32", "eps": "fp32", "trace_ptr": "*i64", "sq_ptr": "*fp32",
-                "parts_ptr": "*fp32", "n_parts": "i32", "add_ptr": "*fp32", "stride_w": "i32", "sync_ptr": "*i32",
-                "sync_expected": "i32"}  # the one-row GEMV's (gemv/triton._stream_kernel) arguments
+                "parts_ptr": "*fp32", "n_parts": "i32"}  # the one-row GEMV's (gemv/triton._stream_kernel) arguments
 QKV_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
-             "eps": "fp32", "trace_ptr": "*i64", "parts_ptr": "*fp32", "n_parts": "i32",
-             "sync_ptr": "*i32"}  # qkv_rope's
+             "eps": "fp32", "trace_ptr": "*i64", "parts_ptr": "*fp32", "n_parts": "i32"}  # qkv_rope's
 _ATTN_INTS = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
               "T", "L", "window", "row_tiles")
 ATTN_TYPES = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
               "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
-              "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(_ATTN_INTS, "i32"), "qk_scale": "fp32",
-              "sync_ptr": "*i32", "sync_expected": "i32", "arrive_ptr": "*i32"}  # the decode attention's
+              "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(_ATTN_INTS, "i32"),
+              "qk_scale": "fp32"}  # the decode attention's
 
 
 def build(fn, types: dict, constexprs: dict, divisible: tuple = (), **options) -> str:
@@ -178,7 +176,7 @@ def test_one_row_loop_has_no_barrier_and_asks_one_step_ahead(config, fusion):
     ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
                                                    BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
                                                    PRE=config["PRE"], AHEAD=ahead),
-                divisible=("N", "K", "stride_w"), num_warps=config["num_warps"], num_stages=config["num_stages"])
+                divisible=("N", "K"), num_warps=config["num_warps"], num_stages=config["num_stages"])
     (body,) = loop_bodies(ptx)
     assert "ld.global.v4" in body  # the weight stream itself: 16-byte loads
     assert "bar.sync" not in body
@@ -204,7 +202,7 @@ def test_one_row_kernels_build_without_loads_ahead(qkv):
         ptx = build(_stream_kernel, STREAM_TYPES, dict(HAS_NORM=False, GATE_UP=False, HAS_RES=True, HAS_BIAS=False,
                                                        USE_GDC=True, BLOCK_N=16, BLOCK_K=512, EVEN_N=True,
                                                        EVEN_K=True, PRE=1, AHEAD=False),
-                    divisible=("N", "K", "stride_w"), num_warps=8, num_stages=2)
+                    divisible=("N", "K"), num_warps=8, num_stages=2)
     (body,) = loop_bodies(ptx)
     assert "ld.global.v4" in body and not re.search(r"@%p\d+ ld\.global\.v4", body)
     assert registers(ptx)[1] == 0
@@ -229,7 +227,7 @@ def _loop_and_registers(flags: dict, types: dict, config: dict) -> tuple[str, in
     ptx = build(_stream_kernel, types, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
                                             BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True, PRE=config["PRE"],
                                             AHEAD=True),
-                divisible=("N", "K", "stride_w"), num_warps=config["num_warps"], num_stages=config["num_stages"])
+                divisible=("N", "K"), num_warps=config["num_warps"], num_stages=config["num_stages"])
     (body,) = loop_bodies(ptx)
     return (body, *registers(ptx))
 
@@ -342,11 +340,11 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
                       WARPS_N=config["num_warps"] // warps_k, WARPS_K=warps_k, HAS_RES=True, NEXT=next_norm,
                       USE_GDC=True, TRACE=next_norm)  # traced where NEXT, to build both ways
     types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32",
-             "add_ptr": "*fp32", "trace_ptr": "*i64", "K": "i32", "stride_w": "i32"}
+             "trace_ptr": "*i64", "K": "i32"}
     names = _staged_kernel.arg_names
     sig = {n: types.get(n, "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if types.get(n, "").startswith("*") or n in ("K", "stride_w")}
+             if types.get(n, "").startswith("*") or n == "K"}
     kernel = triton.compile(GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
                             target=HOPPER, options=dict(num_warps=config["num_warps"]))
     ptx = kernel.asm["ptx"]
@@ -360,42 +358,3 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
     assert wait < read < refill and loop.count("cp.async.cg.shared.global") == chunks
     assert kernel.metadata.shared == config["STAGE"] * config["BLOCK_N"] * config["BLOCK_K"] * 2
     assert registers(ptx)[1] == 0 and ("%globaltimer" in ptx) == next_norm
-
-
-@hopper
-def test_layer_halves_kernels_wait_and_release_where_the_plan_says():
-    """models/halves.py in the sm_90 builds: q/k/v of the second half never waits and releases the next
-    kernel first thing; every q/k/v block arrives with a release at GPU scope after a barrier; the
-    attention that spins acquires in a loop and never waits for the kernel just before, except at its end
-    with WAIT_END; the early output projection releases the next kernel before its PDL wait."""
-    from specpilot.kernels.attention.triton import _split_kernel
-    from specpilot.kernels.gemv.triton import _stream_kernel
-    from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
-
-    qkv = dict(HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, HAS_BIAS=False, USE_GDC=True, BLOCK_K=512,
-               EVEN_K=True, NPARTS=32, PARTS=2, ARRIVE=True)
-    first = build(_qkv_rope_kernel, QKV_TYPES, dict(**qkv, PART=0, WAIT=True), num_warps=4, num_stages=2)
-    second = build(_qkv_rope_kernel, QKV_TYPES, dict(**qkv, PART=1, WAIT=False), num_warps=4, num_stages=2)
-    assert "griddepcontrol.wait" in first and "griddepcontrol.wait" not in second
-    assert second.index("griddepcontrol.launch_dependents") < second.index("ld.global")
-    for ptx in (first, second):
-        tail = ptx[ptx.rindex("bar.sync"):]
-        assert "atom.global.gpu.release.add" in tail
-    attn = dict(HKV=4, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=8, CAUSAL=True, HAS_WINDOW=False,
-                PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=True, PRELOAD=True, SPIN=True)
-    for wait_end in (False, True):  # order 2's attention of A arrives (after the fused combine)
-        ptx = build(_split_kernel, ATTN_TYPES, dict(**attn, WAIT_END=wait_end, ARRIVE=not wait_end), num_warps=4,
-                    num_stages=3)
-        assert "ld.global.gpu.acquire" in ptx and ptx.count("griddepcontrol.wait") == int(wait_end)
-        assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global.gpu.acquire")
-        assert ("atom.global.gpu.release.add" in ptx) == (not wait_end)
-    flags = dict(HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, GATE_UP=False, USE_GDC=True, BLOCK_N=16, BLOCK_K=512,
-                 EVEN_N=True, EVEN_K=True, EARLY=True)
-    types = {**STREAM_TYPES, "y_ptr": "*fp32"}
-    ptx = build(_stream_kernel, types, flags, divisible=("N", "K", "stride_w"), num_warps=8, num_stages=2)
-    assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("griddepcontrol.wait")
-    # order 2's o projection over A's columns: spins on the attention's arrivals, PDL-waits only at its end
-    ptx = build(_stream_kernel, types, dict(**flags, SPIN=True, WAIT_END=True), divisible=("N", "K", "stride_w"),
-                num_warps=8, num_stages=2)
-    assert ptx.count("griddepcontrol.wait") == 1 and ptx.index("ld.global.gpu.acquire") < ptx.index("fma")
-    assert ptx.rindex("fma") < ptx.index("griddepcontrol.wait")

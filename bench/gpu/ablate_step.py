@@ -176,48 +176,32 @@ def splits_by_position(eng: Engine, g: int, hkv: int) -> dict:
 
 def options_paired(eng: Engine, rounds: int = 5) -> dict:
     """The step with the configs the tuning chose against the same without the attention's LATE release,
-    without the shared-memory ring (each key that chose STAGE re-tuned over the other configs), without
-    both, and with the layer halves in either order (models/halves.py; their kernels' keys tuned beside
-    the chosen ones); all timed in turn, `rounds` times, so that drift hits them alike."""
+    without the shared-memory ring (each key that chose STAGE re-tuned over the other configs), and
+    without both; the four timed in turn, `rounds` times, so that drift hits them alike."""
     pos = CONTEXT // 4
-
-    def tune() -> None:
-        with torch.inference_mode():
-            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
-
     chosen = dict(choice._CHOSEN)
     staged = [k for k, c in chosen.items() if c.get("STAGE")]
     no_late = {k: {f: v for f, v in c.items() if f != "LATE"} for k, c in chosen.items()}
     with _env(SPECPILOT_GEMV_STAGED="0"):
         for k in staged:
             del choice._CHOSEN[k]
-        tune()
+        with torch.inference_mode():
+            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
         no_staged = dict(choice._CHOSEN)
     neither = {k: {f: v for f, v in c.items() if f != "LATE"} for k, c in no_staged.items()}
-    choice._CHOSEN.clear()
-    choice._CHOSEN.update(chosen)
-    halves = {}
-    for order in ("1", "2"):  # each order's new keys tuned beside the chosen configs
-        with _env(SPECPILOT_HEAD_HALVES=order):
-            tune()
-            halves[order] = dict(choice._CHOSEN)
-    variants = {"chosen": (chosen, {}), "no_late": (no_late, {}), "no_staged": (no_staged, {}),
-                "neither": (neither, {}), "halves": (halves["1"], {"SPECPILOT_HEAD_HALVES": "1"}),
-                "halves2": (halves["2"], {"SPECPILOT_HEAD_HALVES": "2"})}
+    variants = {"chosen": chosen, "no_late": no_late, "no_staged": no_staged, "neither": neither}
     times = {name: [] for name in variants}
     for _ in range(rounds):
-        for name, (configs, env) in variants.items():
+        for name, configs in variants.items():
             choice._CHOSEN.clear()
             choice._CHOSEN.update(configs)
-            with _env(**env):
-                times[name].append(timed_step(eng, pos))
+            times[name].append(timed_step(eng, pos))
     choice._CHOSEN.clear()
     choice._CHOSEN.update(chosen)
     late = {repr(k): c for k, c in chosen.items() if c.get("LATE")}
     return {"median_ms": {n: sorted(t)[len(t) // 2] for n, t in times.items()}, "ms_by_round": times,
             "late_chosen": late, "staged_chosen": {repr(k): chosen[k] for k in staged},
-            "replaced_by": {repr(k): no_staged[k] for k in staged},
-            "halves_keys": {repr(k): c for k, c in halves["2"].items() if k not in chosen}}
+            "replaced_by": {repr(k): no_staged[k] for k in staged}}
 
 
 # Rings the step tuning no longer offers (they lost here, 2026-12-01): six tiles, 96 and 192 KB a program.
@@ -323,7 +307,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", default="", help="comma list of ablations to time (and full); no costs or splits")
     ap.add_argument("--options", action="store_true",
-                    help="only the paired timing of the tuning's options (attention LATE, STAGE rings, layer halves)")
+                    help="only the paired timing of the tuning's options (attention LATE, STAGE rings)")
     ap.add_argument("--ring-sweep", action="store_true",
                     help="only the paired timing of the output projection's ring sizes, with and without LATE")
     args = ap.parse_args()

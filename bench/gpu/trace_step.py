@@ -8,7 +8,7 @@ graphs (the stamps' own cost) and prints, per kernel kind, the medians over laye
 quantities `trace.summarize` defines (lead, release, busy, tail, blocks per SM, TB/s).
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/trace_step.py [--models dense-8b] [--out DIR]
-       [--halves]   (the layer halves on: models/halves.py)
+       [--modes pdl,no_pdl]
 """
 
 from __future__ import annotations
@@ -34,13 +34,12 @@ REPS = 50
 
 
 def kind_bytes(cfg) -> dict[str, int]:
-    """Weight bytes per launch of each traced kind (the kinds trace.slot names; with the layer halves also
-    theirs, and " ring" for gemv/staged.py's kernel)."""
+    """Weight bytes per launch of each traced kind (the kinds trace.slot names, and " ring" for
+    gemv/staged.py's kernel)."""
     h, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q = cfg.num_heads * d
     qkv = q + 2 * cfg.num_kv_heads * d
-    out = {"qkv_rope": 2 * qkv * h, "qkv_rope 1/2": qkv * h, "qkv_rope 2/2": qkv * h, f"gemv {qkv}x{h}": 2 * qkv * h,
-           f"gemv {h}x{q}": 2 * h * q, f"gemv {h}x{q // 2} partial": h * q, f"gemv {h}x{q // 2}": h * q,
+    out = {"qkv_rope": 2 * qkv * h, f"gemv {qkv}x{h}": 2 * qkv * h, f"gemv {h}x{q}": 2 * h * q,
            f"gemv {inter}x{h} gate_up": 4 * inter * h, f"gemv {h}x{inter}": 2 * h * inter,
            f"gemv {cfg.vocab_size}x{h}": 2 * cfg.vocab_size * h}
     return {**out, **{f"{k} ring": v for k, v in out.items() if k.startswith("gemv")}}
@@ -48,7 +47,7 @@ def kind_bytes(cfg) -> dict[str, int]:
 
 def middle_layer(rows: list[dict]) -> list[dict]:
     """The launches of a middle layer: from one layer's first q/k/v launch to the next one's."""
-    starts = [i for i, r in enumerate(rows) if r["kind"] in ("qkv_rope", "qkv_rope 1/2")]
+    starts = [i for i, r in enumerate(rows) if r["kind"] == "qkv_rope"]
     if len(starts) < 2:
         return rows
     mid = (len(starts) - 1) // 2
@@ -144,15 +143,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="dense-8b")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--halves", action="store_true", help="the step with the layer halves (models/halves.py)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma list of PDL modes to trace (pdl, no_pdl)")
     args = ap.parse_args()
     for mode in set(MODES) - set(args.modes.split(",")):
         del MODES[mode]
-    if args.halves and os.environ.get("SPECPILOT_HEAD_HALVES", "0") in ("", "0"):
-        os.environ["SPECPILOT_HEAD_HALVES"] = "1"  # order 1 unless the environment names one
-    flag = f" --halves (SPECPILOT_HEAD_HALVES={os.environ['SPECPILOT_HEAD_HALVES']})" if args.halves else ""
-    report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/trace_step.py --models {args.models}{flag} "
+    report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/trace_step.py --models {args.models} "
                                 f"--modes {args.modes}"),
               "context": CONTEXT, "position": CONTEXT // 4, "times": "microseconds unless named _ms"}
     report["bandwidth"] = bw = bandwidth()

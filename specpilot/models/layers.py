@@ -17,7 +17,6 @@ from specpilot.kernels.norm import add_rms_norm, rms_norm
 from specpilot.kernels.qkv_rope import qkv_rope, qkv_rope_applies
 from specpilot.kernels.rope import rope_qkv
 from specpilot.models.config import DenseConfig
-from specpilot.models.halves import attention_halves, halves_apply
 from specpilot.spec.masks import Visibility
 
 
@@ -98,11 +97,6 @@ class Attention(nn.Module):
                 norm_weight=None, residual=None, next_norm=None):
         """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
         `residual` and handed to the norm `next_norm` (see `run_layers`)."""
-        if halves_apply(self, x, vis):  # one row as two halves (models/halves.py), where it can run
-            out = attention_halves(self, x, positions, rope, k_cache, v_cache, slots, vis, norm_weight, residual,
-                                   next_norm)
-            if out is not None:
-                return out
         q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True, norm_weight=norm_weight)
         o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5, fuse_combine=self.gemv)
         return project(o.flatten(2), self.wo.weight, self.wo.bias, residual=residual, gemv=self.gemv,

@@ -49,7 +49,6 @@ import triton.language as tl
 from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
 from specpilot.kernels.gemv import ahead_on
 from specpilot.kernels.gemv.choice import step_config
-from specpilot.kernels.sync import arrive, await_arrivals
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
 from specpilot.spec.masks import Visibility
@@ -98,8 +97,7 @@ def _split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
     FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False, PRELOAD: tl.constexpr = False,
-    LATE: tl.constexpr = False, sync_ptr=None, sync_expected=0, SPIN: tl.constexpr = False,
-    WAIT_END: tl.constexpr = False, arrive_ptr=None, ARRIVE: tl.constexpr = False,
+    LATE: tl.constexpr = False,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring). PRELOAD (PDL, causal, no
@@ -109,15 +107,14 @@ def _split_kernel(
     rec = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * 5  # kernels/trace.py
     if TRACE:
         opening(rec)
-    if USE_GDC or SPIN:  # q and the new cache rows come from the previous kernel: wait for it (dispatch.pdl_on)
+    if USE_GDC:  # q and the new cache rows come from the previous kernel: wait for it (see dispatch.pdl_on)
         # The next kernel may start now: it streams weights only until its own wait. LATE: only once the
         # previous kernel is done, so that those weights stream while this one runs, not beside that one.
-        # (SPIN without PDL: the spin passes at once, and resets the counter.)
-        if USE_GDC and not LATE:
+        if not LATE:
             tl.extra.cuda.gdc_launch_dependents()
         if not PRELOAD:
-            _wait(sync_ptr, sync_expected, SPIN)
-            if USE_GDC and LATE:
+            tl.extra.cuda.gdc_wait()
+            if LATE:
                 tl.extra.cuda.gdc_launch_dependents()
             if TRACE:
                 stamp(rec, 1)  # WAITED
@@ -196,9 +193,9 @@ def _split_kernel(
         offs_s = s_begin + offs_n
         k_first = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=first, other=0.0)
         v_first = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=first, other=0.0)
-        if USE_GDC or SPIN:
-            _wait(sync_ptr, sync_expected, SPIN)
-            if USE_GDC and LATE:
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()
+            if LATE:
                 tl.extra.cuda.gdc_launch_dependents()
         if TRACE:
             stamp(rec, 1)  # WAITED
@@ -264,22 +261,8 @@ def _split_kernel(
                            row_ok, offs_d, D, NUM_SPLITS, BLOCK_M, D)
                 tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
                 tl.atomic_xchg(count_ptr + pid, 0)
-    if ARRIVE:  # after the combine: once all blocks arrived, the output is complete
-        arrive(arrive_ptr)
-    if WAIT_END and USE_GDC:  # the kernel just before (running beside this one) is done once this one is
-        tl.extra.cuda.gdc_wait()
     if TRACE:
         stamp(rec, 3)  # END
-
-
-@triton.jit
-def _wait(sync_ptr, expected, SPIN: tl.constexpr):
-    """The PDL wait for the kernel just before; SPIN: for the blocks of an earlier one instead, which
-    arrive on sync_ptr (kernels/sync.py; the layer halves, models/halves.py)."""
-    if SPIN:
-        await_arrivals(sync_ptr, expected, tl.num_programs(0) * tl.num_programs(1))
-    else:
-        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -402,20 +385,12 @@ def _counters(device: torch.device) -> torch.Tensor | None:
 
 
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
-                  scale: float, num_splits: int | None = None, fuse_combine: bool = False,
-                  out: torch.Tensor | None = None, sync: tuple[torch.Tensor, int] | None = None,
-                  wait_at_end: bool = False, counter_base: int = 0, label: str = "attention",
-                  arrive_on: torch.Tensor | None = None) -> torch.Tensor:
+                  scale: float, num_splits: int | None = None, fuse_combine: bool = False) -> torch.Tensor:
     """q [B, T, Hq, D] (any strides); k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D], q's dtype.
 
     No host synchronisation: cache_len / start stay on the device; the grid depends only on shapes.
     num_splits overrides the heuristic split count (for tests and tuning). fuse_combine: the last split
-    of each row tile to finish merges the partials (one launch instead of two). The layer halves
-    (models/halves.py): `out` a [B, T, Hq, D] view to write; `sync` (counter, blocks): wait for
-    that many blocks to arrive on the counter instead of the PDL wait (kernels/sync.py); wait_at_end: the
-    PDL wait at the end instead; counter_base: where in the fused combine's counters this launch's start
-    (two launches that may overlap use disjoint ones); label: its kind in a trace (kernels/trace.py);
-    arrive_on: each block arrives on that counter when done. Returns also the number of blocks then."""
+    of each row tile to finish merges the partials (one launch instead of two)."""
     _check(q, k_cache, v_cache, vis)
     b, t, hq, d = q.shape
     hkv, length = k_cache.shape[1], k_cache.shape[2]
@@ -427,8 +402,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         num_splits = (chosen["NUM_SPLITS"] or None) if chosen else None
     cfg = _config(b, hkv, rows, d, length, _num_sms(q.device), num_splits)
 
-    if out is None:
-        out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)
+    out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)
     cache_len, start = vis.cache_len.contiguous(), vis.start.contiguous()
     causal = vis.tree is None
     if causal:
@@ -448,12 +422,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part_acc = torch.empty(b * hkv, splits, rows, d, dtype=torch.float32, device=q.device)
 
     grid = (b * hkv * cfg.row_tiles, splits)
-    counters = None
-    if fuse_combine and splits > 1 and counter_base + grid[0] <= MAX_FUSED_TILES:
-        counters = _counters(q.device)
-        counters = counters[counter_base:] if counters is not None else None
-    if splits > 1 and counters is None and (sync is not None or wait_at_end or arrive_on is not None):
-        raise ValueError("the layer halves' attention needs the fused combine (its counters, outside capture)")
+    counters = _counters(q.device) if fuse_combine and splits > 1 and grid[0] <= MAX_FUSED_TILES else None
     # PDL by default only in the one-row `gemv` step, where every kernel around is PDL-aware: beside
     # cuBLAS's GEMMs (verify rows) early launches only cost (bench/results/2026-11-29_engine_core_17402fe_h200.json).
     pdl = pdl_on(q, default=fuse_combine and t == 1)
@@ -461,7 +430,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # The `gemv` decode step's attention loads its first committed block before the PDL wait (without PDL
     # only a peeled loop step: the interpreter tests it so).
     preload = fuse_combine and t == 1 and causal and not has_window and ahead_on() and (chosen or {}).get("AHEAD", True)
-    rec, traced = trace_slot(label, grid[0] * grid[1], out) if fuse_combine and t == 1 else (out, False)
+    rec, traced = trace_slot("attention", grid[0] * grid[1], out) if fuse_combine and t == 1 else (out, False)
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,
         out, part_m, part_l, part_acc, counters if counters is not None else cache_len, rec,
@@ -474,8 +443,6 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
         FUSE_COMBINE=counters is not None, TRACE=traced, PRELOAD=preload, LATE=bool((chosen or {}).get("LATE")),
-        sync_ptr=sync[0] if sync is not None else None, sync_expected=sync[1] if sync is not None else 0,
-        SPIN=sync is not None, WAIT_END=wait_at_end, arrive_ptr=arrive_on, ARRIVE=arrive_on is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch,
     )
@@ -492,4 +459,4 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             HKV=hkv, G=g, D=d, NUM_SPLITS=splits, ROWS=combine_rows, BLOCK_D=block_d, USE_GDC=pdl, num_warps=4,
             **launch,
         )
-    return (out, grid[0] * grid[1]) if arrive_on is not None else out
+    return out

@@ -63,13 +63,13 @@ def offered(option: str) -> bool:
 
 def candidates(key: tuple) -> list[dict]:
     """The configs tuned for a key: staged ones only where gemv/staged.py applies (no in-loop norm, no
-    gate/up pair, no bias, no handed-over norm, no spin)."""
+    gate/up pair, no bias, no handed-over norm)."""
     if key[0] == "attention":
         return [c for c in CANDIDATES["attention"] if offered("LATE") or not c.get("LATE")]
     if key[0] != "gemv":
         return CANDIDATES[key[0]]
     flags = dict(key[3:])
-    plain = offered("STAGE") and not any(flags.get(f) for f in ("HAS_NORM", "GATE_UP", "HAS_BIAS", "PRENORM", "SPIN"))
+    plain = offered("STAGE") and not any(flags.get(f) for f in ("HAS_NORM", "GATE_UP", "HAS_BIAS", "PRENORM"))
     return [c for c in CANDIDATES["gemv"] if plain or "STAGE" not in c]
 
 

@@ -45,13 +45,13 @@ def _stamp(rec_ptr, FIELD: gl.constexpr):
 
 
 @gluon.jit
-def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, add_ptr, trace_ptr, K, stride_w,
+def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, trace_ptr, K,
                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGE: gl.constexpr, WARPS_N: gl.constexpr,
                    WARPS_K: gl.constexpr, HAS_RES: gl.constexpr, NEXT: gl.constexpr, USE_GDC: gl.constexpr,
-                   HAS_ADD: gl.constexpr = False, EARLY: gl.constexpr = False, TRACE: gl.constexpr = False):
+                   TRACE: gl.constexpr = False):
     """y[n] = (r[n] +) sum_k W[n, k] x[k] for this program's BLOCK_N rows, the weight tiles streamed through
     a ring of STAGE shared-memory slots, the first STAGE requested before the PDL wait. NEXT as in
-    gemv/triton._stream_kernel, and stride_w, HAS_ADD, EARLY, TRACE (kernels/trace.py's records)."""
+    gemv/triton._stream_kernel; TRACE: kernels/trace.py's records."""
     rec = trace_ptr + gl.program_id(0) * 5
     if TRACE:
         _stamp(rec, 0)
@@ -59,7 +59,7 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, add_ptr, t
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS_N, WARPS_K], [1, 0])  # 16-byte chunks
     n = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout))
     k = gl.arange(0, BLOCK_K, gl.SliceLayout(0, layout))
-    tiles = w_ptr + n[:, None].to(gl.int64) * stride_w + k[None, :]
+    tiles = w_ptr + n[:, None].to(gl.int64) * K + k[None, :]
     ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGE, BLOCK_N, BLOCK_K],
                                      gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     steps = K // BLOCK_K  # > STAGE (staged_fits)
@@ -67,8 +67,6 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, add_ptr, t
         cp.async_copy_global_to_shared(ring.index(t), tiles + t * BLOCK_K)
         cp.commit_group()
     if USE_GDC:
-        if EARLY:
-            _gdc("griddepcontrol.launch_dependents; // dummy $0")
         _gdc("griddepcontrol.wait; // dummy $0")
     if TRACE:
         _stamp(rec, 1)  # WAITED
@@ -90,10 +88,7 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, add_ptr, t
     if USE_GDC:
         _gdc("griddepcontrol.launch_dependents; // dummy $0")
     dtype: gl.constexpr = y_ptr.dtype.element_ty
-    out = gl.sum(acc, axis=1)
-    if HAS_ADD:
-        out = out + gl.load(add_ptr + n)
-    out = out.to(dtype).to(gl.float32)
+    out = gl.sum(acc, axis=1).to(dtype).to(gl.float32)
     if HAS_RES:
         out = out + gl.load(r_ptr + n).to(gl.float32)
     stored = out.to(dtype)
@@ -116,16 +111,15 @@ def staged_fits(n: int, k: int, config: dict, flags: dict, parts: int, itemsize:
 
 
 def staged_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
-                  handoff: tuple, config: dict, next_norm: bool, pdl: bool, add: torch.Tensor | None = None,
-                  early: bool = False, trace: tuple[torch.Tensor, bool] | None = None) -> None:
+                  handoff: tuple, config: dict, next_norm: bool, pdl: bool,
+                  trace: tuple[torch.Tensor, bool] | None = None) -> None:
     """Launch _staged_kernel over the rows of `weight` (handoff: g, h * g, sums as _stream passes them)."""
     n, k = weight.shape
     warps = config.get("num_warps", 8)
     warps_k = min(warps, config["BLOCK_K"] // 256)  # a warp covers 256 columns of 16-byte chunks
     _staged_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
-        x, weight, residual if residual is not None else y, y, *handoff, add if add is not None else y,
-        trace[0] if trace else y, k, weight.stride(0),
+        x, weight, residual if residual is not None else y, y, *handoff, trace[0] if trace else y, k,
         BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"], WARPS_N=warps // warps_k,
-        WARPS_K=warps_k, HAS_RES=residual is not None, NEXT=next_norm, USE_GDC=pdl, HAS_ADD=add is not None,
-        EARLY=early, TRACE=bool(trace and trace[1]), num_warps=warps,
+        WARPS_K=warps_k, HAS_RES=residual is not None, NEXT=next_norm, USE_GDC=pdl,
+        TRACE=bool(trace and trace[1]), num_warps=warps,
         **({"launch_pdl": True} if pdl else {}))

@@ -35,7 +35,6 @@ import triton.language as tl
 from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv import MAX_ROWS, NormedStream, ahead_on, handoff_on, norm_input, stream_of
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
-from specpilot.kernels.sync import await_arrivals
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
 
@@ -97,37 +96,26 @@ def _gemv_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, eps, stride
 
 @triton.jit
 def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, xg_ptr, sq_ptr, parts_ptr, n_parts,
-                   N, K, eps, add_ptr, stride_w, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   HAS_RES: tl.constexpr, GATE_UP: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
-                   TRACE: tl.constexpr = False, NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0,
-                   AHEAD: tl.constexpr = False, HAS_ADD: tl.constexpr = False, EARLY: tl.constexpr = False,
-                   sync_ptr=None, sync_expected=0, SPIN: tl.constexpr = False, WAIT_END: tl.constexpr = False):
+                   N, K, eps, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                   GATE_UP: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
+                   NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False):
     """NEXT: also write, for the norm (weight g) that reads y, y * g (in y's dtype: as an x the loop loads it
     like any other) and this block's sum of y^2 in float32 (the y stored, rounded). NPARTS (a power of
     two >= n_parts, or 0): x is such an h * g, its rstd comes from the n_parts sums at parts_ptr.
-    AHEAD: loads one loop step ahead (_stream_rows). stride_w: the weight's row stride (K unless the
-    weight is a slice of columns). HAS_ADD: a float32 partial sum (the other columns' share) is added
-    before rounding. EARLY: the next kernel may start at once; SPIN: x comes from the kernel two launches
-    back, whose blocks arrive on sync_ptr (no PDL wait); WAIT_END: the PDL wait at the end (the layer
-    halves: models/halves.py)."""
+    AHEAD: loads one loop step ahead (_stream_rows)."""
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
         opening(rec)
-    if USE_GDC and EARLY:
-        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
-    w_rows = w_ptr + n[:, None].to(tl.int64) * stride_w
-    up_rows = w_rows + N.to(tl.int64) * stride_w  # the up rows sit N rows below the gate rows
+    w_rows = w_ptr + n[:, None].to(tl.int64) * K
+    up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
     out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
-                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD,
-                               sync_ptr, sync_expected, SPIN)
+                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD)
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
-    if HAS_ADD:
-        out += tl.load(add_ptr + n, mask=nmask, other=0.0)
     out = out.to(dtype).to(tl.float32)
     if GATE_UP:
         silu = (out / (1.0 + tl.exp(-out))).to(dtype).to(tl.float32)
@@ -140,8 +128,6 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
         tl.store(xg_ptr + n, (stored * tl.load(g_ptr + n, mask=nmask, other=0.0).to(tl.float32)).to(dtype),
                  mask=nmask)
         tl.store(sq_ptr + tl.program_id(0), tl.sum(stored * stored, axis=0))
-    if WAIT_END and USE_GDC:  # the kernel just before (running beside this one) is done once this one is
-        tl.extra.cuda.gdc_wait()
     if TRACE:
         stamp(rec, 3)  # END
 
@@ -150,8 +136,7 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
 def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
                  USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
                  EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr, parts_ptr, n_parts,
-                 NPARTS: tl.constexpr, AHEAD: tl.constexpr = False, sync_ptr=None, sync_expected=0,
-                 SPIN: tl.constexpr = False):
+                 NPARTS: tl.constexpr, AHEAD: tl.constexpr = False):
     """sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
     x' = rms_norm(x) * norm weight when HAS_NORM (one pass: the row's rstd scales the sums at the end)
     or when NPARTS (x is x * norm weight already, the sums of squares come in n_parts pieces).
@@ -160,16 +145,13 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     streams while the one before it finishes. After the last weight load the next kernel may start.
     AHEAD: every step of the loop requests the next step's weight and x tiles before it computes on its
     own, and the loop's first tiles are requested before anything waits on x, so after the PDL wait the
-    weight stream resumes at once instead of after x's round trip. Same arithmetic either way. SPIN: wait
-    for sync_expected blocks of an earlier kernel to arrive on sync_ptr instead (kernels/sync.py)."""
+    weight stream resumes at once instead of after x's round trip. Same arithmetic either way."""
     kp = tl.arange(0, PRE * BLOCK_K)
     wp = _tile(rows, 0, kp, nmask, K, EVEN_N, EVEN_K)
     wp2 = wp
     if TWO:
         wp2 = _tile(rows2, 0, kp, nmask, K, EVEN_N, EVEN_K)
-    if SPIN:  # the layer halves (models/halves.py): x comes from a kernel further back
-        await_arrivals(sync_ptr, sync_expected, tl.num_programs(0))
-    elif USE_GDC:  # from here on the previous kernel's writes (x, residual, sums) are complete and visible
+    if USE_GDC:  # from here on the previous kernel's writes (x, residual, sums) are complete and visible
         tl.extra.cuda.gdc_wait()
     if TRACE:
         stamp(rec, 1)  # WAITED
@@ -304,39 +286,29 @@ def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
 def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                 norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
                 gate_up: bool = False, tune: bool = True, config: dict | None = None,
-                next_norm: torch.Tensor | None = None, add: torch.Tensor | None = None,
-                out_dtype: torch.dtype | None = None, early: bool = False, sync: tuple | None = None,
-                wait_at_end: bool = False):
+                next_norm: torch.Tensor | None = None):
     """[.., K] -> [.., N] (N = weight rows, or half of them for gate_up); see the module docstring.
     tune: autotune per shape; else `config` (BLOCK_N, BLOCK_K, num_warps, num_stages) or a fixed one.
     x may be a NormedStream (kernels/gemv): when norm_weight is its norm's, its handed-over h * g and sums
     replace the norm prologue. next_norm: a one-row call returns a NormedStream for that norm (unless
-    SPECPILOT_NORM_HANDOFF=0). One row only (the layer halves, models/halves.py): `weight` may be a slice
-    of columns (row stride > K); `add` a float32 [N] partial sum added before rounding; `out_dtype`
-    float32 for such a partial; `early` lets the next kernel start at once; `sync` (counter, blocks): x
-    is ready once that many blocks arrived on the counter, instead of the PDL wait; `wait_at_end`: the
-    PDL wait at the end."""
+    SPECPILOT_NORM_HANDOFF=0). The weight must be contiguous: the kernels step K elements a row."""
     rows_w, k = weight.shape
     n = rows_w // 2 if gate_up else rows_w
     h = stream_of(x)
     xin, sumsq = norm_input(x, norm_weight)
     handed = sumsq is not None
     x2 = _rows(xin, k)
-    split = add is not None or out_dtype is not None or early or sync or wait_at_end or weight.stride(0) != k
-    if split and (x2.shape[0] != 1 or weight.stride(1) != 1 or gate_up):
-        raise ValueError("a column slice of the weight, a partial sum, an early release or a spin: one row, "
-                         "no gate/up")
-    y = torch.empty(x2.shape[0], n, dtype=out_dtype or h.dtype, device=h.device)
+    if not weight.is_contiguous():
+        raise ValueError("the GEMV kernels take a contiguous weight")
+    y = torch.empty(x2.shape[0], n, dtype=h.dtype, device=h.device)
     r2 = residual.reshape(-1, n) if residual is not None else y
     nw = norm_weight if norm_weight is not None and not handed else x2
     flags = dict(HAS_NORM=norm_weight is not None and not handed, HAS_BIAS=bias is not None,
                  HAS_RES=residual is not None, GATE_UP=gate_up)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     if x2.shape[0] == 1:
-        if add is not None:  # absent otherwise: the kernel's default, and the keys as before the layer halves
-            flags["HAS_ADD"] = True
         out = _stream((x2, nw, weight, bias if bias is not None else weight, r2, y), n, k, eps, flags, tune, config,
-                      sumsq, next_norm if handoff_on() else None, add, early, sync, wait_at_end)
+                      sumsq, next_norm if handoff_on() else None)
         shape = (*h.shape[:-1], n)
         if isinstance(out, tuple):
             return NormedStream(y.view(shape), out[0].view(shape), out[1], next_norm)
@@ -384,8 +356,7 @@ def parts_args(sumsq: torch.Tensor | None, like: torch.Tensor) -> tuple[tuple, i
 
 
 def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool, config: dict | None,
-            sumsq: torch.Tensor | None, next_norm: torch.Tensor | None, add: torch.Tensor | None = None,
-            early: bool = False, sync: tuple | None = None, wait_at_end: bool = False):
+            sumsq: torch.Tensor | None, next_norm: torch.Tensor | None):
     """Launch the one-row kernel; with next_norm also the hand-over to the next norm: returns (h * g, sums)
     then, else None. The hand-over needs the grid, so before the step tuning has chosen a config it runs
     the fixed one, not the autotuner: the step's first eager run then launches the hand-over's readers,
@@ -394,18 +365,11 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     pdl = pdl_on(y, default=True)  # the one-row kernel runs only in the `gemv` decode step
     parts, nparts = parts_args(sumsq, y)
     key_flags = {**flags, "NEXT": next_norm is not None, "PRENORM": sumsq is not None}
-    if sync is not None:
-        key_flags["SPIN"] = True
     config = config or step_config(("gemv", n, k, *sorted(key_flags.items())))
-    extra = dict(add_ptr=add if add is not None else y, stride_w=tensors[2].stride(0), EARLY=early,
-                 sync_ptr=sync[0] if sync else None, sync_expected=sync[1] if sync else 0, SPIN=sync is not None,
-                 WAIT_END=wait_at_end)
     launch = {"launch_pdl": True} if pdl else {}
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    # (not for a spinning kernel: after the autotuner's first timing run reset the counter the next spins for ever)
-    if config is None and tune and not _INTERPRET and next_norm is None and sync is None:
-        _STREAM_TUNED[grid](*tensors, y, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts, **launch,
-                            **extra)
+    if config is None and tune and not _INTERPRET and next_norm is None:
+        _STREAM_TUNED[grid](*tensors, y, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts, **launch)
         return None
     config = pre_clamped(config or _FIXED, k)
     blocks = triton.cdiv(n, config["BLOCK_N"])
@@ -413,18 +377,17 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     if next_norm is not None:
         handoff = (next_norm, torch.empty(n, dtype=y.dtype, device=y.device),
                    torch.empty(blocks, dtype=torch.float32, device=y.device))
-    kind = f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}{' partial' if y.dtype != tensors[0].dtype else ''}"
+    kind = f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}"
     if config.get("STAGE"):  # weight tiles through a ring in shared memory (gemv/staged.py)
         from specpilot.kernels.gemv.staged import staged_fits, staged_launch
 
-        ring = staged_fits(n, k, config, flags, nparts, tensors[2].element_size()) and not _INTERPRET
-        if ring and sync is None and not wait_at_end:
+        if staged_fits(n, k, config, flags, nparts, tensors[2].element_size()) and not _INTERPRET:
             staged_launch(tensors[0], tensors[2], tensors[4] if flags["HAS_RES"] else None, y, handoff, config,
-                          next_norm is not None, pdl, add, early, trace_slot(f"{kind} ring", blocks, y))
+                          next_norm is not None, pdl, trace_slot(f"{kind} ring", blocks, y))
             return handoff[1:] if next_norm is not None else None
         config = {key: v for key, v in config.items() if key != "STAGE"}
     rec, traced = trace_slot(kind, blocks, y)
     _STREAM[grid](*tensors, rec, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced,
-                  NEXT=next_norm is not None, NPARTS=nparts, **launch_config(config), **launch, **extra,
+                  NEXT=next_norm is not None, NPARTS=nparts, **launch_config(config), **launch,
                   AHEAD=ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"]))
     return handoff[1:] if next_norm is not None else None

@@ -22,7 +22,6 @@ from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.gemv.triton import _stream_rows, ahead_fits, launch_config, parts_args, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
-from specpilot.kernels.sync import arrive
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
 
@@ -32,28 +31,19 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
                      trace_ptr, parts_ptr, n_parts, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr,
                      HALF: tl.constexpr, PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
                      USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
-                     TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
-                     sync_ptr=None, PART: tl.constexpr = 0, PARTS: tl.constexpr = 1, WAIT: tl.constexpr = True,
-                     ARRIVE: tl.constexpr = False):
-    """PART of PARTS: this launch projects only that share of the q heads, the k heads and the v heads (the
-    layer halves, models/halves.py). WAIT False: no PDL wait (x was complete before the kernel just before
-    this one passed its own) and the next kernel may start at once. ARRIVE: each block arrives on sync_ptr
-    when done (kernels/sync.py)."""
+                     TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False):
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
     rec = trace_ptr + pid * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
         opening(rec)
-    if USE_GDC and not WAIT:
-        tl.extra.cuda.gdc_launch_dependents()
-    head = _head(pid // (HALF // PAIRS), HQ, HKV, PART, PARTS)
+    head = pid // (HALF // PAIRS)
     i = (pid % (HALF // PAIRS)) * PAIRS + tl.arange(0, PAIRS)  # positions in the first half of the head
     rows_a = head * D + i
     full = i < HALF  # all true: heads divide evenly
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
-    GATED: tl.constexpr = USE_GDC and WAIT
-    a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, GATED, PAIRS,
+    a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
                         BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD)
     if HAS_BIAS:
         a += tl.load(b_ptr + rows_a).to(tl.float32)
@@ -78,23 +68,8 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
         off = ((head - HQ - HKV) * L + slot) * D
         tl.store(v_cache + off + i, a.to(dtype))
         tl.store(v_cache + off + HALF + i, b.to(dtype))
-    if ARRIVE:
-        arrive(sync_ptr)
     if TRACE:
         stamp(rec, 3)  # END
-
-
-@triton.jit
-def _head(local, HQ: tl.constexpr, HKV: tl.constexpr, PART: tl.constexpr, PARTS: tl.constexpr):
-    """The head (q heads, then k, then v) of a launch's `local`-th head: PART's share of each kind."""
-    hq: tl.constexpr = HQ // PARTS
-    hkv: tl.constexpr = HKV // PARTS
-    head = PART * hq + local
-    if local >= hq:
-        head = HQ + PART * hkv + local - hq
-    if local >= hq + hkv:
-        head = HQ + HKV + PART * hkv + local - hq - hkv
-    return head
 
 
 _CONFIGS = [triton.Config({"BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"], num_stages=c["num_stages"])
@@ -106,24 +81,17 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache, slots,
-                    num_heads, num_kv_heads, head_dim, tune: bool = True, pairs: int = PAIRS,
-                    part: tuple[int, int] = (0, 1), wait: bool = True, sync: torch.Tensor | None = None,
-                    q_out: torch.Tensor | None = None):
+                    num_heads, num_kv_heads, head_dim, tune: bool = True, pairs: int = PAIRS):
     """x: a tensor, or a NormedStream whose hand-over replaces the norm prologue when norm_weight is its
     norm's. pairs: rotary pairs per program where no config was chosen in the step (a chosen config
-    names its own). part (i, n): only the i-th of n shares of the q, k and v heads (into q_out's and the
-    caches' heads of that share); wait False: no PDL wait (see _qkv_rope_kernel); sync: each block
-    arrives there when done (kernels/sync.py). Returns q, and with sync also the number of blocks."""
+    names its own)."""
     hidden = weight.shape[1]
     x, sumsq = norm_input(x, norm_weight)
     handed = sumsq is not None
     if x.numel() != hidden or k_cache.shape[0] != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("the fused q/k/v + rope kernel takes one row of one sequence and contiguous caches")
     half = head_dim // 2
-    share, parts_n = part
-    if num_heads % parts_n or num_kv_heads % parts_n:
-        raise ValueError(f"{num_heads} q heads and {num_kv_heads} k/v heads do not split into {parts_n} shares")
-    q = q_out if q_out is not None else torch.empty(1, 1, num_heads, head_dim, dtype=k_cache.dtype, device=x.device)
+    q = torch.empty(1, 1, num_heads, head_dim, dtype=k_cache.dtype, device=x.device)
     pdl = pdl_on(x, default=True)
     has_norm = norm_weight is not None and not handed
     parts, nparts = parts_args(sumsq, x)
@@ -131,23 +99,22 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
             bias if bias is not None else weight, positions.reshape(-1), slots.reshape(-1), cos_table, sin_table,
             q, k_cache, v_cache, q, *parts, hidden, k_cache.shape[2], eps)
     meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, HAS_NORM=has_norm, HAS_BIAS=bias is not None,
-                USE_GDC=pdl, NPARTS=nparts, **({"launch_pdl": True} if pdl else {}), sync_ptr=sync, PART=share,
-                PARTS=parts_n, WAIT=wait, ARRIVE=sync is not None)
-    key = ("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None, bias is not None, handed)
-    chosen = step_config(key if parts_n == 1 else (*key, ("PART", share, parts_n, wait)))
+                USE_GDC=pdl, NPARTS=nparts, **({"launch_pdl": True} if pdl else {}))
+    chosen = step_config(("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None,
+                          bias is not None, handed))
     if chosen is not None:
         pairs = chosen["PAIRS"]
     if half % pairs:
         raise ValueError(f"head_dim {head_dim}: half of it is not a multiple of {pairs} rotary pairs")
-    grid = ((num_heads + 2 * num_kv_heads) // parts_n * (half // pairs),)
+    grid = ((num_heads + 2 * num_kv_heads) * (half // pairs),)
     if chosen is not None:
-        rec, traced = trace_slot("qkv_rope" if parts_n == 1 else f"qkv_rope {share + 1}/{parts_n}", grid[0], q)
+        rec, traced = trace_slot("qkv_rope", grid[0], q)
         args = args[:11] + (rec,) + args[12:]
         _PLAIN[grid](*args, **meta, TRACE=traced, **launch_config(pre_clamped(chosen, hidden)),
                      AHEAD=ahead_fits(2 * pairs, chosen, has_norm))
-    elif tune and not _INTERPRET and sync is None:  # timing runs would arrive more than once
+    elif tune and not _INTERPRET:
         _TUNED[grid](*args, **meta, PAIRS=pairs)
     else:
         fixed = {"BLOCK_K": 128, "num_warps": 4}
         _PLAIN[grid](*args, **meta, PAIRS=pairs, **fixed, AHEAD=ahead_fits(2 * pairs, fixed, has_norm))
-    return (q, grid[0]) if sync is not None else q
+    return q
