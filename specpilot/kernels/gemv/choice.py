@@ -48,7 +48,7 @@ CANDIDATES = {
 # output projection's blocks, resident beside the attention before it, keep the DRAM busy through it.
 # On the H200 the output projection chose two-tile rings (32-64 KB) on the 8B and 27B shapes. Bigger rings
 # lose: six-tile ones (96 and 192 KB, 73% of the 8B's output projection in flight before the attention is
-# done) made the 8B step 0.11-0.19 ms slower, with the attention's LATE release or without
+# done) made the 8B step 0.11-0.18 ms slower, with the attention's LATE release or without
 # (bench/gpu/ablate_step.py --ring-sweep, bench/results/2026-12-01_ring_sweep_ecf1856_h200.json).
 STAGED = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 8, "num_stages": 1, "PRE": 1, "STAGE": st}
           for bn, bk, st in ((16, 512, 4), (16, 256, 8), (32, 512, 2), (16, 512, 2), (32, 512, 4))]
