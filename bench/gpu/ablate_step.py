@@ -174,22 +174,15 @@ def splits_by_position(eng: Engine, g: int, hkv: int) -> dict:
     return {"chosen": kept, "ms_by_splits_and_position": table}
 
 
-def options_paired(eng: Engine, rounds: int = 5) -> dict:
-    """The step with the configs the tuning chose against the same without the attention's LATE release,
-    without the shared-memory ring (each key that chose STAGE re-tuned over the other configs), and
-    without both; the four timed in turn, `rounds` times, so that drift hits them alike."""
-    pos = CONTEXT // 4
-    chosen = dict(choice._CHOSEN)
-    staged = [k for k, c in chosen.items() if c.get("STAGE")]
-    no_late = {k: {f: v for f, v in c.items() if f != "LATE"} for k, c in chosen.items()}
-    with _env(SPECPILOT_GEMV_STAGED="0"):
-        for k in staged:
-            del choice._CHOSEN[k]
-        with torch.inference_mode():
-            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
-        no_staged = dict(choice._CHOSEN)
-    neither = {k: {f: v for f, v in c.items() if f != "LATE"} for k, c in no_staged.items()}
-    variants = {"chosen": chosen, "no_late": no_late, "no_staged": no_staged, "neither": neither}
+def without_late(config: dict) -> dict:
+    """The config with the attention's LATE release off (a no-op for other kernels' configs)."""
+    return {f: v for f, v in config.items() if f != "LATE"}
+
+
+def in_turn(eng: Engine, variants: dict[str, dict], rounds: int, pos: int) -> dict[str, list[float]]:
+    """Each variant's configs timed in turn, `rounds` times, so that drift hits them alike; the configs
+    chosen before are back after."""
+    kept = dict(choice._CHOSEN)
     times = {name: [] for name in variants}
     for _ in range(rounds):
         for name, configs in variants.items():
@@ -197,10 +190,37 @@ def options_paired(eng: Engine, rounds: int = 5) -> dict:
             choice._CHOSEN.update(configs)
             times[name].append(timed_step(eng, pos))
     choice._CHOSEN.clear()
+    choice._CHOSEN.update(kept)
+    return times
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each variant's median round."""
+    return {n: sorted(t)[len(t) // 2] for n, t in times.items()}
+
+
+def options_paired(eng: Engine, rounds: int = 5) -> dict:
+    """The step with the configs the tuning chose against the same without the attention's LATE release,
+    without the shared-memory ring (each key that chose STAGE re-tuned over the other configs), and
+    without both; the four timed in turn, `rounds` times, so that drift hits them alike."""
+    pos = CONTEXT // 4
+    chosen = dict(choice._CHOSEN)
+    staged = [k for k, c in chosen.items() if c.get("STAGE")]
+    no_late = {k: without_late(c) for k, c in chosen.items()}
+    with _env(SPECPILOT_GEMV_STAGED="0"):
+        for k in staged:
+            del choice._CHOSEN[k]
+        with torch.inference_mode():
+            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
+        no_staged = dict(choice._CHOSEN)
+    choice._CHOSEN.clear()
     choice._CHOSEN.update(chosen)
+    neither = {k: without_late(c) for k, c in no_staged.items()}
+    variants = {"chosen": chosen, "no_late": no_late, "no_staged": no_staged, "neither": neither}
+    times = in_turn(eng, variants, rounds, pos)
     late = {repr(k): c for k, c in chosen.items() if c.get("LATE")}
-    return {"median_ms": {n: sorted(t)[len(t) // 2] for n, t in times.items()}, "ms_by_round": times,
-            "late_chosen": late, "staged_chosen": {repr(k): chosen[k] for k in staged},
+    return {"median_ms": medians(times), "ms_by_round": times, "late_chosen": late,
+            "staged_chosen": {repr(k): chosen[k] for k in staged},
             "replaced_by": {repr(k): no_staged[k] for k in staged}}
 
 
@@ -227,18 +247,11 @@ def ring_sweep(eng: Engine, cfg, rounds: int = 5) -> dict:
         for name, ring in rings.items():
             configs = {**chosen, o_key: ring}
             for k in attn:
-                configs[k] = {f: v for f, v in chosen[k].items() if f != "LATE"} | ({"LATE": True} if late else {})
+                configs[k] = without_late(chosen[k]) | ({"LATE": True} if late else {})
             variants[f"{'late' if late else 'early'} {name}"] = configs
-    times = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, configs in variants.items():
-            choice._CHOSEN.clear()
-            choice._CHOSEN.update(configs)
-            times[name].append(timed_step(eng, pos))
-    choice._CHOSEN.clear()
-    choice._CHOSEN.update(chosen)
-    return {"median_ms": {n: sorted(t)[len(t) // 2] for n, t in times.items()}, "ms_by_round": times,
-            "o_key": repr(o_key), "o_chosen": chosen[o_key], "attention_chosen": {repr(k): chosen[k] for k in attn},
+    times = in_turn(eng, variants, rounds, pos)
+    return {"median_ms": medians(times), "ms_by_round": times, "o_key": repr(o_key), "o_chosen": chosen[o_key],
+            "attention_chosen": {repr(k): chosen[k] for k in attn},
             "configs": {n: rings[n.split(" ", 1)[1]] for n in variants if n != "chosen"}}
 
 
