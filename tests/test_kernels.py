@@ -270,6 +270,50 @@ def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype
         ahead_on()
 
 
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("ring", [False, True])
+def test_early_release_computes_the_same(device, dtype, tol, ring):
+    """EARLY (each block lets the next kernel launch at its start, not after its last weight load) moves
+    launches only: a chain of one-row kernels under PDL (residual projection handing over the norm, the
+    gate/up pair reading it, the down projection, q/k/v + rope reading the next hand-over) gives bit for bit
+    the chain without it. ring: the residual projections take the shared-memory ring (GPU only)."""
+    if ring and not CUDA:
+        pytest.skip("Gluon kernels run only on a GPU (no interpreter)")
+    from specpilot.kernels.gemv import choice
+    from specpilot.kernels.gemv.triton import gemv_triton
+    from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
+
+    g = torch.Generator().manual_seed(11 + ring)
+    h, inter, d = 256, 512, 32
+    t = lambda *shape, s=1.0: (s * torch.randn(*shape, generator=g)).to(device, dtype)  # noqa: E731
+    x, r = t(1, 128), t(1, h)
+    wo, w13, w2, wqkv = t(h, 128, s=128 ** -0.5), t(2 * inter, h, s=h ** -0.5), t(h, inter, s=inter ** -0.5), \
+        t(4 * d, h, s=h ** -0.5)
+    g1, g2 = 1 + t(h, s=0.1), 1 + t(h, s=0.1)
+    cos, sin = rope_table(16, d, 10000.0, None, device=device)
+    plain = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": 1}
+    res = {"BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 8, "num_stages": 1, "PRE": 1, "STAGE": 2} if ring else plain
+
+    def chain(early: bool) -> list[torch.Tensor]:
+        e = {"EARLY": True} if early else {}
+        choice._CHOSEN[("qkv_rope", h, 2, 1, d // 2, True, False, True)] = {
+            "PAIRS": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": 1, **e}
+        a = gemv_triton(x, wo, residual=r, next_norm=g1, tune=False, config={**res, **e})
+        act = gemv_triton(a, w13, norm_weight=g1, eps=1e-5, gate_up=True, tune=False, config={**plain, **e})
+        b = gemv_triton(act, w2, residual=a.stream, next_norm=g2, tune=False, config={**res, **e})
+        caches = [torch.zeros(1, 1, 8, d, dtype=dtype, device=device) for _ in range(2)]
+        q = qkv_rope_triton(b, wqkv, None, g2, 1e-5, torch.tensor([[5]], device=device), cos, sin, *caches,
+                            torch.tensor([[3]], device=device), 2, 1, d)
+        return [a.stream, act, b.stream, b.scaled, b.sumsq, q, *caches]
+
+    try:
+        late, early = chain(False), chain(True)
+    finally:
+        choice.forget()
+    assert all(torch.equal(u, v) for u, v in zip(early, late, strict=True))
+    assert all(u.abs().sum() > 0 for u in early)
+
+
 @pytest.mark.skipif(not CUDA, reason="Gluon kernels run only on a GPU (no interpreter)")
 @pytest.mark.parametrize("config", __import__("specpilot.kernels.gemv.choice", fromlist=["STAGED"]).STAGED, ids=str)
 @pytest.mark.parametrize("k", [4096, 14336])
@@ -442,7 +486,8 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
 
     class Spy:  # stands in for the compiled kernel: records the config each launch asked for
         def __getitem__(self, grid):
-            return lambda *args, **kw: launched.append({k: kw[k] for k in ("BLOCK_N", "BLOCK_K", "AHEAD") if k in kw})
+            return lambda *args, **kw: launched.append({k: kw[k] for k in ("BLOCK_N", "BLOCK_K", "AHEAD", "EARLY")
+                                                        if k in kw})
 
     monkeypatch.setattr(gemv_mod, "_STREAM", Spy())
     monkeypatch.setattr(gemv_mod, "_STREAM_TUNED", Spy())
@@ -452,31 +497,36 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
         gemv_triton(x, w)
         choice.step_config(("qkv_rope", 64))
 
-    def measure(_):  # a step's time: how far each key's config is from its fastest candidate, and loads ahead
-        total = 0.0  # pay on the GEMV (0.5 without), cost on q/k/v + rope (0.5 with)
-        for key in choice.record_keys(step):
+    def measure(_):  # a step's time: how far each key's config is from its fastest candidate; loads ahead
+        total = 0.0  # pay on the GEMV (0.5 without), cost on q/k/v + rope (0.5 with); the early release
+        for key in choice.record_keys(step):  # pays on the GEMV (0.25 without), costs on q/k/v (0.25 with)
             cfg = choice.step_config(key)
             if cfg is None:
                 total += 5.0
                 continue
-            plain = {k: v for k, v in cfg.items() if k != "AHEAD"}
+            plain = {k: v for k, v in cfg.items() if k not in ("AHEAD", "EARLY")}
             total += abs(choice.CANDIDATES[key[0]].index(plain) - fastest[key[0]])
             total += 0.5 * (cfg.get("AHEAD", True) == (key[0] == "qkv_rope"))
+            total += 0.25 * (cfg.get("EARLY", False) == (key[0] == "qkv_rope"))
         return total
 
     report = choice.tune_step(step, measure)
     assert len(report) == 2
     for key in choice.record_keys(step):
         plain = choice.CANDIDATES[key[0]][fastest[key[0]]]
-        assert choice.step_config(key) == (plain if key[0] == "gemv" else {**plain, "AHEAD": False})
+        assert choice.step_config(key) == ({**plain, "EARLY": True} if key[0] == "gemv" else {**plain, "AHEAD": False})
     launched.clear()
     gemv_triton(x, w)
     want = choice.CANDIDATES["gemv"][2]
-    assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"], "AHEAD": True}]
+    assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"], "AHEAD": True, "EARLY": True}]
     choice._CHOSEN[choice.record_keys(lambda: gemv_triton(x, w))[0]] = {**want, "AHEAD": False}
     launched.clear()
     gemv_triton(x, w)
     assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"], "AHEAD": False}]
+    monkeypatch.setenv("SPECPILOT_GEMV_EARLY", "0")  # not offered: the tuning never times it
+    choice.forget()
+    report = choice.tune_step(step, measure)
+    assert report and all("ms_early" not in e for e in report.values())
     assert choice.tune_step(step, measure) == {}  # known keys are not tuned again
     choice.forget()
 
@@ -493,8 +543,9 @@ def test_later_tuning_rounds_retime_each_key_beside_the_others_choices(monkeypat
         for key in keys:
             choice.step_config(key)
 
-    def measure(_):  # loads ahead change nothing here: the tuning keeps them
-        a, b = ({k: v for k, v in c.items() if k != "AHEAD"} if c else c for c in map(choice.step_config, keys))
+    def measure(_):  # loads ahead and the early release change nothing here: the tuning keeps the first only
+        a, b = ({k: v for k, v in c.items() if k not in ("AHEAD", "EARLY")} if c else c
+                for c in map(choice.step_config, keys))
         ia = choice.CANDIDATES["gemv"].index(a)
         if b is None:
             return 10.0 + (0.0 if ia == 0 else 1.0)

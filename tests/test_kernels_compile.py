@@ -147,6 +147,45 @@ def test_stream_gemv_builds(gdc, fusion, even):
     assert ("griddepcontrol.wait" in ptx) == gdc and ("griddepcontrol.launch_dependents" in ptx) == gdc
 
 
+@hopper
+@pytest.mark.parametrize("kernel", ["stream", "qkv_rope", "staged"])
+def test_early_release_comes_first_and_once(kernel):
+    """EARLY: the next kernel's launch is allowed before anything else (before the PDL wait and the weight
+    loop), and not again after the loop."""
+    if kernel == "staged":
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        from specpilot.kernels.gemv.staged import _staged_kernel
+
+        types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32",
+                 "trace_ptr": "*i64", "K": "i32"}
+        names = _staged_kernel.arg_names
+        sig = {n: types.get(n, "constexpr") for n in names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                 if types.get(n, "").startswith("*") or n == "K"}
+        constexprs = dict(BLOCK_N=16, BLOCK_K=512, STAGE=2, WARPS_N=4, WARPS_K=2, HAS_RES=True, NEXT=True,
+                          USE_GDC=True, EARLY=True)
+        ptx = triton.compile(GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
+                             target=HOPPER, options=dict(num_warps=8)).asm["ptx"]
+    elif kernel == "stream":
+        from specpilot.kernels.gemv.triton import _stream_kernel
+
+        ptx = build(_stream_kernel, STREAM_TYPES, dict(HAS_NORM=False, GATE_UP=True, HAS_RES=False, HAS_BIAS=False,
+                                                       USE_GDC=True, BLOCK_N=8, BLOCK_K=256, EVEN_N=True, EVEN_K=True,
+                                                       PRE=1, AHEAD=True, NPARTS=128, EARLY=True),
+                    num_warps=4, num_stages=4)
+    else:
+        from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
+
+        ptx = build(_qkv_rope_kernel, QKV_TYPES, dict(HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, HAS_BIAS=False,
+                                                      USE_GDC=True, BLOCK_K=512, EVEN_K=True, PRE=1, NPARTS=128,
+                                                      AHEAD=True, EARLY=True), num_warps=4, num_stages=2)
+    assert ptx.count("griddepcontrol.launch_dependents") == 1
+    first = ptx.split("griddepcontrol.launch_dependents", 1)[0]
+    assert "griddepcontrol.wait" not in first and "ld.global" not in first and "cp.async" not in first
+    assert registers(ptx)[1] == 0
+
+
 def loop_bodies(ptx: str) -> list[str]:
     """The PTX of each loop: from a label to the backward branch to it."""
     lines = ptx.splitlines()

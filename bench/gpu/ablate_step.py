@@ -20,7 +20,7 @@ configs by the same step tuning as the engine's. Apart from full and gate_up_unf
 compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
-       [--only a,b | --options | --ring-sweep]
+       [--only a,b | --options | --ring-sweep | --early]
 """
 
 from __future__ import annotations
@@ -224,6 +224,32 @@ def options_paired(eng: Engine, rounds: int = 5) -> dict:
             "replaced_by": {repr(k): no_staged[k] for k in staged}}
 
 
+def with_early(config: dict, key: tuple, early: bool) -> dict:
+    """A projection's or q/k/v's config with EARLY set or cleared; the attention's with its preload (AHEAD)
+    on when early, so that the K/V it loads before its wait can arrive while q/k/v still streams."""
+    if key[0] == "attention":
+        return {f: v for f, v in config.items() if f != "AHEAD"} if early else config
+    return {**{f: v for f, v in config.items() if f != "EARLY"}, **({"EARLY": True} if early else {})}
+
+
+def early_paired(eng: Engine, rounds: int = 5) -> dict:
+    """The tuning's choice against every kernel releasing its successor after its last weight load (no
+    EARLY anywhere), every one releasing it at once (EARLY everywhere, the attention preloading), and
+    only q/k/v releasing the attention early; timed in turn, `rounds` times."""
+    pos = CONTEXT // 4
+    chosen = dict(choice._CHOSEN)
+
+    def variant(early) -> dict:
+        return {k: with_early(c, k, early(k)) for k, c in chosen.items()}
+
+    variants = {"chosen": chosen, "no_early": variant(lambda k: False), "all_early": variant(lambda k: True),
+                "qkv_early": variant(lambda k: k[0] in ("qkv_rope", "attention")),
+                "mlp_early": variant(lambda k: k[0] == "gemv" and dict(k[3:]).get("GATE_UP"))}
+    times = in_turn(eng, variants, rounds, pos)
+    return {"median_ms": medians(times), "ms_by_round": times,
+            "early_chosen": [repr(k) for k, c in chosen.items() if c.get("EARLY")]}
+
+
 # Rings the step tuning no longer offers (they lost here, 2026-12-01): six tiles, 96 and 192 KB a program.
 BIG_RINGS = [{**choice.STAGED[0], "BLOCK_N": bn, "STAGE": 6} for bn in (16, 32)]
 
@@ -283,7 +309,10 @@ def run_model(name: str, bw: dict) -> dict:
     eng.warmup(AR)  # chooses the one-row configs and the attention split count
     same = eng.generate(prompt, 16, (), AR).tokens[:4] == ref[:4]
     if OPTIONS:
-        res = options_paired(eng) if OPTIONS[0] == "options" else ring_sweep(eng, cfg)
+        if OPTIONS[0] == "ring_sweep":
+            res = ring_sweep(eng, cfg)
+        else:
+            res = options_paired(eng) if OPTIONS[0] == "options" else early_paired(eng)
         print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
                                                               for k, v in res["median_ms"].items()))
         return {"floor_ms": floor, "tokens_match_cublas_first_4": same, **res}
@@ -323,10 +352,14 @@ def main() -> None:
                     help="only the paired timing of the tuning's options (attention LATE, STAGE rings)")
     ap.add_argument("--ring-sweep", action="store_true",
                     help="only the paired timing of the output projection's ring sizes, with and without LATE")
+    ap.add_argument("--early", action="store_true",
+                    help="only the paired timing of the kernels' early release (EARLY) as chosen, nowhere, "
+                         "everywhere, q/k/v only, gate/up only")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
-    if args.options or args.ring_sweep:
-        OPTIONS.append("options" if args.options else "ring_sweep")
+    for name in ("options", "ring_sweep", "early"):
+        if getattr(args, name):
+            OPTIONS.append(name)
     flags = f" --only {args.only}" * bool(args.only) + f" --{OPTIONS[0].replace('_', '-')}" * bool(OPTIONS)
     report = {**provenance(f"PYTHONPATH=. python3 bench/gpu/ablate_step.py --models {args.models}{flags}"),
               "context": CONTEXT,

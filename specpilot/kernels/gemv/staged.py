@@ -48,10 +48,11 @@ def _stamp(rec_ptr, FIELD: gl.constexpr):
 def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, trace_ptr, K,
                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGE: gl.constexpr, WARPS_N: gl.constexpr,
                    WARPS_K: gl.constexpr, HAS_RES: gl.constexpr, NEXT: gl.constexpr, USE_GDC: gl.constexpr,
-                   TRACE: gl.constexpr = False):
+                   TRACE: gl.constexpr = False, EARLY: gl.constexpr = False):
     """y[n] = (r[n] +) sum_k W[n, k] x[k] for this program's BLOCK_N rows, the weight tiles streamed through
     a ring of STAGE shared-memory slots, the first STAGE requested before the PDL wait. NEXT as in
-    gemv/triton._stream_kernel; TRACE: kernels/trace.py's records."""
+    gemv/triton._stream_kernel; TRACE: kernels/trace.py's records; EARLY: the next kernel may launch once
+    every block has started (gemv/triton._stream_rows)."""
     rec = trace_ptr + gl.program_id(0) * 5
     if TRACE:
         _stamp(rec, 0)
@@ -62,6 +63,8 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, trace_ptr,
     tiles = w_ptr + n[:, None].to(gl.int64) * K + k[None, :]
     ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGE, BLOCK_N, BLOCK_K],
                                      gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    if USE_GDC and EARLY:
+        _gdc("griddepcontrol.launch_dependents; // dummy $0")
     steps = K // BLOCK_K  # > STAGE (staged_fits)
     for t in gl.static_range(STAGE):  # weights: no earlier kernel writes them. One copy group a tile.
         cp.async_copy_global_to_shared(ring.index(t), tiles + t * BLOCK_K)
@@ -85,7 +88,7 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, trace_ptr,
         x = x_next
     if TRACE:
         _stamp(rec, 2)  # STREAMED
-    if USE_GDC:
+    if USE_GDC and not EARLY:
         _gdc("griddepcontrol.launch_dependents; // dummy $0")
     dtype: gl.constexpr = y_ptr.dtype.element_ty
     out = gl.sum(acc, axis=1).to(dtype).to(gl.float32)
@@ -121,5 +124,5 @@ def staged_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor 
         x, weight, residual if residual is not None else y, y, *handoff, trace[0] if trace else y, k,
         BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"], WARPS_N=warps // warps_k,
         WARPS_K=warps_k, HAS_RES=residual is not None, NEXT=next_norm, USE_GDC=pdl,
-        TRACE=bool(trace and trace[1]), num_warps=warps,
+        TRACE=bool(trace and trace[1]), EARLY=bool(config.get("EARLY")), num_warps=warps,
         **({"launch_pdl": True} if pdl else {}))

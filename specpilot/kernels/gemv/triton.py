@@ -99,11 +99,12 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
                    N, K, eps, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                    GATE_UP: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
-                   NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False):
+                   NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
+                   EARLY: tl.constexpr = False):
     """NEXT: also write, for the norm (weight g) that reads y, y * g (in y's dtype: as an x the loop loads it
     like any other) and this block's sum of y^2 in float32 (the y stored, rounded). NPARTS (a power of
     two >= n_parts, or 0): x is such an h * g, its rstd comes from the n_parts sums at parts_ptr.
-    AHEAD: loads one loop step ahead (_stream_rows)."""
+    AHEAD: loads one loop step ahead, EARLY: lets the next kernel launch at once (_stream_rows)."""
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
@@ -113,7 +114,8 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
     out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
-                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD)
+                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD,
+                               EARLY)
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     out = out.to(dtype).to(tl.float32)
@@ -136,7 +138,7 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
 def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
                  USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
                  EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr, parts_ptr, n_parts,
-                 NPARTS: tl.constexpr, AHEAD: tl.constexpr = False):
+                 NPARTS: tl.constexpr, AHEAD: tl.constexpr = False, EARLY: tl.constexpr = False):
     """sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
     x' = rms_norm(x) * norm weight when HAS_NORM (one pass: the row's rstd scales the sums at the end)
     or when NPARTS (x is x * norm weight already, the sums of squares come in n_parts pieces).
@@ -145,7 +147,12 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     streams while the one before it finishes. After the last weight load the next kernel may start.
     AHEAD: every step of the loop requests the next step's weight and x tiles before it computes on its
     own, and the loop's first tiles are requested before anything waits on x, so after the PDL wait the
-    weight stream resumes at once instead of after x's round trip. Same arithmetic either way."""
+    weight stream resumes at once instead of after x's round trip. Same arithmetic either way.
+    EARLY: the next kernel may launch as soon as every block of this one has started, not after each one's
+    last weight load, so that its blocks take the SM slots this grid's tail frees and stream their own
+    first tiles (or, for the attention, K/V) there. Its wait still holds it until this grid is done."""
+    if USE_GDC and EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
     kp = tl.arange(0, PRE * BLOCK_K)
     wp = _tile(rows, 0, kp, nmask, K, EVEN_N, EVEN_K)
     wp2 = wp
@@ -201,7 +208,7 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
             acc2 += w2.to(tl.float32) * x
     if TRACE:
         stamp(rec, 2)  # STREAMED
-    if USE_GDC:
+    if USE_GDC and not EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1) + head
     out2 = tl.sum(acc2, axis=1) + head2
@@ -317,7 +324,7 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
             r2.stride(0), y.stride(0))
     if config is not None:  # PRE and AHEAD belong to the one-row kernel
         _gemv_kernel[grid](*args, **flags, **{key: v for key, v in config.items()
-                                              if key not in ("PRE", "AHEAD", "STAGE")})
+                                              if key not in ("PRE", "AHEAD", "STAGE", "EARLY")})
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **flags)
     else:

@@ -31,7 +31,8 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
                      trace_ptr, parts_ptr, n_parts, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr,
                      HALF: tl.constexpr, PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
                      USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
-                     TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False):
+                     TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
+                     EARLY: tl.constexpr = False):
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
@@ -44,7 +45,7 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
     full = i < HALF  # all true: heads divide evenly
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
     a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
-                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD)
+                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD, EARLY)
     if HAS_BIAS:
         a += tl.load(b_ptr + rows_a).to(tl.float32)
         b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
