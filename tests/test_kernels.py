@@ -284,15 +284,15 @@ def test_early_release_computes_the_same(device, dtype, tol, ring):
     from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
 
     g = torch.Generator().manual_seed(11 + ring)
-    h, inter, d = 256, 512, 32
+    h, inter, d = (1024, 1024, 32) if ring else (128, 256, 32)  # the ring takes K of at least 3 tiles of 256
     t = lambda *shape, s=1.0: (s * torch.randn(*shape, generator=g)).to(device, dtype)  # noqa: E731
-    x, r = t(1, 128), t(1, h)
-    wo, w13, w2, wqkv = t(h, 128, s=128 ** -0.5), t(2 * inter, h, s=h ** -0.5), t(h, inter, s=inter ** -0.5), \
+    x, r = t(1, h), t(1, h)
+    wo, w13, w2, wqkv = t(h, h, s=h ** -0.5), t(2 * inter, h, s=h ** -0.5), t(h, inter, s=inter ** -0.5), \
         t(4 * d, h, s=h ** -0.5)
     g1, g2 = 1 + t(h, s=0.1), 1 + t(h, s=0.1)
     cos, sin = rope_table(16, d, 10000.0, None, device=device)
     plain = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": 1}
-    res = {"BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 8, "num_stages": 1, "PRE": 1, "STAGE": 2} if ring else plain
+    res = {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 8, "num_stages": 1, "PRE": 1, "STAGE": 2} if ring else plain
 
     def chain(early: bool) -> list[torch.Tensor]:
         e = {"EARLY": True} if early else {}
@@ -368,6 +368,11 @@ def test_staged_configs_go_only_where_the_ring_applies_and_fall_back_elsewhere(m
     got = gemv_triton(x, w, residual=r, tune=False, config=ring)
     assert torch.equal(got, gemv_triton(x, w, residual=r, tune=False, config=plain))
     assert rel(got, x @ w.T + r) <= 1e-5
+    from specpilot.kernels.gemv.staged import staged_fits
+
+    flags = dict(HAS_NORM=False, GATE_UP=False, HAS_BIAS=False)
+    assert staged_fits(4096, 4096, {**ring, "BLOCK_K": 512}, flags, 0, 2)
+    assert not staged_fits(4096, 4096, {**ring, "BLOCK_K": 128}, flags, 0, 2)  # a warp's row is 256 columns
 
 
 def _check_gemv(device, dtype, tol, rows, n, k, fusion, config):
@@ -510,6 +515,7 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
             total += 0.25 * (cfg.get("EARLY", False) == (key[0] == "qkv_rope"))
         return total
 
+    monkeypatch.setenv("SPECPILOT_GEMV_EARLY", "1")  # EARLY is timed only when asked for
     report = choice.tune_step(step, measure)
     assert len(report) == 2
     for key in choice.record_keys(step):
@@ -523,7 +529,7 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
     launched.clear()
     gemv_triton(x, w)
     assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"], "AHEAD": False}]
-    monkeypatch.setenv("SPECPILOT_GEMV_EARLY", "0")  # not offered: the tuning never times it
+    monkeypatch.delenv("SPECPILOT_GEMV_EARLY")  # not offered by default: the tuning never times it
     choice.forget()
     report = choice.tune_step(step, measure)
     assert report and all("ms_early" not in e for e in report.values())

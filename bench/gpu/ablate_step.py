@@ -20,7 +20,7 @@ configs by the same step tuning as the engine's. Apart from full and gate_up_unf
 compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
-       [--only a,b | --options | --ring-sweep | --early]
+       [--only a,b | --options | --ring-sweep | --early | --steps]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from specpilot.kernels.gemv import choice, stream_of
 from specpilot.kernels.swiglu import silu_mul
 from specpilot.models import dense, layers
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.graphs import replay_ms
+from specpilot.runtime.graphs import StepGraph, median_ms, replay_ms
 from specpilot.runtime.options import parse_system
 
 AR = parse_system("ar")
@@ -250,6 +250,31 @@ def early_paired(eng: Engine, rounds: int = 5) -> dict:
             "early_chosen": [repr(k) for k, c in chosen.items() if c.get("EARLY")]}
 
 
+def steps_paired(eng: Engine, rounds: int = 5) -> dict:
+    """What a step costs outside its kernels (the graph's launch, its first kernel's start, the drain after
+    its last): per token, one AR step a graph replayed alone (synchronised, as the tuning times it) or eight
+    replays back to back (as generation runs them), against graphs of 2 and 4 steps; timed in turn."""
+    pos = CONTEXT // 4
+
+    def graph_of(k: int) -> StepGraph:
+        graph = StepGraph(lambda: [eng._ar_step() for _ in range(k)], use_graph=True)
+        eng.pos.fill_(pos)
+        with torch.inference_mode():
+            graph.prepare()
+        return graph
+
+    graphs = {k: graph_of(k) for k in (1, 2, 4)}
+    ways = {"1 a graph": (1, 1), "1 a graph, 8 back to back": (1, 8), "2 a graph": (2, 1), "4 a graph": (4, 1),
+            "4 a graph, 2 back to back": (4, 2)}
+    times = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, (k, back) in ways.items():
+            eng.pos.fill_(pos)  # every way covers the same 32 positions from pos
+            ms = median_ms(lambda k=k, back=back: [graphs[k]() for _ in range(back)], 32 // (k * back))
+            times[name].append(ms / (k * back))
+    return {"median_ms": medians(times), "ms_by_round": times}
+
+
 # Rings the step tuning no longer offers (they lost here, 2026-12-01): six tiles, 96 and 192 KB a program.
 BIG_RINGS = [{**choice.STAGED[0], "BLOCK_N": bn, "STAGE": 6} for bn in (16, 32)]
 
@@ -311,6 +336,8 @@ def run_model(name: str, bw: dict) -> dict:
     if OPTIONS:
         if OPTIONS[0] == "ring_sweep":
             res = ring_sweep(eng, cfg)
+        elif OPTIONS[0] == "steps":
+            res = steps_paired(eng)
         else:
             res = options_paired(eng) if OPTIONS[0] == "options" else early_paired(eng)
         print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
@@ -352,12 +379,14 @@ def main() -> None:
                     help="only the paired timing of the tuning's options (attention LATE, STAGE rings)")
     ap.add_argument("--ring-sweep", action="store_true",
                     help="only the paired timing of the output projection's ring sizes, with and without LATE")
+    ap.add_argument("--steps", action="store_true",
+                    help="only the per-token time of graphs of 1, 2 and 4 AR steps (alone and back to back)")
     ap.add_argument("--early", action="store_true",
                     help="only the paired timing of the kernels' early release (EARLY) as chosen, nowhere, "
                          "everywhere, q/k/v only, gate/up only")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
-    for name in ("options", "ring_sweep", "early"):
+    for name in ("options", "ring_sweep", "early", "steps"):
         if getattr(args, name):
             OPTIONS.append(name)
     flags = f" --only {args.only}" * bool(args.only) + f" --{OPTIONS[0].replace('_', '-')}" * bool(OPTIONS)

@@ -108,7 +108,7 @@ def staged_fits(n: int, k: int, config: dict, flags: dict, parts: int, itemsize:
     """Whether a one-row projection can take the staged kernel with this config (16-bit weights: a
     thread's chunk of 8 is one 16-byte copy)."""
     bn, bk, stage = config["BLOCK_N"], config["BLOCK_K"], config.get("STAGE", 0)
-    pow2 = all(v & (v - 1) == 0 for v in (bn, bk))  # the ring's slot count need not be one
+    pow2 = all(v & (v - 1) == 0 for v in (bn, bk)) and bk >= 256  # a warp's row: 32 copies of 16 bytes
     plain = not (flags["HAS_NORM"] or flags["GATE_UP"] or flags["HAS_BIAS"]) and parts == 0
     return stage > 0 and pow2 and plain and n % bn == 0 and k % bk == 0 and k // bk > stage and itemsize == 2
 
