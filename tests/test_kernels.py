@@ -271,6 +271,38 @@ def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype
 
 
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("vocab", [1000, 16384, 40000, 128256])
+@pytest.mark.parametrize("ties", ["none", "in_chunk", "across_chunks"])
+def test_greedy_advance_is_torch_argmax_and_moves_the_position(monkeypatch, device, dtype, tol, vocab, ties):
+    """kernels/greedy: the token is torch.argmax of the row (the first index of the maximum, also when the
+    maximum repeats inside one chunk of the kernel's walk or in two chunks), the position one further."""
+    from specpilot.kernels.greedy import greedy_advance
+    from specpilot.kernels.greedy.triton import BLOCK
+
+    g = torch.Generator().manual_seed(vocab + len(ties))
+    row = torch.randn(vocab, generator=g)
+    top = row.max() + 1
+    first = int(torch.randint(0, vocab // 2, (1,), generator=g))
+    if ties == "in_chunk":
+        row[first] = row[first + 1 + int(torch.randint(0, 7, (1,), generator=g))] = top
+    elif ties == "across_chunks":
+        row[first] = row[min(first + BLOCK, vocab - 1)] = top
+    row = row.to(device, dtype)
+    monkeypatch.setenv("SPECPILOT_KERNELS", "triton")
+    for _ in range(2):  # the kernel, then PyTorch's three launches
+        token = torch.full((1,), -1, dtype=torch.int64, device=device)
+        pos = torch.tensor([41], device=device)
+        greedy_advance(row, token, pos)
+        assert token.item() == row.argmax().item() and pos.item() == 42
+        if ties != "none":
+            assert token.item() == first
+        monkeypatch.setenv("SPECPILOT_GREEDY_KERNEL", "0")
+    monkeypatch.setenv("SPECPILOT_GREEDY_KERNEL", "later")
+    with pytest.raises(ValueError, match="SPECPILOT_GREEDY_KERNEL"):
+        greedy_advance(row, token, pos)
+
+
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
 @pytest.mark.parametrize("ring", [False, True])
 def test_early_release_computes_the_same(device, dtype, tol, ring):
     """EARLY (each block lets the next kernel launch at its start, not after its last weight load) moves

@@ -186,6 +186,15 @@ def test_early_release_comes_first_and_once(kernel):
     assert registers(ptx)[1] == 0
 
 
+@hopper
+def test_greedy_kernel_builds_waits_and_does_not_spill():
+    from specpilot.kernels.greedy.triton import BLOCK, WARPS, _greedy_kernel
+
+    ptx = build(_greedy_kernel, {"logits_ptr": P, "token_ptr": "*i64", "pos_ptr": "*i64", "V": "i32"},
+                dict(BLOCK=BLOCK, USE_GDC=True), num_warps=WARPS)
+    assert "griddepcontrol.wait" in ptx and registers(ptx)[1] == 0
+
+
 def loop_bodies(ptx: str) -> list[str]:
     """The PTX of each loop: from a label to the backward branch to it."""
     lines = ptx.splitlines()

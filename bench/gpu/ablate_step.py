@@ -20,7 +20,7 @@ configs by the same step tuning as the engine's. Apart from full and gate_up_unf
 compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
-       [--only a,b | --options | --ring-sweep | --early | --steps]
+       [--only a,b | --options | --ring-sweep | --early | --steps | --greedy]
 """
 
 from __future__ import annotations
@@ -275,6 +275,28 @@ def steps_paired(eng: Engine, rounds: int = 5) -> dict:
     return {"median_ms": medians(times), "ms_by_round": times}
 
 
+def greedy_paired(eng: Engine, rounds: int = 5) -> dict:
+    """The step's tail as one kernel (kernels/greedy: argmax, token, position) against PyTorch's three
+    launches (SPECPILOT_GREEDY_KERNEL=0), with the configs the tuning chose, timed in turn; first the next
+    token each way from the same state."""
+    pos = CONTEXT // 4
+    ways = {"greedy kernel": "1", "torch argmax, copy, add": "0"}
+    tokens = {}
+    for name, value in ways.items():
+        with _env(SPECPILOT_GREEDY_KERNEL=value), torch.inference_mode():
+            eng.pos.fill_(pos)
+            eng.token.fill_(7)
+            eng._ar_step()
+            tokens[name] = eng.token.item()
+    times = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, value in ways.items():
+            with _env(SPECPILOT_GREEDY_KERNEL=value):
+                times[name].append(timed_step(eng, pos))
+    return {"median_ms": medians(times), "ms_by_round": times, "next_token": tokens,
+            "same_token": len(set(tokens.values())) == 1}
+
+
 # Rings the step tuning no longer offers (they lost here, 2026-12-01): six tiles, 96 and 192 KB a program.
 BIG_RINGS = [{**choice.STAGED[0], "BLOCK_N": bn, "STAGE": 6} for bn in (16, 32)]
 
@@ -336,8 +358,8 @@ def run_model(name: str, bw: dict) -> dict:
     if OPTIONS:
         if OPTIONS[0] == "ring_sweep":
             res = ring_sweep(eng, cfg)
-        elif OPTIONS[0] == "steps":
-            res = steps_paired(eng)
+        elif OPTIONS[0] in ("steps", "greedy"):
+            res = steps_paired(eng) if OPTIONS[0] == "steps" else greedy_paired(eng)
         else:
             res = options_paired(eng) if OPTIONS[0] == "options" else early_paired(eng)
         print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
@@ -381,12 +403,14 @@ def main() -> None:
                     help="only the paired timing of the output projection's ring sizes, with and without LATE")
     ap.add_argument("--steps", action="store_true",
                     help="only the per-token time of graphs of 1, 2 and 4 AR steps (alone and back to back)")
+    ap.add_argument("--greedy", action="store_true",
+                    help="only the paired timing of the step's tail as one kernel against PyTorch's argmax")
     ap.add_argument("--early", action="store_true",
                     help="only the paired timing of the kernels' early release (EARLY) as chosen, nowhere, "
                          "everywhere, q/k/v only, gate/up only")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
-    for name in ("options", "ring_sweep", "early", "steps"):
+    for name in ("options", "ring_sweep", "early", "steps", "greedy"):
         if getattr(args, name):
             OPTIONS.append(name)
     flags = f" --only {args.only}" * bool(args.only) + f" --{OPTIONS[0].replace('_', '-')}" * bool(OPTIONS)

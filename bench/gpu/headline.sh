@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue 2's headline on one GPU (~7 min; on an x2 machine the 27B runs on GPU 1 beside the rest):
-#   the one-row kernels' GPU tests that a change to the ring or the trace touches, then
-#   engine_core.py --parts gemv for dense-8b (the default step tuning and, tuned afresh, a three-round one)
+#   the one-row kernels' GPU tests that a change to the ring, the trace, the early release or the step's
+#   tail touches, with PAIRED (e.g. --greedy) ablate_step.py's paired timing of the 8B, then
+#   engine_core.py --parts gemv for dense-8b (the default step tuning and, tuned afresh, VARIANTS_8B)
 #   and for dense-27b: AR ms per token against cuBLAS AR and the weight-pass floor, one model a process.
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
-# Usage: SPECPILOT_COMMIT=<sha> [VARIANTS_8B=pdl,three_rounds] bash bench/gpu/headline.sh
+# Usage: SPECPILOT_COMMIT=<sha> [VARIANTS_8B=pdl,three_rounds] [PAIRED=--greedy] bash bench/gpu/headline.sh
 set -u
 export PYTHONPATH=.
-rm -rf /tmp/o && mkdir -p /tmp/o/8b /tmp/o/27b  # a warm machine keeps old files
+rm -rf /tmp/o && mkdir -p /tmp/o/8b /tmp/o/27b /tmp/o/paired  # a warm machine keeps old files
 
 core() {  # model, variants
   timeout 300 python3 -u bench/gpu/engine_core.py --parts gemv --models "dense-$1" --gemv-variants "$2" \
@@ -15,8 +16,10 @@ core() {  # model, variants
 }
 
 first() {
-  timeout 120 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "staged or traced" \
+  timeout 120 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "staged or traced or early or greedy" \
     > /tmp/o/tests.log 2>&1
+  [ -n "${PAIRED:-}" ] && timeout 240 python3 -u bench/gpu/ablate_step.py --models dense-8b "$PAIRED" \
+    --out /tmp/o/paired > /tmp/o/paired.log 2>&1
   core 8b "${VARIANTS_8B:-pdl,three_rounds}"
 }
 
@@ -29,5 +32,6 @@ else
   core 27b pdl
 fi
 tail -n 2 /tmp/o/tests.log
+[ -n "${PAIRED:-}" ] && tail -n 2 /tmp/o/paired.log
 for m in 8b 27b; do grep -E "AR with Triton|^\[bw\]" "/tmp/o/$m.log"; tail -n 3 "/tmp/o/$m.log"; done
 tar czf "$OUT/run.tgz" -C /tmp/o .

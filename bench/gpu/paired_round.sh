@@ -6,7 +6,7 @@
 #   engine_core.py --parts gemv for the 8B (AR ms per token, the default tuning against $VARIANTS), and
 #   trace_step.py (PDL only) with what is left of the ten minutes.
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
-# Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [MODELS=dense-8b] [VARIANTS=pdl,no_early] [TRACE=1] \
+# Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [MODELS=dense-8b] [VARIANTS=pdl,three_rounds] [TRACE=1] \
 #        bash bench/gpu/paired_round.sh
 set -u
 export PYTHONPATH=.
@@ -18,7 +18,7 @@ timeout 60 python3 -m pytest -q tests/test_attention_kernel.py -k "preload or fu
 timeout 240 python3 -u bench/gpu/ablate_step.py --models "${MODELS:-dense-8b}" "${PAIRED:---early}" \
   --out /tmp/o/paired > /tmp/o/paired.log 2>&1
 timeout 200 python3 -u bench/gpu/engine_core.py --parts gemv --models dense-8b \
-  --gemv-variants "${VARIANTS:-pdl,no_early}" --out /tmp/o/core > /tmp/o/core.log 2>&1
+  --gemv-variants "${VARIANTS:-pdl,three_rounds}" --out /tmp/o/core > /tmp/o/core.log 2>&1
 left=$((570 - SECONDS))  # the trace gets what is left of the command's ten minutes
 [ "${TRACE:-1}" = 1 ] && [ "$left" -gt 60 ] && timeout "$left" python3 -u bench/gpu/trace_step.py \
   --models dense-8b --modes pdl --out /tmp/o/trace > /tmp/o/trace.log 2>&1

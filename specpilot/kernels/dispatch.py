@@ -62,6 +62,14 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_available()
 
 
+def env_switch(name: str) -> bool:
+    """An on-by-default environment switch: unset or 1 on, 0 off, anything else an error."""
+    mode = os.environ.get(name, "").strip()
+    if mode not in ("", "0", "1"):
+        raise ValueError(f"{name}={mode!r}: expected 1 (on, the default) or 0 (off)")
+    return mode != "0"
+
+
 def fix_triton_interpreter() -> None:
     """Let Triton's CPU interpreter (TRITON_INTERPRET=1) run loops whose bounds are computed in-kernel.
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specpilot.errors import UserError
+from specpilot.kernels.greedy import greedy_advance
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.models.layers import use_gemv
@@ -107,8 +108,7 @@ class Engine:
     # ----- steps (device only: no host sync, so they can be graph-captured) ------------------------
     def _ar_step(self) -> None:
         logits, _ = self.target(self.token[None], self.pos[None], self.cache, Mode.DECODE)
-        self.token.copy_(distort(logits[0, -1], self.fault).argmax(-1))
-        self.pos.add_(1)
+        greedy_advance(distort(logits[0, -1], self.fault), self.token, self.pos, pdl_default=self.gemv)
         self.pad()
 
     def _spec_step(self) -> None:

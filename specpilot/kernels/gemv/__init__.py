@@ -4,13 +4,12 @@ residual add after them. cuBLAS (with the separate norm / activation kernels) by
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from specpilot.kernels.dispatch import use_triton
+from specpilot.kernels.dispatch import env_switch, use_triton
 from specpilot.kernels.norm import rms_norm
 from specpilot.kernels.swiglu import silu_mul
 
@@ -48,22 +47,14 @@ def norm_input(x, norm_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch
 def handoff_on() -> bool:
     """Whether residual-writing one-row GEMVs hand the next norm its inputs (NormedStream); default on,
     SPECPILOT_NORM_HANDOFF=0 turns it off (each normed projection then recomputes the norm in its loop)."""
-    return _switch("SPECPILOT_NORM_HANDOFF")
+    return env_switch("SPECPILOT_NORM_HANDOFF")
 
 
 def ahead_on() -> bool:
     """Whether the one-row kernels' weight loop requests each step's tiles one step ahead (and the first
     ones before it waits on x: gemv/triton._stream_rows); default on, SPECPILOT_GEMV_AHEAD=0 turns it off.
     It changes when loads are issued, never what is computed."""
-    return _switch("SPECPILOT_GEMV_AHEAD")
-
-
-def _switch(name: str) -> bool:
-    """An on-by-default environment switch: unset or 1 on, 0 off, anything else an error."""
-    mode = os.environ.get(name, "").strip()
-    if mode not in ("", "0", "1"):
-        raise ValueError(f"{name}={mode!r}: expected 1 (on, the default) or 0 (off)")
-    return mode != "0"
+    return env_switch("SPECPILOT_GEMV_AHEAD")
 
 
 def gemv_applies(x, enabled: bool) -> bool:
