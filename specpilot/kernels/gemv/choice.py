@@ -129,8 +129,8 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
     Loading one loop step ahead (kernels/gemv.ahead_on) is chosen per key too: each round times its winner
     once more with AHEAD False (on the H200, loading ahead everywhere made the 8B's step 0.06-0.10 ms
     faster; on the 27B's it was within the run-to-run spread, either way). So is the early release of the
-    next kernel (EARLY, the projections and q/k/v only: gemv/triton._stream_rows): the kept winner once
-    more with EARLY, kept if the step is faster."""
+    next kernel (EARLY, the projections and q/k/v only: gemv/triton._stream_rows) where it is offered
+    (SPECPILOT_GEMV_EARLY=1): the kept winner once more with EARLY, kept if the step is faster."""
     keys = [key for key in record_keys(step) if key not in _CHOSEN]  # not tuned by an earlier engine
     report = {}
     for _ in range(rounds or tune_rounds()):

@@ -24,6 +24,7 @@ def _greedy_kernel(logits_ptr, token_ptr, pos_ptr, V, BLOCK: tl.constexpr, USE_G
     if USE_GDC:  # the logits come from the kernel before
         tl.extra.cuda.gdc_wait()
     offs = tl.arange(0, BLOCK)
+    # The running best as 0-d tensors (what tl.max / tl.argmax return), so the loop carries one type.
     best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     best_i = tl.sum(tl.zeros([BLOCK], tl.int32), axis=0)
     for start in range(0, V, BLOCK):
