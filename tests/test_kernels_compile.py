@@ -54,6 +54,12 @@ ATTN_TYPES = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "star
               "qk_scale": "fp32"}  # the decode attention's
 
 
+# GLUON_KEY: Triton 3.6's compile cache keys an ASTSource by its constexprs' values alone, in argument order,
+# not by their names, so two builds that name different flags (TRACE=True vs EARLY=True, the rest equal)
+# share a key and the second gets the first's binary. The builds here that differ only in which flag they
+# set name every flag.
+
+
 def build(fn, types: dict, constexprs: dict, divisible: tuple = (), **options) -> str:
     """Compile fn for sm_90; pointer arguments, and the integer ones named in `divisible`, get Triton's
     divisibility-by-16 hint (a launch gives it to every integer argument that is a multiple of 16)."""
@@ -164,7 +170,7 @@ def test_early_release_comes_first_and_once(kernel):
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
                  if types.get(n, "").startswith("*") or n == "K"}
         constexprs = dict(BLOCK_N=16, BLOCK_K=512, STAGE=2, WARPS_N=4, WARPS_K=2, HAS_RES=True, NEXT=True,
-                          USE_GDC=True, EARLY=True)
+                          USE_GDC=True, TRACE=False, EARLY=True)  # every flag named: see GLUON_KEY
         ptx = triton.compile(GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
                              target=HOPPER, options=dict(num_warps=8)).asm["ptx"]
     elif kernel == "stream":
@@ -172,14 +178,14 @@ def test_early_release_comes_first_and_once(kernel):
 
         ptx = build(_stream_kernel, STREAM_TYPES, dict(HAS_NORM=False, GATE_UP=True, HAS_RES=False, HAS_BIAS=False,
                                                        USE_GDC=True, BLOCK_N=8, BLOCK_K=256, EVEN_N=True, EVEN_K=True,
-                                                       PRE=1, AHEAD=True, NPARTS=128, EARLY=True),
+                                                       PRE=1, AHEAD=True, NPARTS=128, TRACE=False, EARLY=True),
                     num_warps=4, num_stages=4)
     else:
         from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
 
         ptx = build(_qkv_rope_kernel, QKV_TYPES, dict(HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, HAS_BIAS=False,
                                                       USE_GDC=True, BLOCK_K=512, EVEN_K=True, PRE=1, NPARTS=128,
-                                                      AHEAD=True, EARLY=True), num_warps=4, num_stages=2)
+                                                      AHEAD=True, TRACE=False, EARLY=True), num_warps=4, num_stages=2)
     assert ptx.count("griddepcontrol.launch_dependents") == 1
     first = ptx.split("griddepcontrol.launch_dependents", 1)[0]
     assert "griddepcontrol.wait" not in first and "ld.global" not in first and "cp.async" not in first
@@ -386,7 +392,7 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
     warps_k = config["BLOCK_K"] // 256
     constexprs = dict(BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"],
                       WARPS_N=config["num_warps"] // warps_k, WARPS_K=warps_k, HAS_RES=True, NEXT=next_norm,
-                      USE_GDC=True, TRACE=next_norm)  # traced where NEXT, to build both ways
+                      USE_GDC=True, TRACE=next_norm, EARLY=False)  # traced where NEXT, to build both ways
     types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32",
              "trace_ptr": "*i64", "K": "i32"}
     names = _staged_kernel.arg_names
