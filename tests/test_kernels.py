@@ -448,8 +448,10 @@ def test_pdl_only_for_cuda_tensors_and_as_the_kernel_or_the_environment_says(mon
 
 def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
     """AR with gemv=true (streaming GEMV, fused q/k/v + rope, norms handed over from the projection that
-    writes the stream) equals the default path's AR on a tiny float32 model, with and without the
-    hand-over, and the fused prologue and the hand-over really ran."""
+    writes the stream, the first one from the embedding kernel) equals the default path's AR on a tiny
+    float32 model, with and without the hand-over and the embedding kernel, and the fused prologue and the
+    hand-overs really ran: after each embedding the first q/k/v + rope reads a NormedStream."""
+    import specpilot.models.dense as dense
     import specpilot.models.layers as layers
     from specpilot.fixtures.random_models import random_target, tiny_target_config
     from specpilot.kernels.gemv import NormedStream
@@ -460,20 +462,47 @@ def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
     if not CUDA:
         monkeypatch.setenv("SPECPILOT_KERNELS", "triton")  # the interpreter runs the Triton kernels
     calls, handed = [], []
-    fused_prologue, real_project = layers.qkv_rope, layers.project
-    monkeypatch.setattr(layers, "qkv_rope", lambda *a, **k: calls.append(1) or fused_prologue(*a, **k))
+    fused_prologue, real_project, real_embed = layers.qkv_rope, layers.project, dense.embed_handoff
+    monkeypatch.setattr(layers, "qkv_rope", lambda x, *a, **k: calls.append(isinstance(x, NormedStream))
+                        or fused_prologue(x, *a, **k))
     monkeypatch.setattr(layers, "project", lambda *a, **k: handed.append(isinstance(a[0], NormedStream))
                         or real_project(*a, **k))
+    monkeypatch.setattr(dense, "embed_handoff", lambda *a, **k: calls.append("embed") or real_embed(*a, **k))
     target = random_target(tiny_target_config(), seed=3, device=device)
     prompt, ar = list(range(5, 20)), parse_system("ar")
     plain = Engine(target, None, context=64).generate(prompt, 12, (), ar).tokens
     assert not calls and not any(handed)
     fused = Engine(target, None, context=64, gemv=True).generate(prompt, 12, (), ar).tokens
     assert calls and any(handed) and fused == plain
-    monkeypatch.setenv("SPECPILOT_NORM_HANDOFF", "0")
-    handed.clear()
-    assert Engine(target, None, context=64, gemv=True).generate(prompt, 12, (), ar).tokens == plain
-    assert not any(handed)
+    embeds = [i for i, c in enumerate(calls) if c == "embed"]
+    assert embeds and all(calls[i + 1] is True for i in embeds)
+    for switch in ("SPECPILOT_EMBED_KERNEL", "SPECPILOT_NORM_HANDOFF"):  # without the embedding kernel,
+        monkeypatch.setenv(switch, "0")  # then without any hand-over (the embedding kernel's included)
+        calls.clear()
+        handed.clear()
+        assert Engine(target, None, context=64, gemv=True).generate(prompt, 4, (), ar).tokens == plain[:4]
+        assert "embed" not in calls and (switch == "SPECPILOT_EMBED_KERNEL" or not any(handed))
+
+
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("hidden", [64, 1000, 4096])
+def test_embed_handoff_matches_the_reference(monkeypatch, device, dtype, tol, hidden):
+    """kernels/embed: the row, h * g and the sums of squares (summed over the kernel's parts) as the
+    reference computes them, for a hidden size of one program, of several and not a multiple of one."""
+    from specpilot.kernels.embed import embed_handoff
+    from specpilot.kernels.embed.naive import embed_handoff_naive
+
+    g = torch.Generator().manual_seed(hidden)
+    table = torch.randn(50, hidden, generator=g).to(device, dtype)
+    norm = (1 + 0.1 * torch.randn(hidden, generator=g)).to(device, dtype)
+    token = torch.tensor([[int(torch.randint(0, 50, (1,), generator=g))]], device=device)
+    monkeypatch.setenv("SPECPILOT_KERNELS", "triton")
+    got, want = embed_handoff(token, table, norm), embed_handoff_naive(token, table, norm)
+    assert torch.equal(got.stream, want.stream) and torch.equal(got.stream[0, 0], table[token.item()])
+    assert torch.equal(got.scaled, want.scaled) and got.norm_weight is norm
+    assert rel(got.sumsq.sum(), want.sumsq.sum()) <= 1e-5 and got.sumsq.numel() == -(-hidden // 1024)
+    with pytest.raises(ValueError, match="one token"):
+        embed_handoff(token.repeat(1, 2), table, norm)
 
 
 def test_hand_over_runs_before_the_tuning_so_the_tuning_sees_its_readers(monkeypatch):

@@ -193,6 +193,16 @@ def test_early_release_comes_first_and_once(kernel):
 
 
 @hopper
+def test_embed_kernel_releases_the_next_one_then_waits():
+    from specpilot.kernels.embed.triton import BLOCK, _embed_kernel
+
+    ptx = build(_embed_kernel, {"tok_ptr": "*i64", "table_ptr": P, "g_ptr": P, "h_ptr": P, "hg_ptr": P,
+                                "sq_ptr": "*fp32", "H": "i32"}, dict(BLOCK=BLOCK, USE_GDC=True), num_warps=4)
+    release, wait = ptx.index("griddepcontrol.launch_dependents"), ptx.index("griddepcontrol.wait")
+    assert release < wait < ptx.index("ld.global") and registers(ptx)[1] == 0
+
+
+@hopper
 def test_greedy_kernel_builds_waits_and_does_not_spill():
     from specpilot.kernels.greedy.triton import BLOCK, WARPS, _greedy_kernel
 

@@ -20,7 +20,7 @@ configs by the same step tuning as the engine's. Apart from full and gate_up_unf
 compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
-       [--only a,b | --options | --ring-sweep | --early | --steps | --greedy]
+       [--only a,b | --options | --ring-sweep | --early | --steps | --greedy | --embed]
 """
 
 from __future__ import annotations
@@ -275,15 +275,15 @@ def steps_paired(eng: Engine, rounds: int = 5) -> dict:
     return {"median_ms": medians(times), "ms_by_round": times}
 
 
-def greedy_paired(eng: Engine, rounds: int = 5) -> dict:
-    """The step's tail as one kernel (kernels/greedy: argmax, token, position) against PyTorch's three
-    launches (SPECPILOT_GREEDY_KERNEL=0), with the configs the tuning chose, timed in turn; first the next
-    token each way from the same state."""
+def switch_paired(eng: Engine, switch: str, ways: dict[str, str], rounds: int = 5) -> dict:
+    """The step with an environment switch at each of its values (ways: name -> value), the configs the
+    tuning chose (a kernel key only one way launches is tuned first, one round), timed in turn; first the
+    next token each way from the same state."""
     pos = CONTEXT // 4
-    ways = {"greedy kernel": "1", "torch argmax, copy, add": "0"}
     tokens = {}
     for name, value in ways.items():
-        with _env(SPECPILOT_GREEDY_KERNEL=value), torch.inference_mode():
+        with _env(**{switch: value}), torch.inference_mode():
+            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
             eng.pos.fill_(pos)
             eng.token.fill_(7)
             eng._ar_step()
@@ -291,10 +291,22 @@ def greedy_paired(eng: Engine, rounds: int = 5) -> dict:
     times = {name: [] for name in ways}
     for _ in range(rounds):
         for name, value in ways.items():
-            with _env(SPECPILOT_GREEDY_KERNEL=value):
+            with _env(**{switch: value}):
                 times[name].append(timed_step(eng, pos))
-    return {"median_ms": medians(times), "ms_by_round": times, "next_token": tokens,
+    return {"switch": switch, "median_ms": medians(times), "ms_by_round": times, "next_token": tokens,
             "same_token": len(set(tokens.values())) == 1}
+
+
+def greedy_paired(eng: Engine) -> dict:
+    """The step's tail as one kernel (kernels/greedy: argmax, token, position) against PyTorch's three
+    launches."""
+    return switch_paired(eng, "SPECPILOT_GREEDY_KERNEL", {"greedy kernel": "1", "torch argmax, copy, add": "0"})
+
+
+def embed_paired(eng: Engine) -> dict:
+    """The embedding kernel that hands the first layer's norm its inputs (kernels/embed) against PyTorch's
+    gather with the norm in the first q/k/v's loop (its own tuned config)."""
+    return switch_paired(eng, "SPECPILOT_EMBED_KERNEL", {"embed kernel": "1", "torch gather, norm in q/k/v": "0"})
 
 
 # Rings the step tuning no longer offers (they lost here, 2026-12-01): six tiles, 96 and 192 KB a program.
@@ -358,8 +370,8 @@ def run_model(name: str, bw: dict) -> dict:
     if OPTIONS:
         if OPTIONS[0] == "ring_sweep":
             res = ring_sweep(eng, cfg)
-        elif OPTIONS[0] in ("steps", "greedy"):
-            res = steps_paired(eng) if OPTIONS[0] == "steps" else greedy_paired(eng)
+        elif OPTIONS[0] in ("steps", "greedy", "embed"):
+            res = {"steps": steps_paired, "greedy": greedy_paired, "embed": embed_paired}[OPTIONS[0]](eng)
         else:
             res = options_paired(eng) if OPTIONS[0] == "options" else early_paired(eng)
         print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
@@ -405,12 +417,14 @@ def main() -> None:
                     help="only the per-token time of graphs of 1, 2 and 4 AR steps (alone and back to back)")
     ap.add_argument("--greedy", action="store_true",
                     help="only the paired timing of the step's tail as one kernel against PyTorch's argmax")
+    ap.add_argument("--embed", action="store_true",
+                    help="only the paired timing of the embedding kernel's hand-over against PyTorch's gather")
     ap.add_argument("--early", action="store_true",
                     help="only the paired timing of the kernels' early release (EARLY) as chosen, nowhere, "
                          "everywhere, q/k/v only, gate/up only")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
-    for name in ("options", "ring_sweep", "early", "steps", "greedy"):
+    for name in ("options", "ring_sweep", "early", "steps", "greedy", "embed"):
         if getattr(args, name):
             OPTIONS.append(name)
     flags = f" --only {args.only}" * bool(args.only) + f" --{OPTIONS[0].replace('_', '-')}" * bool(OPTIONS)

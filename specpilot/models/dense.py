@@ -13,7 +13,10 @@ import enum
 import torch
 from torch import nn
 
-from specpilot.kernels.gemv import gemv_applies, project, stream_of
+from specpilot.kernels.dispatch import use_triton
+from specpilot.kernels.embed import embed_handoff
+from specpilot.kernels.embed import kernel_on as embed_kernel_on
+from specpilot.kernels.gemv import gemv_applies, handoff_on, project, stream_of
 from specpilot.kernels.norm import rms_norm
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
@@ -118,11 +121,14 @@ class DenseTarget(nn.Module):
         def attn(i, layer, h, **kw):
             return layer.attn(h, positions, self.rope, cache.k[i], cache.v[i], slots, vis, **kw)
 
-        x = self.embed(tokens)
-        fused = gemv_applies(x, self.gemv)
         layers = self.layers
         if self.fault == "skip_layer":  # the middle layer left out
             layers = [layer for i, layer in enumerate(self.layers) if i != len(self.layers) // 2]
+        if self.gemv and tokens.numel() == 1 and use_triton(self.embed.weight) and embed_kernel_on() and handoff_on():
+            x = embed_handoff(tokens, self.embed.weight, layers[0].attn_norm, pdl_default=True)
+        else:
+            x = self.embed(tokens)
+        fused = gemv_applies(x, self.gemv)
         h, kept = run_layers(x, layers, self.norm, self._eps(), attn,
                              lambda i, layer, h, **kw: layer.mlp(h, **kw), hidden_layers, fused=fused)
         hidden = torch.cat([kept[i] for i in hidden_layers], -1) if kept else None
