@@ -153,26 +153,30 @@ def test_stream_gemv_builds(gdc, fusion, even):
     assert ("griddepcontrol.wait" in ptx) == gdc and ("griddepcontrol.launch_dependents" in ptx) == gdc
 
 
+def build_staged(constexprs: dict, num_warps: int):
+    """gemv/staged.py's Gluon kernel compiled for sm_90 (pointers and K with the divisibility-by-16 hint)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from specpilot.kernels.gemv.staged import _staged_kernel
+
+    types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32",
+             "trace_ptr": "*i64", "K": "i32"}
+    names = _staged_kernel.arg_names
+    sig = {n: types.get(n, "constexpr") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if types.get(n, "").startswith("*") or n == "K"}
+    return triton.compile(GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
+                          target=HOPPER, options=dict(num_warps=num_warps))
+
+
 @hopper
 @pytest.mark.parametrize("kernel", ["stream", "qkv_rope", "staged"])
 def test_early_release_comes_first_and_once(kernel):
     """EARLY: the next kernel's launch is allowed before anything else (before the PDL wait and the weight
     loop), and not again after the loop."""
     if kernel == "staged":
-        from triton.experimental.gluon._runtime import GluonASTSource
-
-        from specpilot.kernels.gemv.staged import _staged_kernel
-
-        types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32",
-                 "trace_ptr": "*i64", "K": "i32"}
-        names = _staged_kernel.arg_names
-        sig = {n: types.get(n, "constexpr") for n in names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-                 if types.get(n, "").startswith("*") or n == "K"}
-        constexprs = dict(BLOCK_N=16, BLOCK_K=512, STAGE=2, WARPS_N=4, WARPS_K=2, HAS_RES=True, NEXT=True,
-                          USE_GDC=True, TRACE=False, EARLY=True)  # every flag named: see GLUON_KEY
-        ptx = triton.compile(GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
-                             target=HOPPER, options=dict(num_warps=8)).asm["ptx"]
+        ptx = build_staged(dict(BLOCK_N=16, BLOCK_K=512, STAGE=2, WARPS_N=4, WARPS_K=2, HAS_RES=True, NEXT=True,
+                                USE_GDC=True, TRACE=False, EARLY=True), num_warps=8).asm["ptx"]
     elif kernel == "stream":
         from specpilot.kernels.gemv.triton import _stream_kernel
 
@@ -395,22 +399,11 @@ def test_combine_and_rope_build():
 def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
     """gemv/staged.py: the ring's STAGE tiles go to shared memory by cp.async before the PDL wait, one copy
     group each; the loop after it waits for a tile, reads it and refills its slot; nothing spills."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from specpilot.kernels.gemv.staged import _staged_kernel
-
     warps_k = config["BLOCK_K"] // 256
     constexprs = dict(BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"],
                       WARPS_N=config["num_warps"] // warps_k, WARPS_K=warps_k, HAS_RES=True, NEXT=next_norm,
                       USE_GDC=True, TRACE=next_norm, EARLY=False)  # traced where NEXT, to build both ways
-    types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32",
-             "trace_ptr": "*i64", "K": "i32"}
-    names = _staged_kernel.arg_names
-    sig = {n: types.get(n, "constexpr") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if types.get(n, "").startswith("*") or n == "K"}
-    kernel = triton.compile(GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
-                            target=HOPPER, options=dict(num_warps=config["num_warps"]))
+    kernel = build_staged(constexprs, num_warps=config["num_warps"])
     ptx = kernel.asm["ptx"]
     before, after = ptx.split("griddepcontrol.wait", 1)
     assert before.count("cp.async.commit_group") == config["STAGE"] and "ld.global" not in before

@@ -313,13 +313,13 @@ def embed_paired(eng: Engine) -> dict:
 BIG_RINGS = [{**choice.STAGED[0], "BLOCK_N": bn, "STAGE": 6} for bn in (16, 32)]
 
 
-def ring_sweep(eng: Engine, cfg, rounds: int = 5) -> dict:
+def ring_sweep(eng: Engine, rounds: int = 5) -> dict:
     """The output projection's ring size against the attention's release, jointly: the step tuning picks
     one key at a time, so a big ring that pays only with LATE (its copies streaming while the attention
     runs, not beside q/k/v's last loads) and LATE that pays only with a big ring can both lose there. Every
     STAGED config and the tuning's best config without a ring, each with the attention's chosen split
     count, LATE and not, all timed in turn, `rounds` times; also BIG_RINGS."""
-    pos = CONTEXT // 4
+    pos, cfg = CONTEXT // 4, eng.target.cfg
     chosen = dict(choice._CHOSEN)
     (o_key,) = [k for k in chosen if k[0] == "gemv" and k[1:3] == (cfg.hidden_size, cfg.num_heads * cfg.head_dim)]
     attn = [k for k in chosen if k[0] == "attention"]
@@ -338,6 +338,11 @@ def ring_sweep(eng: Engine, cfg, rounds: int = 5) -> dict:
     return {"median_ms": medians(times), "ms_by_round": times, "o_key": repr(o_key), "o_chosen": chosen[o_key],
             "attention_chosen": {repr(k): chosen[k] for k in attn},
             "configs": {n: rings[n.split(" ", 1)[1]] for n in variants if n != "chosen"}}
+
+
+# The paired timings (--options, --ring-sweep, ...): each takes the tuned engine.
+PAIRED = {"options": options_paired, "ring_sweep": ring_sweep, "early": early_paired, "steps": steps_paired,
+          "greedy": greedy_paired, "embed": embed_paired}
 
 
 @contextlib.contextmanager
@@ -368,12 +373,7 @@ def run_model(name: str, bw: dict) -> dict:
     eng.warmup(AR)  # chooses the one-row configs and the attention split count
     same = eng.generate(prompt, 16, (), AR).tokens[:4] == ref[:4]
     if OPTIONS:
-        if OPTIONS[0] == "ring_sweep":
-            res = ring_sweep(eng, cfg)
-        elif OPTIONS[0] in ("steps", "greedy", "embed"):
-            res = {"steps": steps_paired, "greedy": greedy_paired, "embed": embed_paired}[OPTIONS[0]](eng)
-        else:
-            res = options_paired(eng) if OPTIONS[0] == "options" else early_paired(eng)
+        res = PAIRED[OPTIONS[0]](eng)
         print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
                                                               for k, v in res["median_ms"].items()))
         return {"floor_ms": floor, "tokens_match_cublas_first_4": same, **res}
@@ -424,7 +424,7 @@ def main() -> None:
                          "everywhere, q/k/v only, gate/up only")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
-    for name in ("options", "ring_sweep", "early", "steps", "greedy", "embed"):
+    for name in PAIRED:
         if getattr(args, name):
             OPTIONS.append(name)
     flags = f" --only {args.only}" * bool(args.only) + f" --{OPTIONS[0].replace('_', '-')}" * bool(OPTIONS)
