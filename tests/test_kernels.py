@@ -121,6 +121,75 @@ def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d, pairs, pre):
 
 
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("splits", [1, 2, 3, 8] if CUDA else [1])
+@pytest.mark.parametrize("hidden,hq,hkv,d,cache_len", [(96, 4, 2, 32, 0), (200, 8, 2, 64, 70), (128, 4, 1, 32, 129),
+                                                       (64, 2, 2, 16, 255)])
+def test_qkv_rope_with_the_attention_at_its_tail(device, dtype, tol, splits, hidden, hq, hkv, d, cache_len):
+    """ATTN (attention/tail.py): the q/k/v + rope kernel ends with the new row's attention. Its output equals
+    the reference projection + rope then attention, the cache gets the new row and nothing else, nothing
+    past the visible slots is read (NaN there), the counters are zeros again, and a second launch gives
+    the same bits. The interpreter runs one split (its programs run one after another)."""
+    from specpilot.kernels.attention.naive import attend_naive
+    from specpilot.kernels.attention.triton import attention_counters
+    from specpilot.kernels.gemv import choice
+    from specpilot.kernels.qkv_rope.naive import qkv_rope_naive
+    from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
+    from specpilot.spec.masks import Visibility
+
+    g = torch.Generator().manual_seed(hidden + cache_len + splits)
+    length = 256
+    x = torch.randn(1, 1, hidden, generator=g).to(device, dtype)
+    w = (torch.randn((hq + 2 * hkv) * d, hidden, generator=g) / hidden ** 0.5).to(device, dtype)
+    cos, sin = rope_table(length, d, 10000.0, None, device=device)
+    at = torch.tensor([[cache_len]], device=device)
+    vis = Visibility(at.view(1), at.view(1))
+    committed = torch.randn(2, 1, hkv, length, d, generator=g).to(device, dtype)
+    committed[:, :, :, cache_len:] = float("nan")  # the new row goes to slot cache_len; past it nothing is read
+    key = ("qkv_rope", hidden, hq, hkv, d // 2, False, False, False)
+    choice._CHOSEN[key] = {"PAIRS": 4, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2, "PRE": 1, "ATTN": splits}
+    outs, caches = [], []
+    try:
+        for _ in range(2):
+            k_cache, v_cache = committed.clone()
+            outs.append(qkv_rope_triton(x, w, None, None, 1e-5, at, cos, sin, k_cache, v_cache, at, hq, hkv, d,
+                                        attention=(vis, d ** -0.5)))
+            caches.append((k_cache, v_cache))
+    finally:
+        choice.forget()
+    k_ref, v_ref = committed.clone()
+    q_ref = qkv_rope_naive(x, w, None, None, 1e-5, at, cos, sin, k_ref, v_ref, at, hq, hkv, d)
+    want = attend_naive(q_ref, k_ref.nan_to_num(), v_ref.nan_to_num(), vis, d ** -0.5)
+    bound = 2e-2 if tol == 0 else max(tol, 1e-5)
+    assert outs[0].shape == want.shape and rel(outs[0], want) <= bound
+    assert torch.equal(outs[0], outs[1])
+    for got, ref in zip(caches[0], (k_ref, v_ref), strict=True):
+        assert torch.equal(got.isnan(), ref.isnan())  # the new row at its slot, nothing else
+        assert rel(got[:, :, cache_len], ref[:, :, cache_len]) <= bound
+    assert not attention_counters(x.device)[:2 * hkv].any()
+
+
+def test_attention_tail_applies_only_where_it_can(monkeypatch):
+    """Without ATTN chosen, for a tree or a window, or more than 16 query heads a KV head, the kernel is
+    not launched (None) and the layer runs the attention kernel; under the interpreter the split count
+    is cut to 1."""
+    import specpilot.kernels.qkv_rope.triton as qkv_mod
+    from specpilot.spec.masks import Visibility
+
+    at = torch.tensor([3])
+    causal, tree = Visibility(at, at), Visibility(at, at, tree=torch.ones(1, 1, dtype=torch.bool))
+    assert qkv_mod.tail_splits({"ATTN": 4}, causal, 4, 128) == (1 if qkv_mod._INTERPRET else 4)
+    monkeypatch.setattr(qkv_mod, "_INTERPRET", False)
+    assert qkv_mod.tail_splits({"ATTN": 4}, causal, 4, 128) == 4
+    assert qkv_mod.tail_splits({"PAIRS": 8}, causal, 4, 128) == 0
+    assert qkv_mod.tail_splits(None, causal, 4, 128) == 0
+    assert qkv_mod.tail_splits({"ATTN": 4}, tree, 4, 128) == 0
+    assert qkv_mod.tail_splits({"ATTN": 4}, Visibility(at, at, window=8), 4, 128) == 0
+    assert qkv_mod.tail_splits({"ATTN": 4}, causal, 32, 128) == 0
+    assert qkv_mod.tail_splits({"ATTN": 4}, causal, 4, 96) == 0
+    assert qkv_mod.tail_splits({"ATTN": 4}, Visibility(torch.tensor([3, 4]), torch.tensor([3, 4])), 4, 128) == 0
+
+
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
 @pytest.mark.parametrize("rows", [1, 3, 4])
 @pytest.mark.parametrize("n,k", [(40, 300), (96, 1100), (64, 512)])
 @pytest.mark.parametrize("fusion", ["plain", "bias", "norm", "gate_up", "norm_gate_up", "residual"])
@@ -484,6 +553,31 @@ def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
         assert "embed" not in calls and (switch == "SPECPILOT_EMBED_KERNEL" or not any(handed))
 
 
+def test_attention_tail_in_the_engine_keeps_ar_output(monkeypatch):
+    """With the attention at the q/k/v kernel's tail chosen (ATTN, two splits on a GPU), the tiny float32
+    model's AR with gemv=true launches no attention kernel for its one-row steps and gives the default
+    path's tokens."""
+    import specpilot.kernels.qkv_rope.triton as qkv_mod
+    import specpilot.models.layers as layers
+    from specpilot.fixtures.random_models import random_target, tiny_target_config
+    from specpilot.runtime.engine import Engine
+    from specpilot.runtime.options import parse_system
+
+    device = "cuda" if CUDA else "cpu"
+    if not CUDA:
+        monkeypatch.setenv("SPECPILOT_KERNELS", "triton")
+    target = random_target(tiny_target_config(), seed=4, device=device)
+    prompt, ar = list(range(7, 30)), parse_system("ar")
+    plain = Engine(target, None, context=64).generate(prompt, 10, (), ar).tokens
+    rows, real_attend = [], layers.attend
+    monkeypatch.setattr(layers, "attend", lambda q, *a, **k: rows.append(q.shape[1]) or real_attend(q, *a, **k))
+    monkeypatch.setattr(qkv_mod, "step_config", lambda key: {"PAIRS": 8, "BLOCK_K": 32, "num_warps": 4,
+                                                              "num_stages": 2, "PRE": 1, "ATTN": 2})
+    tail = Engine(target, None, context=64, gemv=True).generate(prompt, 10, (), ar).tokens
+    assert tail == plain
+    assert rows and 1 not in rows  # the prompt's rows only
+
+
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
 @pytest.mark.parametrize("hidden", [64, 1000, 4096])
 def test_embed_handoff_matches_the_reference(monkeypatch, device, dtype, tol, hidden):
@@ -570,10 +664,11 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
             if cfg is None:
                 total += 5.0
                 continue
-            plain = {k: v for k, v in cfg.items() if k not in ("AHEAD", "EARLY")}
+            plain = {k: v for k, v in cfg.items() if k not in ("AHEAD", "EARLY", "ATTN")}
             total += abs(choice.CANDIDATES[key[0]].index(plain) - fastest[key[0]])
             total += 0.5 * (cfg.get("AHEAD", True) == (key[0] == "qkv_rope"))
             total += 0.25 * (cfg.get("EARLY", False) == (key[0] == "qkv_rope"))
+            total += {0: 0.0, 4: -0.125}.get(cfg.get("ATTN", 0), 0.0625)  # the attention tail pays in 4 splits
         return total
 
     monkeypatch.setenv("SPECPILOT_GEMV_EARLY", "1")  # EARLY is timed only when asked for
@@ -581,7 +676,9 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
     assert len(report) == 2
     for key in choice.record_keys(step):
         plain = choice.CANDIDATES[key[0]][fastest[key[0]]]
-        assert choice.step_config(key) == ({**plain, "EARLY": True} if key[0] == "gemv" else {**plain, "AHEAD": False})
+        assert choice.step_config(key) == ({**plain, "EARLY": True} if key[0] == "gemv"
+                                           else {**plain, "AHEAD": False, "ATTN": 4})
+    assert report[repr(("qkv_rope", 64))]["ms_attention_tail"].keys() == set(choice.ATTN_SPLITS)
     launched.clear()
     gemv_triton(x, w)
     want = choice.CANDIDATES["gemv"][2]
@@ -591,9 +688,10 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
     gemv_triton(x, w)
     assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"], "AHEAD": False}]
     monkeypatch.delenv("SPECPILOT_GEMV_EARLY")  # not offered by default: the tuning never times it
+    monkeypatch.setenv("SPECPILOT_QKV_ATTN", "0")  # the attention tail is, unless switched off
     choice.forget()
     report = choice.tune_step(step, measure)
-    assert report and all("ms_early" not in e for e in report.values())
+    assert report and all("ms_early" not in e and "ms_attention_tail" not in e for e in report.values())
     assert choice.tune_step(step, measure) == {}  # known keys are not tuned again
     choice.forget()
 

@@ -46,6 +46,8 @@ STREAM_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", 
 QKV_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
              "eps": "fp32", "trace_ptr": "*i64", "parts_ptr": "*fp32", "n_parts": "i32"}  # qkv_rope's
+TAIL_TYPES = {"o_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+              "part_acc_ptr": "*fp32", "count_ptr": "*i32", "qk_scale": "fp32"}  # qkv_rope's attention tail
 _ATTN_INTS = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
               "T", "L", "window", "row_tiles")
 ATTN_TYPES = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
@@ -138,6 +140,26 @@ def test_qkv_rope_tiles_before_the_wait_do_not_spill(config):
                 num_warps=config["num_warps"], num_stages=config["num_stages"])
     regs, spills = registers(ptx)
     assert spills == 0 and regs <= 128 * 8 // config["num_warps"], (regs, spills)
+
+
+@hopper
+@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_qkv_rope_with_the_attention_tail_builds(splits, warps):
+    """The q/k/v + rope kernel ending with the attention (the 8B's shape, the norm handed over) builds for
+    sm_90 and keeps two blocks an SM at 8 warps without spills (at 4 warps ptxas stops at 168 registers and
+    spills 16 bytes; without the tail it takes 180); it counts each program's arrival with a
+    release-acquire atomic, and only split counts above 1 spin on the counter (an acquiring load)."""
+    from specpilot.kernels.qkv_rope.triton import _qkv_attend_kernel
+
+    ptx = build(_qkv_attend_kernel, {**QKV_TYPES, **TAIL_TYPES},
+                dict(HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, NPARTS=512, HAS_BIAS=False, USE_GDC=True,
+                     BLOCK_K=512, EVEN_K=True, PRE=1, TRACE=False, AHEAD=True, EARLY=False, SPLITS=splits, BLOCK_N=64,
+                     PRECISION="tf32"), num_warps=warps, num_stages=2)
+    regs, spills = registers(ptx)
+    assert spills <= (0 if warps == 8 else 16) and regs <= 128 * 8 // warps, (regs, spills)
+    assert "atom.global.gpu.acq_rel.add" in ptx and "griddepcontrol.wait" in ptx
+    assert ("ld.global.gpu.acquire" in ptx) == (splits > 1)  # the spin's atomic add of 0, as LLVM emits it
 
 
 @hopper

@@ -309,6 +309,32 @@ def embed_paired(eng: Engine) -> dict:
     return switch_paired(eng, "SPECPILOT_EMBED_KERNEL", {"embed kernel": "1", "torch gather, norm in q/k/v": "0"})
 
 
+def tail_paired(eng: Engine, rounds: int = 5) -> dict:
+    """The attention at the q/k/v kernel's tail (attention/tail.py) in 1, 2, 4 and 8 splits against its own
+    kernel, every other config as the tuning chose them (run with SPECPILOT_QKV_ATTN=0, so that the attention
+    kernel's config was tuned too); timed in turn, `rounds` times; first the next token each way from the
+    same state."""
+    pos = CONTEXT // 4
+    chosen = dict(choice._CHOSEN)
+    variants = {"attention kernel": chosen}
+    for s in choice.ATTN_SPLITS:
+        variants[f"tail {s}"] = {k: {**c, "ATTN": s} if k[0] == "qkv_rope" else c for k, c in chosen.items()}
+    tokens = {}
+    for name, configs in variants.items():
+        choice._CHOSEN.clear()
+        choice._CHOSEN.update(configs)
+        with torch.inference_mode():
+            eng.pos.fill_(pos)
+            eng.token.fill_(7)
+            eng._ar_step()
+            tokens[name] = eng.token.item()
+    choice._CHOSEN.clear()
+    choice._CHOSEN.update(chosen)
+    times = in_turn(eng, variants, rounds, pos)
+    return {"median_ms": medians(times), "ms_by_round": times, "next_token": tokens,
+            "same_token": len(set(tokens.values())) == 1, "keys": [repr(k) for k in chosen if k[0] == "qkv_rope"]}
+
+
 # Rings the step tuning no longer offers (they lost here, 2026-12-01): six tiles, 96 and 192 KB a program.
 BIG_RINGS = [{**choice.STAGED[0], "BLOCK_N": bn, "STAGE": 6} for bn in (16, 32)]
 
@@ -342,7 +368,7 @@ def ring_sweep(eng: Engine, rounds: int = 5) -> dict:
 
 # The paired timings (--options, --ring-sweep, ...): each takes the tuned engine.
 PAIRED = {"options": options_paired, "ring_sweep": ring_sweep, "early": early_paired, "steps": steps_paired,
-          "greedy": greedy_paired, "embed": embed_paired}
+          "greedy": greedy_paired, "embed": embed_paired, "tail": tail_paired}
 
 
 @contextlib.contextmanager
@@ -419,6 +445,9 @@ def main() -> None:
                     help="only the paired timing of the step's tail as one kernel against PyTorch's argmax")
     ap.add_argument("--embed", action="store_true",
                     help="only the paired timing of the embedding kernel's hand-over against PyTorch's gather")
+    ap.add_argument("--tail", action="store_true",
+                    help="only the paired timing of the attention at q/k/v's tail (1-8 splits) against its own "
+                         "kernel (run with SPECPILOT_QKV_ATTN=0)")
     ap.add_argument("--early", action="store_true",
                     help="only the paired timing of the kernels' early release (EARLY) as chosen, nowhere, "
                          "everywhere, q/k/v only, gate/up only")

@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # A paired comparison of the step's options on one GPU (~8 min):
 #   the one-row kernels' GPU tests a change to their release, ring or trace touches (and the decode
-#   attention's), then ablate_step.py $PAIRED (8B unless MODELS): --early (the kernels' early release as
-#   the tuning chose it, nowhere, everywhere, ...) or --ring-sweep / --options, timed in turn; then
+#   attention's), then ablate_step.py $PAIRED (8B unless MODELS; with the environment PAIRED_ENV): --early (the
+#   kernels' early release as the tuning chose it, nowhere, everywhere, ...), --tail (PAIRED_ENV=SPECPILOT_QKV_ATTN=0)
+#   or --ring-sweep / --options, timed in turn; then
 #   engine_core.py --parts gemv for the 8B (AR ms per token, the default tuning against $VARIANTS), and
 #   trace_step.py (PDL only) with what is left of the ten minutes.
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
-# Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [MODELS=dense-8b] [VARIANTS=pdl,three_rounds] [TRACE=1] \
+# Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [PAIRED_ENV=NAME=value] [MODELS=dense-8b] [VARIANTS=pdl,three_rounds] [TRACE=1] \
 #        bash bench/gpu/paired_round.sh
 set -u
 export PYTHONPATH=.
 rm -rf /tmp/o && mkdir -p /tmp/o/paired /tmp/o/core /tmp/o/trace  # a warm machine keeps old files
-timeout 150 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "staged or traced or early" \
+timeout 150 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "staged or traced or early or tail or tuning" \
   > /tmp/o/tests.log 2>&1
 timeout 60 python3 -m pytest -q tests/test_attention_kernel.py -k "preload or fused_combine or decode_step" \
   >> /tmp/o/tests.log 2>&1
-timeout 240 python3 -u bench/gpu/ablate_step.py --models "${MODELS:-dense-8b}" "${PAIRED:---early}" \
+timeout 240 env ${PAIRED_ENV:-} python3 -u bench/gpu/ablate_step.py --models "${MODELS:-dense-8b}" "${PAIRED:---early}" \
   --out /tmp/o/paired > /tmp/o/paired.log 2>&1
 timeout 200 python3 -u bench/gpu/engine_core.py --parts gemv --models dense-8b \
   --gemv-variants "${VARIANTS:-pdl,three_rounds}" --out /tmp/o/core > /tmp/o/core.log 2>&1

@@ -97,8 +97,15 @@ class Attention(nn.Module):
                 norm_weight=None, residual=None, next_norm=None):
         """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
         `residual` and handed to the norm `next_norm` (see `run_layers`)."""
-        q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True, norm_weight=norm_weight)
-        o = attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5, fuse_combine=self.gemv)
+        cfg = self.cfg
+        o = None
+        if qkv_rope_applies(x, self.gemv, cfg.qk_norm, cfg.head_dim):  # the attention at q/k/v's tail, if chosen
+            o = qkv_rope(x, self.wqkv.weight, self.wqkv.bias, norm_weight, cfg.rms_norm_eps, positions, rope.cos,
+                         rope.sin, k_cache, v_cache, slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         attention=(vis, cfg.head_dim ** -0.5))
+        if o is None:
+            q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True, norm_weight=norm_weight)
+            o = attend(q, k_cache, v_cache, vis, cfg.head_dim ** -0.5, fuse_combine=self.gemv)
         return project(o.flatten(2), self.wo.weight, self.wo.bias, residual=residual, gemv=self.gemv,
                        next_norm=next_norm)
 

@@ -370,18 +370,24 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: V
         raise ValueError("cache_len and start must be [B] tensors")
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
 MAX_FUSED_TILES = 4096  # row tiles (B x Hkv x tiles) one fused-combine launch can count
 
 
-def _counters(device: torch.device) -> torch.Tensor | None:
-    """Per-tile arrival counters of the fused combine: zeros, allocated once per device outside graph
-    capture (a graph keeps the pointer), reset by the kernel itself after each use."""
-    if device not in _COUNTERS:
+def _counters(device: torch.device, user: str = "combine") -> torch.Tensor | None:
+    """Arrival counters (per row tile for the fused combine, per KV head for attention/tail.py): zeros,
+    allocated once per device and user outside graph capture (a graph keeps the pointer), reset by the
+    kernel itself after each use. Each user has its own, since a PDL launch may overlap the one before."""
+    if (device, user) not in _COUNTERS:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        _COUNTERS[device] = torch.zeros(MAX_FUSED_TILES, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
+        _COUNTERS[device, user] = torch.zeros(MAX_FUSED_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[device, user]
+
+
+def attention_counters(device: torch.device) -> torch.Tensor | None:
+    """The counters of the attention at the q/k/v kernel's tail (2 x Hkv of them are used)."""
+    return _counters(device, "tail")
 
 
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,

@@ -55,13 +55,19 @@ STAGED = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 8, "num_stages": 1, "PRE":
 CANDIDATES["gemv"] += STAGED
 
 
-_OPTION_ENV = {"STAGE": "SPECPILOT_GEMV_STAGED", "LATE": "SPECPILOT_ATTN_LATE", "EARLY": "SPECPILOT_GEMV_EARLY"}
+# ATTN: the q/k/v + rope kernel ends with the new row's attention, in this many splits
+# (attention/tail.py), so that the layer has no attention kernel of its own.
+ATTN_SPLITS = (1, 2, 4, 8)
+
+_OPTION_ENV = {"STAGE": "SPECPILOT_GEMV_STAGED", "LATE": "SPECPILOT_ATTN_LATE", "EARLY": "SPECPILOT_GEMV_EARLY",
+               "ATTN": "SPECPILOT_QKV_ATTN"}
 
 
 def offered(option: str) -> bool:
-    """SPECPILOT_GEMV_STAGED=0 / SPECPILOT_ATTN_LATE=0 keep the configs with STAGE / LATE out of the step
-    tuning (the runs that measure what each option gains). EARLY is timed only with SPECPILOT_GEMV_EARLY=1:
-    on the H200 8B it gained nothing (bench/results/2026-12-01_early_paired_259dbf9_h200.json)."""
+    """SPECPILOT_GEMV_STAGED=0 / SPECPILOT_ATTN_LATE=0 / SPECPILOT_QKV_ATTN=0 keep the configs with STAGE /
+    LATE / ATTN out of the step tuning (the runs that measure what each option gains). EARLY is timed only
+    with SPECPILOT_GEMV_EARLY=1: on the H200 8B it gained nothing
+    (bench/results/2026-12-01_early_paired_259dbf9_h200.json)."""
     return os.environ.get(_OPTION_ENV[option], "0" if option == "EARLY" else "1") != "0"
 
 
@@ -155,5 +161,22 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
                 entry["ms_early"] = measure(step)
                 if entry["ms_early"] >= best_ms:
                     _CHOSEN[key] = kept
+                best_ms = min(best_ms, entry["ms_early"])
+            if key[0] == "qkv_rope" and offered("ATTN"):
+                best_ms = _try_attention_tail(key, step, measure, best_ms, entry)
             entry["config"] = _CHOSEN[key]
     return report
+
+
+def _try_attention_tail(key: tuple, step, measure, best_ms: float, entry: dict) -> float:
+    """The kept q/k/v config (timed without) with the attention at its tail in each ATTN_SPLITS count: the
+    fastest stays. Returns the best step time."""
+    best_cfg = kept = _CHOSEN[key]
+    entry["ms_attention_tail"] = {}
+    for splits in ATTN_SPLITS:
+        _CHOSEN[key] = cfg = {**kept, "ATTN": splits}
+        ms = entry["ms_attention_tail"][splits] = measure(step)
+        if ms < best_ms:
+            best_ms, best_cfg = ms, cfg
+    _CHOSEN[key] = best_cfg
+    return best_ms

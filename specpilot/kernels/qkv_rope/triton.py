@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.kernels.attention.tail import row_attention
+from specpilot.kernels.attention.triton import LOG2E, attention_counters
 from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv import norm_input
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
@@ -27,18 +29,15 @@ from specpilot.kernels.trace import slot as trace_slot
 
 
 @triton.jit
-def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache,
-                     trace_ptr, parts_ptr, n_parts, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr,
-                     HALF: tl.constexpr, PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
-                     TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
-                     EARLY: tl.constexpr = False):
+def _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache,
+                      rec, parts_ptr, n_parts, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
+                      PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr,
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr, TRACE: tl.constexpr,
+                      NPARTS: tl.constexpr, AHEAD: tl.constexpr, EARLY: tl.constexpr):
+    """This program's rotary pairs: projected, rotated, stored (see the module docstring)."""
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
-    rec = trace_ptr + pid * 5  # this block's record (kernels/trace.py) when TRACE
-    if TRACE:
-        opening(rec)
     head = pid // (HALF // PAIRS)
     i = (pid % (HALF // PAIRS)) * PAIRS + tl.arange(0, PAIRS)  # positions in the first half of the head
     rows_a = head * D + i
@@ -69,6 +68,50 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
         off = ((head - HQ - HKV) * L + slot) * D
         tl.store(v_cache + off + i, a.to(dtype))
         tl.store(v_cache + off + HALF + i, b.to(dtype))
+
+
+@triton.jit
+def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache,
+                     trace_ptr, parts_ptr, n_parts, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr,
+                     HALF: tl.constexpr, PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
+                     TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
+                     EARLY: tl.constexpr = False):
+    rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
+    if TRACE:
+        opening(rec)
+    _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache, rec,
+                      parts_ptr, n_parts, K, L, eps, HQ, HKV, HALF, PAIRS, HAS_NORM, HAS_BIAS, USE_GDC, BLOCK_K, EVEN_K,
+                      PRE, TRACE, NPARTS, AHEAD, EARLY)
+    if TRACE:
+        stamp(rec, 3)  # END
+
+
+@triton.jit
+def _qkv_attend_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache,
+                       trace_ptr, parts_ptr, n_parts, K, L, eps, o_ptr, cache_len_ptr, start_ptr, part_m_ptr,
+                       part_l_ptr, part_acc_ptr, count_ptr, qk_scale, HQ: tl.constexpr, HKV: tl.constexpr,
+                       HALF: tl.constexpr, PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
+                       TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
+                       EARLY: tl.constexpr = False, SPLITS: tl.constexpr = 1, BLOCK_N: tl.constexpr = 64,
+                       PRECISION: tl.constexpr = "tf32"):
+    """_qkv_rope_kernel, then the new row's attention by the last programs of each KV head's group
+    (attention/tail.py): o [Hq * D]."""
+    rec = trace_ptr + tl.program_id(0) * 5
+    if TRACE:
+        opening(rec)
+    _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache, rec,
+                      parts_ptr, n_parts, K, L, eps, HQ, HKV, HALF, PAIRS, HAS_NORM, HAS_BIAS, USE_GDC, BLOCK_K, EVEN_K,
+                      PRE, TRACE, NPARTS, AHEAD, EARLY)
+    G: tl.constexpr = HQ // HKV
+    head = tl.program_id(0) // (HALF // PAIRS)
+    grp = tl.where(head < HQ, head // G, tl.where(head < HQ + HKV, head - HQ, head - HQ - HKV))
+    tl.debug_barrier()  # every thread's q / K / V stores before the release
+    arrival = tl.atomic_add(count_ptr + grp, 1, sem="acq_rel")
+    row_attention(q_out, k_cache, v_cache, o_ptr, cache_len_ptr, start_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+                  count_ptr, grp, arrival, L, qk_scale, HKV, G, 2 * HALF, (G + 2) * (HALF // PAIRS), SPLITS, BLOCK_N,
+                  PRECISION)
     if TRACE:
         stamp(rec, 3)  # END
 
@@ -81,17 +124,32 @@ _TUNED = triton.autotune(configs=_CONFIGS, key=["K", "HQ", "HKV", "HALF", "HAS_N
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_ATTEND = _EVEN(_qkv_attend_kernel)
+
+
 def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache, slots,
-                    num_heads, num_kv_heads, head_dim, tune: bool = True, pairs: int = PAIRS):
+                    num_heads, num_kv_heads, head_dim, tune: bool = True, pairs: int = PAIRS, attention=None):
     """x: a tensor, or a NormedStream whose hand-over replaces the norm prologue when norm_weight is its
     norm's. pairs: rotary pairs per program where no config was chosen in the step (a chosen config
-    names its own)."""
+    names its own). Returns q [1, 1, Hq, D].
+
+    attention (vis, scale): where the step tuning chose ATTN (a split count) for this kernel's key and
+    `tail_applies`, the kernel ends with the new row's attention (attention/tail.py) and this returns its
+    output [1, 1, Hq, D] instead of q; else it returns None and launches nothing."""
     hidden = weight.shape[1]
     x, sumsq = norm_input(x, norm_weight)
     handed = sumsq is not None
     if x.numel() != hidden or k_cache.shape[0] != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("the fused q/k/v + rope kernel takes one row of one sequence and contiguous caches")
     half = head_dim // 2
+    chosen = step_config(("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None,
+                          bias is not None, handed))
+    counters = None
+    if attention is not None:
+        splits = tail_splits(chosen, attention[0], num_heads // num_kv_heads, head_dim)
+        counters = attention_counters(x.device) if splits else None
+        if counters is None:
+            return None
     q = torch.empty(1, 1, num_heads, head_dim, dtype=k_cache.dtype, device=x.device)
     pdl = pdl_on(x, default=True)
     has_norm = norm_weight is not None and not handed
@@ -101,8 +159,6 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
             q, k_cache, v_cache, q, *parts, hidden, k_cache.shape[2], eps)
     meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, HAS_NORM=has_norm, HAS_BIAS=bias is not None,
                 USE_GDC=pdl, NPARTS=nparts, **({"launch_pdl": True} if pdl else {}))
-    chosen = step_config(("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None,
-                          bias is not None, handed))
     if chosen is not None:
         pairs = chosen["PAIRS"]
     if half % pairs:
@@ -111,11 +167,41 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     if chosen is not None:
         rec, traced = trace_slot("qkv_rope", grid[0], q)
         args = args[:11] + (rec,) + args[12:]
-        _PLAIN[grid](*args, **meta, TRACE=traced, **launch_config(pre_clamped(chosen, hidden)),
-                     AHEAD=ahead_fits(2 * pairs, chosen, has_norm))
+        config = {k: v for k, v in launch_config(pre_clamped(chosen, hidden)).items() if k != "ATTN"}
+        ahead = ahead_fits(2 * pairs, chosen, has_norm)
+        if counters is not None:
+            return _attend(args, meta, config, ahead, traced, grid, q, counters, splits, *attention)
+        _PLAIN[grid](*args, **meta, TRACE=traced, **config, AHEAD=ahead)
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **meta, PAIRS=pairs)
     else:
         fixed = {"BLOCK_K": 128, "num_warps": 4}
         _PLAIN[grid](*args, **meta, PAIRS=pairs, **fixed, AHEAD=ahead_fits(2 * pairs, fixed, has_norm))
     return q
+
+
+def tail_splits(chosen: dict | None, vis, group: int, head_dim: int) -> int:
+    """The split count of the attention at the kernel's tail: the chosen config's ATTN where the tail
+    applies (one causal row of one sequence, no window, at most 16 query heads a KV head, head_dim a power
+    of two), else 0. Triton's interpreter runs the programs one after another, so there the splits,
+    which wait for the group's last program, are cut to 1 (attention/tail.py)."""
+    splits = (chosen or {}).get("ATTN", 0)
+    fits = (vis.tree is None and not vis.window and tuple(vis.cache_len.shape) == (1,) and group <= 16
+            and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0)
+    if not splits or not fits:
+        return 0
+    return 1 if _INTERPRET else splits
+
+
+def _attend(args, meta, config, ahead, traced, grid, q, counters, splits, vis, scale):
+    """Launch the q/k/v + rope kernel with the attention tail; returns the attention's output."""
+    num_heads, head_dim = q.shape[2], q.shape[3]
+    o = torch.empty_like(q)
+    rows = splits * num_heads
+    part_m = torch.empty(rows, dtype=torch.float32, device=q.device) if splits > 1 else o
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(rows * head_dim, dtype=torch.float32, device=q.device) if splits > 1 else o
+    tail = (o, vis.cache_len, vis.start, part_m, part_l, part_acc, counters, float(scale) * LOG2E)
+    _ATTEND[grid](*args, *tail, **meta, TRACE=traced, **config, AHEAD=ahead, SPLITS=splits,
+                  BLOCK_N=128 if head_dim <= 64 else 64, PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    return o
