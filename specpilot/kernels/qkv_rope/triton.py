@@ -146,9 +146,10 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
                           bias is not None, handed))
     counters = None
     if attention is not None:
+        # Allocated at the first eager call, chosen or not: a graph captured later cannot allocate them.
+        counters = attention_counters(x.device)
         splits = tail_splits(chosen, attention[0], num_heads // num_kv_heads, head_dim)
-        counters = attention_counters(x.device) if splits else None
-        if counters is None:
+        if counters is None or not splits:
             return None
     q = torch.empty(1, 1, num_heads, head_dim, dtype=k_cache.dtype, device=x.device)
     pdl = pdl_on(x, default=True)
