@@ -6,7 +6,8 @@ wait for the whole q/k/v grid, its own drain) per layer. The programs that wrote
 (its G query heads, its new K and V row) count their arrivals on a per-group counter; the last SPLITS
 of them become the group's attention splits. A split loads the K/V blocks of its share of the
 committed slots, which earlier steps wrote, then waits until every program of the group has arrived
-(the last one never waits) and reads q and the new slot. With SPLITS > 1 the splits write partials
+(the last one to arrive need not) and reads q and the new slot; a split with no slots (the cache is
+short) writes neutral partials at once. With SPLITS > 1 the splits write partials
 and the last one to finish merges them, as the split kernel's fused combine does (attention/triton.py).
 The slots, split shares and softmax steps are those of `attend_triton` with the same split count.
 
@@ -78,29 +79,31 @@ def row_attention(q_ptr, k_ptr, v_ptr, o_ptr, cache_len_ptr, start_ptr, part_m_p
         every = offs_n < BLOCK_N
         k_first = _kv_block(k_base, s_begin, offs_n, offs_d, D, every & first)
         v_first = _kv_block(v_base, s_begin, offs_n, offs_d, D, every & first)
-        if SPLITS > 1:
-            _wait_for(count_ptr + grp, ARRIVALS)
-        rows = grp * G + offs_m
-        q = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
-                    cache_modifier=".cg")
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        s_first = s_begin
-        if first:
-            m_i, l_i, acc = _softmax_step(q, k_first, v_first, 0, qk_scale, m_i, l_i, acc, False, PRECISION)
-            s_first = s_begin + BLOCK_N
-        for s0 in range(s_first, mid, BLOCK_N):
-            k = _kv_block(k_base, s0, offs_n, offs_d, D, every)
-            v = _kv_block(v_base, s0, offs_n, offs_d, D, every)
-            m_i, l_i, acc = _softmax_step(q, k, v, 0, qk_scale, m_i, l_i, acc, False, PRECISION)
-        for s0 in range(mid, s_end, BLOCK_N):  # the last, partly committed block and the new slot
-            offs_s = s0 + offs_n
-            col_ok = ((offs_s < cache_len) | (offs_s == start)) & (offs_s < s_end)
-            k = _kv_block(k_base, s0, offs_n, offs_d, D, col_ok)
-            v = _kv_block(v_base, s0, offs_n, offs_d, D, col_ok)
-            vis = col_ok[None, :] & row_ok[:, None]
-            m_i, l_i, acc = _softmax_step(q, k, v, vis, qk_scale, m_i, l_i, acc, True, PRECISION)
+        rows = grp * G + offs_m
+        if s_begin < s_end:  # a split with no slots writes neutral partials without waiting
+            if SPLITS > 1:  # (one split: it is the last program to arrive)
+                if arrival < ARRIVALS - 1:  # the last program to arrive knows all the others have
+                    _wait_for(count_ptr + grp, ARRIVALS)
+            q = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                        cache_modifier=".cg")
+            s_first = s_begin
+            if first:
+                m_i, l_i, acc = _softmax_step(q, k_first, v_first, 0, qk_scale, m_i, l_i, acc, False, PRECISION)
+                s_first = s_begin + BLOCK_N
+            for s0 in range(s_first, mid, BLOCK_N):
+                k = _kv_block(k_base, s0, offs_n, offs_d, D, every)
+                v = _kv_block(v_base, s0, offs_n, offs_d, D, every)
+                m_i, l_i, acc = _softmax_step(q, k, v, 0, qk_scale, m_i, l_i, acc, False, PRECISION)
+            for s0 in range(mid, s_end, BLOCK_N):  # the last, partly committed block and the new slot
+                offs_s = s0 + offs_n
+                col_ok = ((offs_s < cache_len) | (offs_s == start)) & (offs_s < s_end)
+                k = _kv_block(k_base, s0, offs_n, offs_d, D, col_ok)
+                v = _kv_block(v_base, s0, offs_n, offs_d, D, col_ok)
+                vis = col_ok[None, :] & row_ok[:, None]
+                m_i, l_i, acc = _softmax_step(q, k, v, vis, qk_scale, m_i, l_i, acc, True, PRECISION)
         o_ptrs = o_ptr + rows[:, None] * D + offs_d[None, :]
         if SPLITS == 1:
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
