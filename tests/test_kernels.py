@@ -170,16 +170,18 @@ def test_qkv_rope_with_the_attention_at_its_tail(device, dtype, tol, splits, hid
 
 def test_attention_tail_applies_only_where_it_can(monkeypatch):
     """Without ATTN chosen, for a tree or a window, or more than 16 query heads a KV head, the kernel is
-    not launched (None) and the layer runs the attention kernel; under the interpreter the split count
-    is cut to 1."""
+    not launched (None) and the layer runs the attention kernel; the split count is cut to the programs of
+    a KV head's group (the splits are those programs), and to 1 under the interpreter."""
     import specpilot.kernels.qkv_rope.triton as qkv_mod
     from specpilot.spec.masks import Visibility
 
     at = torch.tensor([3])
     causal, tree = Visibility(at, at), Visibility(at, at, tree=torch.ones(1, 1, dtype=torch.bool))
-    assert qkv_mod.tail_splits({"ATTN": 4}, causal, 4, 128) == (1 if qkv_mod._INTERPRET else 4)
+    assert qkv_mod.tail_splits({"ATTN": 4, "PAIRS": 8}, causal, 4, 128) == (1 if qkv_mod._INTERPRET else 4)
     monkeypatch.setattr(qkv_mod, "_INTERPRET", False)
-    assert qkv_mod.tail_splits({"ATTN": 4}, causal, 4, 128) == 4
+    assert qkv_mod.tail_splits({"ATTN": 4, "PAIRS": 8}, causal, 4, 128) == 4
+    # no more splits than the group has programs: one q head, K and V, of 16 / 2 / 4 = 2 programs each
+    assert qkv_mod.tail_splits({"ATTN": 8, "PAIRS": 4}, causal, 1, 16) == 6
     assert qkv_mod.tail_splits({"PAIRS": 8}, causal, 4, 128) == 0
     assert qkv_mod.tail_splits(None, causal, 4, 128) == 0
     assert qkv_mod.tail_splits({"ATTN": 4}, tree, 4, 128) == 0
@@ -671,7 +673,8 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
             total += {0: 0.0, 4: -0.125}.get(cfg.get("ATTN", 0), 0.0625)  # the attention tail pays in 4 splits
         return total
 
-    monkeypatch.setenv("SPECPILOT_GEMV_EARLY", "1")  # EARLY is timed only when asked for
+    monkeypatch.setenv("SPECPILOT_GEMV_EARLY", "1")  # EARLY and ATTN are timed only when asked for
+    monkeypatch.setenv("SPECPILOT_QKV_ATTN", "1")
     report = choice.tune_step(step, measure)
     assert len(report) == 2
     for key in choice.record_keys(step):
@@ -687,8 +690,8 @@ def test_step_tuning_gives_each_kernel_its_fastest_config_and_the_kernels_use_it
     launched.clear()
     gemv_triton(x, w)
     assert launched == [{"BLOCK_N": want["BLOCK_N"], "BLOCK_K": want["BLOCK_K"], "AHEAD": False}]
-    monkeypatch.delenv("SPECPILOT_GEMV_EARLY")  # not offered by default: the tuning never times it
-    monkeypatch.setenv("SPECPILOT_QKV_ATTN", "0")  # the attention tail is, unless switched off
+    monkeypatch.delenv("SPECPILOT_GEMV_EARLY")  # not offered by default: the tuning never times them
+    monkeypatch.delenv("SPECPILOT_QKV_ATTN")
     choice.forget()
     report = choice.tune_step(step, measure)
     assert report and all("ms_early" not in e and "ms_attention_tail" not in e for e in report.values())

@@ -311,9 +311,9 @@ def embed_paired(eng: Engine) -> dict:
 
 def tail_paired(eng: Engine, rounds: int = 5) -> dict:
     """The attention at the q/k/v kernel's tail (attention/tail.py) in 1, 2, 4 and 8 splits (and 8 at 8
-    warps) against its own kernel, every other config as the tuning chose them (run with
-    SPECPILOT_QKV_ATTN=0, so that the attention kernel's config was tuned too); timed in turn, `rounds`
-    times; first the next token each way from the same state."""
+    warps) against its own kernel, every other config as the tuning chose them (without ATTN offered, so
+    that the attention kernel's config was tuned too); timed in turn, `rounds` times; first the next token
+    each way from the same state."""
     pos = CONTEXT // 4
     chosen = dict(choice._CHOSEN)
     variants = {"attention kernel": chosen}
@@ -450,7 +450,7 @@ def main() -> None:
                     help="only the paired timing of the embedding kernel's hand-over against PyTorch's gather")
     ap.add_argument("--tail", action="store_true",
                     help="only the paired timing of the attention at q/k/v's tail (1-8 splits) against its own "
-                         "kernel (run with SPECPILOT_QKV_ATTN=0)")
+                         "kernel")
     ap.add_argument("--early", action="store_true",
                     help="only the paired timing of the kernels' early release (EARLY) as chosen, nowhere, "
                          "everywhere, q/k/v only, gate/up only")

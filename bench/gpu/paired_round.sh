@@ -2,7 +2,7 @@
 # A paired comparison of the step's options on one GPU (~8 min):
 #   the one-row kernels' GPU tests a change to their release, ring or trace touches (and the decode
 #   attention's), then ablate_step.py $PAIRED (8B unless MODELS; with the environment PAIRED_ENV): --early (the
-#   kernels' early release as the tuning chose it, nowhere, everywhere, ...), --tail (PAIRED_ENV=SPECPILOT_QKV_ATTN=0)
+#   kernels' early release as the tuning chose it, nowhere, everywhere, ...), --tail (the attention at q/k/v's tail)
 #   or --ring-sweep / --options, timed in turn; then
 #   engine_core.py --parts gemv for the 8B (AR ms per token, the default tuning against $VARIANTS), and
 #   trace_step.py (PDL only) with what is left of the ten minutes.

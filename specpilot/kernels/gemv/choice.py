@@ -56,19 +56,22 @@ CANDIDATES["gemv"] += STAGED
 
 
 # ATTN: the q/k/v + rope kernel ends with the new row's attention, in this many splits
-# (attention/tail.py), so that the layer has no attention kernel of its own.
+# (attention/tail.py), so that the layer has no attention kernel of its own. On the H200 8B it made the step
+# 0.01-0.19 ms slower at every split count (bench/results/2026-12-01_tail_paired_*_h200.json): timed only
+# with SPECPILOT_QKV_ATTN=1.
 ATTN_SPLITS = (1, 2, 4, 8)
+_OFF_BY_DEFAULT = ("EARLY", "ATTN")
 
 _OPTION_ENV = {"STAGE": "SPECPILOT_GEMV_STAGED", "LATE": "SPECPILOT_ATTN_LATE", "EARLY": "SPECPILOT_GEMV_EARLY",
                "ATTN": "SPECPILOT_QKV_ATTN"}
 
 
 def offered(option: str) -> bool:
-    """SPECPILOT_GEMV_STAGED=0 / SPECPILOT_ATTN_LATE=0 / SPECPILOT_QKV_ATTN=0 keep the configs with STAGE /
-    LATE / ATTN out of the step tuning (the runs that measure what each option gains). EARLY is timed only
-    with SPECPILOT_GEMV_EARLY=1: on the H200 8B it gained nothing
-    (bench/results/2026-12-01_early_paired_259dbf9_h200.json)."""
-    return os.environ.get(_OPTION_ENV[option], "0" if option == "EARLY" else "1") != "0"
+    """SPECPILOT_GEMV_STAGED=0 / SPECPILOT_ATTN_LATE=0 keep the configs with STAGE / LATE out of the step
+    tuning (the runs that measure what each option gains). EARLY and ATTN are timed only with
+    SPECPILOT_GEMV_EARLY=1 / SPECPILOT_QKV_ATTN=1: on the H200 8B neither paid
+    (bench/results/2026-12-01_early_paired_259dbf9_h200.json, ATTN_SPLITS above)."""
+    return os.environ.get(_OPTION_ENV[option], "0" if option in _OFF_BY_DEFAULT else "1") != "0"
 
 
 def candidates(key: tuple) -> list[dict]:
@@ -136,7 +139,9 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
     once more with AHEAD False (on the H200, loading ahead everywhere made the 8B's step 0.06-0.10 ms
     faster; on the 27B's it was within the run-to-run spread, either way). So is the early release of the
     next kernel (EARLY, the projections and q/k/v only: gemv/triton._stream_rows) where it is offered
-    (SPECPILOT_GEMV_EARLY=1): the kept winner once more with EARLY, kept if the step is faster."""
+    (SPECPILOT_GEMV_EARLY=1): the kept winner once more with EARLY, kept if the step is faster. And so is the
+    attention at q/k/v's tail (ATTN, with SPECPILOT_QKV_ATTN=1): the kept winner with each split count, kept
+    if the step is faster; the attention's own key is then not launched (its choice is moot)."""
     keys = [key for key in record_keys(step) if key not in _CHOSEN]  # not tuned by an earlier engine
     report = {}
     for _ in range(rounds or tune_rounds()):

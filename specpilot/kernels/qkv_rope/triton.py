@@ -184,14 +184,15 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
 def tail_splits(chosen: dict | None, vis, group: int, head_dim: int) -> int:
     """The split count of the attention at the kernel's tail: the chosen config's ATTN where the tail
     applies (one causal row of one sequence, no window, at most 16 query heads a KV head, head_dim a power
-    of two), else 0. Triton's interpreter runs the programs one after another, so there the splits,
-    which wait for the group's last program, are cut to 1 (attention/tail.py)."""
+    of two), else 0. At most the programs of a KV head's group (G + 2 heads of head_dim / 2 / PAIRS
+    programs each), which become its splits. Triton's interpreter runs the programs one after another, so
+    there the splits, which wait for the group's last program, are cut to 1 (attention/tail.py)."""
     splits = (chosen or {}).get("ATTN", 0)
     fits = (vis.tree is None and not vis.window and tuple(vis.cache_len.shape) == (1,) and group <= 16
             and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0)
     if not splits or not fits:
         return 0
-    return 1 if _INTERPRET else splits
+    return 1 if _INTERPRET else min(splits, (group + 2) * (head_dim // 2 // chosen["PAIRS"]))
 
 
 def _attend(args, meta, config, ahead, traced, grid, q, counters, splits, vis, scale):
