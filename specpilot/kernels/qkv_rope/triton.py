@@ -121,10 +121,8 @@ _CONFIGS = [triton.Config({"BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"], n
 _EVEN = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _PLAIN = _EVEN(_qkv_rope_kernel)
 _TUNED = triton.autotune(configs=_CONFIGS, key=["K", "HQ", "HKV", "HALF", "HAS_NORM", "PAIRS", "NPARTS"])(_PLAIN)
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 _ATTEND = _EVEN(_qkv_attend_kernel)
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache, slots,
@@ -134,7 +132,7 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     names its own). Returns q [1, 1, Hq, D].
 
     attention (vis, scale): where the step tuning chose ATTN (a split count) for this kernel's key and
-    `tail_applies`, the kernel ends with the new row's attention (attention/tail.py) and this returns its
+    `tail_splits` admits it, the kernel ends with the new row's attention (attention/tail.py) and this returns its
     output [1, 1, Hq, D] instead of q; else it returns None and launches nothing."""
     hidden = weight.shape[1]
     x, sumsq = norm_input(x, norm_weight)
