@@ -7,12 +7,13 @@
 #   engine_core.py --parts gemv for the 8B (AR ms per token, the default tuning against $VARIANTS), and
 #   trace_step.py (PDL only) with what is left of the ten minutes.
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
-# Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [PAIRED_ENV=NAME=value] [MODELS=dense-8b] [VARIANTS=pdl,three_rounds] [TRACE=1] \
-#        bash bench/gpu/paired_round.sh
+# TESTS: the -k selection of those tests (the 34 tail tests alone need ~150 s with a cold Triton cache).
+# Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [PAIRED_ENV=NAME=value] [TESTS=...] [MODELS=dense-8b] \
+#        [VARIANTS=pdl,three_rounds] [TRACE=1] bash bench/gpu/paired_round.sh
 set -u
 export PYTHONPATH=.
 rm -rf /tmp/o && mkdir -p /tmp/o/paired /tmp/o/core /tmp/o/trace  # a warm machine keeps old files
-timeout 150 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "staged or traced or early or tail or tuning" \
+timeout 150 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "${TESTS:-staged or traced or early}" \
   > /tmp/o/tests.log 2>&1
 timeout 60 python3 -m pytest -q tests/test_attention_kernel.py -k "preload or fused_combine or decode_step" \
   >> /tmp/o/tests.log 2>&1
