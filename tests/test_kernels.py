@@ -151,8 +151,10 @@ def test_qkv_rope_with_the_attention_at_its_tail(device, dtype, tol, splits, hid
     try:
         for _ in range(2):
             k_cache, v_cache = committed.clone()
-            outs.append(qkv_rope_triton(x, w, None, None, 1e-5, at, cos, sin, k_cache, v_cache, at, hq, hkv, d,
-                                        attention=(vis, d ** -0.5)))
+            out, attended = qkv_rope_triton(x, w, None, None, 1e-5, at, cos, sin, k_cache, v_cache, at, hq, hkv, d,
+                                            attention=(vis, d ** -0.5))
+            assert attended
+            outs.append(out)
             caches.append((k_cache, v_cache))
     finally:
         choice.forget()
@@ -169,8 +171,8 @@ def test_qkv_rope_with_the_attention_at_its_tail(device, dtype, tol, splits, hid
 
 
 def test_attention_tail_applies_only_where_it_can(monkeypatch):
-    """Without ATTN chosen, for a tree or a window, or more than 16 query heads a KV head, the kernel is
-    not launched (None) and the layer runs the attention kernel; the split count is cut to the programs of
+    """Without ATTN chosen, for a tree or a window, or more than 16 query heads a KV head, there is no
+    tail (the kernel returns q and the layer runs the attention kernel); the split count is cut to the programs of
     a KV head's group (the splits are those programs), and to 1 under the interpreter."""
     import specpilot.kernels.qkv_rope.triton as qkv_mod
     from specpilot.spec.masks import Visibility

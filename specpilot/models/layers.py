@@ -78,16 +78,20 @@ class Attention(nn.Module):
             self.q_norm = nn.Parameter(torch.ones(cfg.head_dim))
             self.k_norm = nn.Parameter(torch.ones(cfg.head_dim))
 
-    def _prologue(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, want_q: bool, norm_weight=None):
+    def _prologue(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, want_q: bool, norm_weight=None,
+                  vis: Visibility | None = None):
+        """(q, attended): q, or with vis the attention's output where the fused q/k/v kernel ran it at its
+        tail (kernels/attention/tail.py, when the step tuning chose it)."""
         cfg = self.cfg
         qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
         if want_q and qkv_rope_applies(x, self.gemv, cfg.qk_norm, cfg.head_dim):  # one launch instead of two
             return qkv_rope(x, self.wqkv.weight, self.wqkv.bias, norm_weight, cfg.rms_norm_eps, positions, rope.cos,
-                            rope.sin, k_cache, v_cache, slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+                            rope.sin, k_cache, v_cache, slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                            attention=(vis, cfg.head_dim ** -0.5) if vis is not None else None)
         qkv = project(x, self.wqkv.weight, self.wqkv.bias, norm_weight=norm_weight, eps=cfg.rms_norm_eps,
                       gemv=self.gemv)
         return rope_qkv(qkv, positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, k_cache, v_cache, slots,
-                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, want_q, gemv=self.gemv)
+                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, want_q, gemv=self.gemv), False
 
     def write_kv(self, x, positions, rope: RopeTable, k_cache, v_cache, slots) -> None:
         """Only the K/V of rows x (the drafter's context rows) into the cache."""
@@ -97,15 +101,9 @@ class Attention(nn.Module):
                 norm_weight=None, residual=None, next_norm=None):
         """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
         `residual` and handed to the norm `next_norm` (see `run_layers`)."""
-        cfg = self.cfg
-        o = None
-        if qkv_rope_applies(x, self.gemv, cfg.qk_norm, cfg.head_dim):  # the attention at q/k/v's tail, if chosen
-            o = qkv_rope(x, self.wqkv.weight, self.wqkv.bias, norm_weight, cfg.rms_norm_eps, positions, rope.cos,
-                         rope.sin, k_cache, v_cache, slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         attention=(vis, cfg.head_dim ** -0.5))
-        if o is None:
-            q = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True, norm_weight=norm_weight)
-            o = attend(q, k_cache, v_cache, vis, cfg.head_dim ** -0.5, fuse_combine=self.gemv)
+        q, attended = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True,
+                                     norm_weight=norm_weight, vis=vis)
+        o = q if attended else attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5, fuse_combine=self.gemv)
         return project(o.flatten(2), self.wo.weight, self.wo.bias, residual=residual, gemv=self.gemv,
                        next_norm=next_norm)
 

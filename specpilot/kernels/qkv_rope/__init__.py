@@ -19,8 +19,8 @@ def qkv_rope_applies(x, gemv: bool, qk_norm: bool, head_dim: int) -> bool:
 def qkv_rope(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache, slots,
              num_heads, num_kv_heads, head_dim, tune: bool = True, attention=None):
     """x [1, 1, H] (or a NormedStream of it) -> q [1, 1, Hq, D]; writes the row's K/V [1, Hkv, L, D] at its
-    slot. attention (vis, scale): the attention's output instead of q where the step tuning fused the
-    attention into the kernel, else None, nothing launched (qkv_rope/triton.py)."""
+    slot. attention (vis, scale): (out, attended), out the attention's output where the step tuning fused the
+    attention into the kernel (attended True), else q (qkv_rope/triton.py)."""
     from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
 
     return qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin_table, k_cache, v_cache,

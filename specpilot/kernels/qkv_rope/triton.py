@@ -131,9 +131,9 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     norm's. pairs: rotary pairs per program where no config was chosen in the step (a chosen config
     names its own). Returns q [1, 1, Hq, D].
 
-    attention (vis, scale): where the step tuning chose ATTN (a split count) for this kernel's key and
-    `tail_splits` admits it, the kernel ends with the new row's attention (attention/tail.py) and this returns its
-    output [1, 1, Hq, D] instead of q; else it returns None and launches nothing."""
+    attention (vis, scale): returns (out, attended) instead. Where the step tuning chose ATTN (a split count)
+    for this kernel's key and `tail_splits` admits it, the kernel ends with the new row's attention
+    (attention/tail.py) and out is its output [1, 1, Hq, D] (attended True); else out is q."""
     hidden = weight.shape[1]
     x, sumsq = norm_input(x, norm_weight)
     handed = sumsq is not None
@@ -142,13 +142,11 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
     half = head_dim // 2
     chosen = step_config(("qkv_rope", hidden, num_heads, num_kv_heads, half, norm_weight is not None,
                           bias is not None, handed))
-    counters = None
+    counters, splits = None, 0
     if attention is not None:
         # Allocated at the first eager call, chosen or not: a graph captured later cannot allocate them.
         counters = attention_counters(x.device)
         splits = tail_splits(chosen, attention[0], num_heads // num_kv_heads, head_dim)
-        if counters is None or not splits:
-            return None
     q = torch.empty(1, 1, num_heads, head_dim, dtype=k_cache.dtype, device=x.device)
     pdl = pdl_on(x, default=True)
     has_norm = norm_weight is not None and not handed
@@ -168,15 +166,15 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
         args = args[:11] + (rec,) + args[12:]
         config = {k: v for k, v in launch_config(pre_clamped(chosen, hidden)).items() if k != "ATTN"}
         ahead = ahead_fits(2 * pairs, chosen, has_norm)
-        if counters is not None:
-            return _attend(args, meta, config, ahead, traced, grid, q, counters, splits, *attention)
+        if counters is not None and splits:
+            return _attend(args, meta, config, ahead, traced, grid, q, counters, splits, *attention), True
         _PLAIN[grid](*args, **meta, TRACE=traced, **config, AHEAD=ahead)
     elif tune and not _INTERPRET:
         _TUNED[grid](*args, **meta, PAIRS=pairs)
     else:
         fixed = {"BLOCK_K": 128, "num_warps": 4}
         _PLAIN[grid](*args, **meta, PAIRS=pairs, **fixed, AHEAD=ahead_fits(2 * pairs, fixed, has_norm))
-    return q
+    return q if attention is None else (q, False)
 
 
 def tail_splits(chosen: dict | None, vis, group: int, head_dim: int) -> int:
