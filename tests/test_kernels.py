@@ -290,15 +290,9 @@ def test_norm_handoff_follows_the_environment(monkeypatch):
     assert isinstance(handed, NormedStream) and torch.equal(handed.stream, plain)
 
 
-@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
-@pytest.mark.parametrize("n,k", [(40, 300), (24, 100), (64, 512)])
-@pytest.mark.parametrize("fusion", ["plain", "norm_gate_up", "residual", "qkv_rope"])
-@pytest.mark.parametrize("pre", [1, 2])
-def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype, tol, n, k, fusion, pre):
-    """SPECPILOT_GEMV_AHEAD only moves loads earlier (each loop step asks for the next step's tiles; the
-    first ones before anything waits on x): bit for bit the output without it, for K of one tile, of
-    several, and not a multiple of the tile, with PRE tiles before the wait, and in q/k/v + rope."""
-    from specpilot.kernels.gemv import ahead_on
+def one_row_run(fusion: str, n: int, k: int, pre: int, device, dtype):
+    """A one-row call of the streaming GEMV (`plain`, `norm_gate_up`, `residual`) or of q/k/v + rope on fresh
+    random inputs (a config chosen for it, PRE tiles before the wait): a function returning its outputs."""
     from specpilot.kernels.gemv.triton import gemv_triton
     from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
 
@@ -317,15 +311,26 @@ def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype
             q = qkv_rope_triton(x.view(1, 1, k), w, None, None, 1e-5, torch.tensor([[5]], device=device), cos, sin,
                                 *caches, torch.tensor([[3]], device=device), 2, 1, 32)
             return [q, *caches]
-    else:
-        w = (torch.randn(2 * n if "gate_up" in fusion else n, k, generator=g) / k ** 0.5).to(device, dtype)
-        kw = {"residual": torch.randn(1, n, generator=g).to(device, dtype)} if fusion == "residual" else {}
-        if "norm" in fusion:
-            kw.update(norm_weight=(1 + 0.1 * torch.randn(k, generator=g)).to(device, dtype), eps=1e-5, gate_up=True)
-        config = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": pre}
+        return run
+    w = (torch.randn(2 * n if "gate_up" in fusion else n, k, generator=g) / k ** 0.5).to(device, dtype)
+    kw = {"residual": torch.randn(1, n, generator=g).to(device, dtype)} if fusion == "residual" else {}
+    if "norm" in fusion:
+        kw.update(norm_weight=(1 + 0.1 * torch.randn(k, generator=g)).to(device, dtype), eps=1e-5, gate_up=True)
+    config = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": pre}
+    return lambda: [gemv_triton(x, w, tune=False, config=config, **kw)]
 
-        def run():
-            return [gemv_triton(x, w, tune=False, config=config, **kw)]
+
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("n,k", [(40, 300), (24, 100), (64, 512)])
+@pytest.mark.parametrize("fusion", ["plain", "norm_gate_up", "residual", "qkv_rope"])
+@pytest.mark.parametrize("pre", [1, 2])
+def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype, tol, n, k, fusion, pre):
+    """SPECPILOT_GEMV_AHEAD only moves loads earlier (each loop step asks for the next step's tiles; the
+    first ones before anything waits on x): bit for bit the output without it, for K of one tile, of
+    several, and not a multiple of the tile, with PRE tiles before the wait, and in q/k/v + rope."""
+    from specpilot.kernels.gemv import ahead_on, choice
+
+    run = one_row_run(fusion, n, k, pre, device, dtype)
     try:
         monkeypatch.setenv("SPECPILOT_GEMV_AHEAD", "0")
         assert not ahead_on()
@@ -333,14 +338,49 @@ def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype
         monkeypatch.setenv("SPECPILOT_GEMV_AHEAD", "1")
         ahead = run()
     finally:
-        from specpilot.kernels.gemv import choice
-
         choice.forget()
     assert all(torch.equal(a, b) for a, b in zip(ahead, behind, strict=True))
     assert all(a.abs().sum() > 0 for a in ahead)
     monkeypatch.setenv("SPECPILOT_GEMV_AHEAD", "soon")
     with pytest.raises(ValueError, match="SPECPILOT_GEMV_AHEAD"):
         ahead_on()
+
+
+@pytest.mark.parametrize("device,dtype,tol", SETTINGS)
+@pytest.mark.parametrize("kernel", ["norm_gate_up", "residual", "qkv_rope", "attention"])
+def test_l2_hints_compute_the_same(monkeypatch, device, dtype, tol, kernel):
+    """SPECPILOT_L2_HINTS only marks loads (weights evict-first, the K/V cache evict-last): the one-row
+    GEMV, q/k/v + rope (its K/V cache writes) and the decode attention (its K/V loads) give bit for bit what
+    they give without it. The switch names its values; anything else is an error."""
+    from specpilot.kernels.attention.triton import attend_triton
+    from specpilot.kernels.gemv import choice, kv_eviction, l2_hints, weight_eviction
+    from specpilot.spec.masks import Visibility
+
+    if kernel == "attention":
+        g = torch.Generator().manual_seed(11)
+        q = torch.randn(1, 1, 4, 32, generator=g).to(device, dtype)
+        kv = [torch.randn(1, 2, 128, 32, generator=g).to(device, dtype) for _ in range(2)]
+        vis = Visibility(torch.tensor([90], device=device), torch.tensor([90], device=device))
+        run = lambda: [attend_triton(q, *kv, vis, 32 ** -0.5, num_splits=2, fuse_combine=True)]  # noqa: E731
+    else:
+        run = one_row_run(kernel, 40, 300, 1, device, dtype)
+    outs = {}
+    try:
+        for mode, evict in (("off", ("", "")), ("weights", ("evict_first", "")),
+                            ("weights_kv", ("evict_first", "evict_last"))):
+            monkeypatch.setenv("SPECPILOT_L2_HINTS", mode)
+            assert (l2_hints(), weight_eviction(), kv_eviction()) == (mode, *evict)
+            outs[mode] = run()
+    finally:
+        choice.forget()
+    for mode in ("weights", "weights_kv"):
+        assert all(torch.equal(a, b) for a, b in zip(outs[mode], outs["off"], strict=True))
+    assert all(a.abs().sum() > 0 for a in outs["off"])
+    monkeypatch.delenv("SPECPILOT_L2_HINTS")
+    assert l2_hints() == "off"
+    monkeypatch.setenv("SPECPILOT_L2_HINTS", "everything")
+    with pytest.raises(ValueError, match="SPECPILOT_L2_HINTS"):
+        l2_hints()
 
 
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)

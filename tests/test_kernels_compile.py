@@ -437,3 +437,51 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
     assert wait < read < refill and loop.count("cp.async.cg.shared.global") == chunks
     assert kernel.metadata.shared == config["STAGE"] * config["BLOCK_N"] * config["BLOCK_K"] * 2
     assert registers(ptx)[1] == 0 and ("%globaltimer" in ptx) == next_norm
+
+
+def _hinted(ptx: str, op: str, policy: str) -> tuple[int, int]:
+    """(op instructions carrying the L2 `policy` hint, op instructions in all) in ptx."""
+    lines = [line for line in ptx.splitlines() if op in line]
+    return sum(f"L1::{policy}.L2::cache_hint" in line for line in lines), len(lines)
+
+
+@hopper
+@pytest.mark.parametrize("kernel", ["stream", "qkv_rope", "attention"])
+def test_l2_hints_mark_the_weights_and_the_kv_cache(kernel):
+    """kernels/gemv.l2_hints: with EVICT the weight loads carry an evict-first L2 hint (x's do not), with
+    KV_EVICT q/k/v's K/V cache writes and the attention's preloaded K/V block an evict-last one; nothing is
+    hinted without them, and the hints cost at most the registers of their policy descriptors."""
+    from specpilot.kernels.attention.triton import _split_kernel
+    from specpilot.kernels.gemv.triton import _stream_kernel
+    from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
+
+    builds = {}
+    for on in (False, True):
+        if kernel == "stream":
+            builds[on] = build(_stream_kernel, STREAM_TYPES, dict(
+                HAS_NORM=False, GATE_UP=True, HAS_RES=False, HAS_BIAS=False, USE_GDC=True, BLOCK_N=8, BLOCK_K=256,
+                EVEN_N=True, EVEN_K=True, PRE=1, AHEAD=True, NPARTS=128, TRACE=False, EARLY=False,
+                EVICT="evict_first" if on else ""), divisible=("N", "K"), num_warps=4, num_stages=4)
+        elif kernel == "qkv_rope":
+            builds[on] = build(_qkv_rope_kernel, QKV_TYPES, dict(
+                HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, HAS_BIAS=False, USE_GDC=True, BLOCK_K=512,
+                EVEN_K=True, PRE=1, TRACE=False, NPARTS=512, AHEAD=True, EARLY=False,
+                EVICT="evict_first" if on else "", KV_EVICT="evict_last" if on else ""),
+                divisible=("K", "L"), num_warps=4, num_stages=2)
+        else:
+            builds[on] = build(_split_kernel, ATTN_TYPES, dict(
+                HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=8, CAUSAL=True, HAS_WINDOW=False,
+                PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=True, TRACE=False, PRELOAD=True, LATE=True,
+                KV_EVICT="evict_last" if on else ""), divisible=("sk_l", "sv_l"), num_warps=4, num_stages=3)
+    off, on = builds[False], builds[True]
+    (regs_on, spills_on), (regs_off, spills_off) = registers(on), registers(off)
+    assert "cache_hint" not in off and regs_on <= regs_off + 2 and spills_on == spills_off == 0
+    if kernel == "attention":
+        hinted, loads = _hinted(on, "ld.global", "evict_last")
+        assert hinted >= 2 * 4 and hinted < loads  # both preloaded K/V tiles; not q, cache_len or the partials
+        return
+    hinted, loads = _hinted(on, "ld.global", "evict_first")
+    assert 0 < hinted < loads  # the weight tiles, not x or the sums of squares
+    if kernel == "qkv_rope":
+        kv, stores = _hinted(on, "st.global", "evict_last")
+        assert kv == 4 and stores > kv  # the K and V halves, not q

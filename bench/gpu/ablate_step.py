@@ -20,7 +20,7 @@ configs by the same step tuning as the engine's. Apart from full and gate_up_unf
 compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
-       [--only a,b | --options | --ring-sweep | --early | --steps | --greedy | --embed]
+       [--only a,b | --options | --ring-sweep | --early | --steps | --greedy | --embed | --tail | --l2]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 
 from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, provenance, step_weight_bytes
 from specpilot.fixtures.random_models import random_target
-from specpilot.kernels.gemv import choice, stream_of
+from specpilot.kernels.gemv import L2_HINTS, choice, stream_of
 from specpilot.kernels.swiglu import silu_mul
 from specpilot.models import dense, layers
 from specpilot.runtime.engine import Engine
@@ -338,6 +338,49 @@ def tail_paired(eng: Engine, rounds: int = 5) -> dict:
             "same_token": len(set(tokens.values())) == 1, "keys": [repr(k) for k in chosen if k[0] == "qkv_rope"]}
 
 
+def l2_paired(eng: Engine, rounds: int = 3) -> dict:
+    """The L2 hints (kernels/gemv.l2_hints: off, on the weights, on the weights and the K/V cache) with the
+    configs the tuning chose, and, where it gave a projection the shared-memory ring (whose cp.async copies
+    carry no hint, so their lines still push the K/V out), with those keys re-tuned without it; each also
+    with the attention loading its first K/V block before its wait (AHEAD), whose cost changes once K/V may
+    come from the L2. Timed in turn, `rounds` times; first the next token each way from the same state."""
+    pos = CONTEXT // 4
+    chosen = dict(choice._CHOSEN)
+    staged = [k for k, c in chosen.items() if c.get("STAGE")]
+    base = {"": chosen}
+    if staged:
+        with _env(SPECPILOT_GEMV_STAGED="0"):
+            for k in staged:
+                del choice._CHOSEN[k]
+            with torch.inference_mode():
+                choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
+            base[", no ring"] = dict(choice._CHOSEN)
+    configs = {}
+    for suffix, cfg in base.items():
+        configs[suffix] = cfg
+        configs[suffix + ", attention preload"] = {k: {f: v for f, v in c.items() if f != "AHEAD"}
+                                                   if k[0] == "attention" else c for k, c in cfg.items()}
+    variants = {f"{mode}{suffix}": (mode, cfg) for mode in L2_HINTS for suffix, cfg in configs.items()}
+    tokens, times = {}, {name: [] for name in variants}
+    for r in range(rounds):
+        for name, (mode, cfg) in variants.items():
+            choice._CHOSEN.clear()
+            choice._CHOSEN.update(cfg)
+            with _env(SPECPILOT_L2_HINTS=mode):
+                if r == 0:
+                    with torch.inference_mode():
+                        eng.pos.fill_(pos)
+                        eng.token.fill_(7)
+                        eng._ar_step()
+                        tokens[name] = eng.token.item()
+                times[name].append(timed_step(eng, pos))
+    choice._CHOSEN.clear()
+    choice._CHOSEN.update(chosen)
+    return {"median_ms": medians(times), "ms_by_round": times, "next_token": tokens,
+            "same_token": len(set(tokens.values())) == 1, "staged_chosen": {repr(k): chosen[k] for k in staged},
+            "attention_chosen": {repr(k): c for k, c in chosen.items() if k[0] == "attention"}}
+
+
 # Rings the step tuning no longer offers (they lost here, 2026-12-01): six tiles, 96 and 192 KB a program.
 BIG_RINGS = [{**choice.STAGED[0], "BLOCK_N": bn, "STAGE": 6} for bn in (16, 32)]
 
@@ -371,7 +414,7 @@ def ring_sweep(eng: Engine, rounds: int = 5) -> dict:
 
 # The paired timings (--options, --ring-sweep, ...): each takes the tuned engine.
 PAIRED = {"options": options_paired, "ring_sweep": ring_sweep, "early": early_paired, "steps": steps_paired,
-          "greedy": greedy_paired, "embed": embed_paired, "tail": tail_paired}
+          "greedy": greedy_paired, "embed": embed_paired, "tail": tail_paired, "l2": l2_paired}
 
 
 @contextlib.contextmanager
@@ -454,6 +497,9 @@ def main() -> None:
     ap.add_argument("--early", action="store_true",
                     help="only the paired timing of the kernels' early release (EARLY) as chosen, nowhere, "
                          "everywhere, q/k/v only, gate/up only")
+    ap.add_argument("--l2", action="store_true",
+                    help="only the paired timing of the L2 hints (off, weights evict-first, also K/V evict-last), "
+                         "with and without the ring and the attention's preload")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
     for name in PAIRED:

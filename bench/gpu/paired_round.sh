@@ -1,26 +1,42 @@
 #!/usr/bin/env bash
-# A paired comparison of the step's options on one GPU (~8 min):
+# A paired comparison of the step's options on one GPU (~8 min; on an x2 machine engine_core.py runs on GPU 1
+# beside the rest, ~5 min):
 #   the one-row kernels' GPU tests a change to their release, ring or trace touches (and the decode
 #   attention's), then ablate_step.py $PAIRED (8B unless MODELS; with the environment PAIRED_ENV): --early (the
-#   kernels' early release as the tuning chose it, nowhere, everywhere, ...), --tail (the attention at q/k/v's tail)
-#   or --ring-sweep / --options, timed in turn; then
+#   kernels' early release as the tuning chose it, nowhere, everywhere, ...), --tail (the attention at q/k/v's tail),
+#   --l2 (the L2 hints) or --ring-sweep / --options, timed in turn; then
 #   engine_core.py --parts gemv for the 8B (AR ms per token, the default tuning against $VARIANTS), and
 #   trace_step.py (PDL only) with what is left of the ten minutes.
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
 # TESTS: the -k selection of those tests (the 34 tail tests alone need ~150 s with a cold Triton cache).
 # Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [PAIRED_ENV=NAME=value] [TESTS=...] [MODELS=dense-8b] \
-#        [VARIANTS=pdl,three_rounds] [TRACE=1] bash bench/gpu/paired_round.sh
+#        [VARIANTS=pdl,three_rounds] [TRACE=1] [ABLATE_S=240] bash bench/gpu/paired_round.sh
 set -u
 export PYTHONPATH=.
 rm -rf /tmp/o && mkdir -p /tmp/o/paired /tmp/o/core /tmp/o/trace  # a warm machine keeps old files
-timeout 150 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "${TESTS:-staged or traced or early}" \
-  > /tmp/o/tests.log 2>&1
-timeout 60 python3 -m pytest -q tests/test_attention_kernel.py -k "preload or fused_combine or decode_step" \
-  >> /tmp/o/tests.log 2>&1
-timeout 240 env ${PAIRED_ENV:-} python3 -u bench/gpu/ablate_step.py --models "${MODELS:-dense-8b}" "${PAIRED:---early}" \
-  --out /tmp/o/paired > /tmp/o/paired.log 2>&1
-timeout 200 python3 -u bench/gpu/engine_core.py --parts gemv --models dense-8b \
-  --gemv-variants "${VARIANTS:-pdl,three_rounds}" --out /tmp/o/core > /tmp/o/core.log 2>&1
+
+core() {
+  timeout 240 python3 -u bench/gpu/engine_core.py --parts gemv --models dense-8b \
+    --gemv-variants "${VARIANTS:-pdl,three_rounds}" --out /tmp/o/core > /tmp/o/core.log 2>&1
+}
+
+first() {
+  timeout 150 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "${TESTS:-staged or traced or early}" \
+    > /tmp/o/tests.log 2>&1
+  timeout 60 python3 -m pytest -q tests/test_attention_kernel.py -k "preload or fused_combine or decode_step" \
+    >> /tmp/o/tests.log 2>&1
+  timeout "${ABLATE_S:-240}" env ${PAIRED_ENV:-} python3 -u bench/gpu/ablate_step.py --models "${MODELS:-dense-8b}" \
+    "${PAIRED:---early}" --out /tmp/o/paired > /tmp/o/paired.log 2>&1
+}
+
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  (CUDA_VISIBLE_DEVICES=0 first) &
+  (CUDA_VISIBLE_DEVICES=1 core) &
+  wait
+else
+  first
+  core
+fi
 left=$((570 - SECONDS))  # the trace gets what is left of the command's ten minutes
 [ "${TRACE:-1}" = 1 ] && [ "$left" -gt 60 ] && timeout "$left" python3 -u bench/gpu/trace_step.py \
   --models dense-8b --modes pdl --out /tmp/o/trace > /tmp/o/trace.log 2>&1

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
-from specpilot.kernels.gemv import ahead_on
+from specpilot.kernels.gemv import ahead_on, kv_eviction
 from specpilot.kernels.gemv.choice import step_config
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
@@ -97,13 +97,14 @@ def _split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
     FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False, PRELOAD: tl.constexpr = False,
-    LATE: tl.constexpr = False,
+    LATE: tl.constexpr = False, KV_EVICT: tl.constexpr = "",
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring). PRELOAD (PDL, causal, no
     window): the split's first block of committed slots is loaded before the PDL wait. Those slots, and
     cache_len / start, were written at least two kernels earlier, complete before the kernel just before
-    this one passed its own wait and released this one; only q and the new rows need the wait."""
+    this one passed its own wait and released this one; only q and the new rows need the wait. KV_EVICT: the
+    K/V loads' L2 eviction policy (kernels/gemv.l2_hints)."""
     rec = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * 5  # kernels/trace.py
     if TRACE:
         opening(rec)
@@ -191,8 +192,10 @@ def _split_kernel(
     if PRELOAD:
         first = s_begin < mid
         offs_s = s_begin + offs_n
-        k_first = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=first, other=0.0)
-        v_first = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=first, other=0.0)
+        k_first = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=first, other=0.0,
+                          eviction_policy=KV_EVICT)
+        v_first = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=first, other=0.0,
+                          eviction_policy=KV_EVICT)
         if USE_GDC:
             tl.extra.cuda.gdc_wait()
             if LATE:
@@ -207,8 +210,8 @@ def _split_kernel(
             s_first = s_begin + BLOCK_N
     for s0 in range(s_first, mid, BLOCK_N):
         offs_s = s0 + offs_n
-        k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :])
-        v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :])
+        k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], eviction_policy=KV_EVICT)
+        v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], eviction_policy=KV_EVICT)
         m_i, l_i, acc = _softmax_step(q, k, v, 0, qk_scale, m_i, l_i, acc, False, PRECISION)
     for s0 in range(mid, s_end, BLOCK_N):
         offs_s = s0 + offs_n
@@ -223,16 +226,20 @@ def _split_kernel(
         col_ok = col_ok & (offs_s < s_end)
         if HAS_WINDOW:
             vis = vis & _in_window(offs_t, offs_s, start, window)
-        k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=col_ok[:, None], other=0.0,
+                    eviction_policy=KV_EVICT)
+        v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=col_ok[:, None], other=0.0,
+                    eviction_policy=KV_EVICT)
         vis = vis & col_ok[None, :]
         m_i, l_i, acc = _softmax_step(q, k, v, vis, qk_scale, m_i, l_i, acc, True, PRECISION)
     for j in range(j_begin, j_end):  # tree only: new slots that are not committed
         rel = j * BLOCK_N + offs_n
         offs_s = start + rel
         col_ok = (rel < new_cols) & (offs_s >= cache_len)
-        k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        k = tl.load(k_base + offs_s[:, None] * sk_l + offs_d[None, :], mask=col_ok[:, None], other=0.0,
+                    eviction_policy=KV_EVICT)
+        v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=col_ok[:, None], other=0.0,
+                    eviction_policy=KV_EVICT)
         vis = col_ok[None, :] & row_ok[:, None]
         bits = tl.load(tree_ptr + offs_t[:, None] * T + rel[None, :], mask=vis, other=0)
         vis = vis & (bits != 0)
@@ -449,6 +456,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
         FUSE_COMBINE=counters is not None, TRACE=traced, PRELOAD=preload, LATE=bool((chosen or {}).get("LATE")),
+        KV_EVICT=kv_eviction() if fuse_combine and t == 1 else "",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch,
     )

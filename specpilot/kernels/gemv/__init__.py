@@ -4,6 +4,7 @@ residual add after them. cuBLAS (with the separate norm / activation kernels) by
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,31 @@ def ahead_on() -> bool:
     ones before it waits on x: gemv/triton._stream_rows); default on, SPECPILOT_GEMV_AHEAD=0 turns it off.
     It changes when loads are issued, never what is computed."""
     return env_switch("SPECPILOT_GEMV_AHEAD")
+
+
+L2_HINTS = ("off", "weights", "weights_kv")
+
+
+def l2_hints() -> str:
+    """What the one-row step's loads tell the L2 to keep (SPECPILOT_L2_HINTS, default `off`):
+    `weights`: the weights stream evict-first, so that what every step reads again (the K/V cache, norm
+    and rope tables, the activations) is not pushed out by the gigabytes of weights streamed between two
+    reads of it (the 8B's layer reads its 1-2 MB of K/V after 15 GB of other layers' weights went by);
+    `weights_kv`: also the K/V cache's loads and writes evict-last. Hints only: what is computed is the same."""
+    mode = os.environ.get("SPECPILOT_L2_HINTS", "").strip() or "off"
+    if mode not in L2_HINTS:
+        raise ValueError(f"SPECPILOT_L2_HINTS={mode!r}: expected one of {', '.join(L2_HINTS)}")
+    return mode
+
+
+def weight_eviction() -> str:
+    """The eviction policy of the one-row kernels' weight loads ('' or 'evict_first': l2_hints)."""
+    return "" if l2_hints() == "off" else "evict_first"
+
+
+def kv_eviction() -> str:
+    """The eviction policy of the one-row step's K/V cache loads and writes ('' or 'evict_last': l2_hints)."""
+    return "evict_last" if l2_hints() == "weights_kv" else ""
 
 
 def gemv_applies(x, enabled: bool) -> bool:

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv import MAX_ROWS, NormedStream, ahead_on, handoff_on, norm_input, stream_of
+from specpilot.kernels.gemv import MAX_ROWS, NormedStream, ahead_on, handoff_on, norm_input, stream_of, weight_eviction
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
@@ -100,11 +100,12 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
                    GATE_UP: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
                    NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
-                   EARLY: tl.constexpr = False):
+                   EARLY: tl.constexpr = False, EVICT: tl.constexpr = ""):
     """NEXT: also write, for the norm (weight g) that reads y, y * g (in y's dtype: as an x the loop loads it
     like any other) and this block's sum of y^2 in float32 (the y stored, rounded). NPARTS (a power of
     two >= n_parts, or 0): x is such an h * g, its rstd comes from the n_parts sums at parts_ptr.
-    AHEAD: loads one loop step ahead, EARLY: lets the next kernel launch at once (_stream_rows)."""
+    AHEAD: loads one loop step ahead, EARLY: lets the next kernel launch at once, EVICT: the weights' L2
+    eviction policy (_stream_rows)."""
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
@@ -115,7 +116,7 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
     out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
                                BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD,
-                               EARLY)
+                               EARLY, EVICT)
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     out = out.to(dtype).to(tl.float32)
@@ -138,7 +139,8 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
 def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
                  USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
                  EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr, parts_ptr, n_parts,
-                 NPARTS: tl.constexpr, AHEAD: tl.constexpr = False, EARLY: tl.constexpr = False):
+                 NPARTS: tl.constexpr, AHEAD: tl.constexpr = False, EARLY: tl.constexpr = False,
+                 EVICT: tl.constexpr = ""):
     """sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
     x' = rms_norm(x) * norm weight when HAS_NORM (one pass: the row's rstd scales the sums at the end)
     or when NPARTS (x is x * norm weight already, the sums of squares come in n_parts pieces).
@@ -150,14 +152,15 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     weight stream resumes at once instead of after x's round trip. Same arithmetic either way.
     EARLY: the next kernel may launch as soon as every block of this one has started, not after each one's
     last weight load, so that its blocks take the SM slots this grid's tail frees and stream their own
-    first tiles (or, for the attention, K/V) there. Its wait still holds it until this grid is done."""
+    first tiles (or, for the attention, K/V) there. Its wait still holds it until this grid is done.
+    EVICT: the weight loads' L2 eviction policy (kernels/gemv.l2_hints)."""
     if USE_GDC and EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     kp = tl.arange(0, PRE * BLOCK_K)
-    wp = _tile(rows, 0, kp, nmask, K, EVEN_N, EVEN_K)
+    wp = _tile(rows, 0, kp, nmask, K, EVEN_N, EVEN_K, EVICT)
     wp2 = wp
     if TWO:
-        wp2 = _tile(rows2, 0, kp, nmask, K, EVEN_N, EVEN_K)
+        wp2 = _tile(rows2, 0, kp, nmask, K, EVEN_N, EVEN_K, EVICT)
     if USE_GDC:  # from here on the previous kernel's writes (x, residual, sums) are complete and visible
         tl.extra.cuda.gdc_wait()
     if TRACE:
@@ -170,10 +173,10 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     xp_raw = _x_tile(x_ptr, 0, kp, K, EVEN_K, ROWS, True)
     if AHEAD:
         more = PRE < n_tiles
-        wn = _tile_if(rows, PRE * BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
+        wn = _tile_if(rows, PRE * BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more, EVICT)
         wn2 = wn
         if TWO:
-            wn2 = _tile_if(rows2, PRE * BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
+            wn2 = _tile_if(rows2, PRE * BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more, EVICT)
         xn = _x_tile(x_ptr, PRE * BLOCK_K, k, K, EVEN_K, ROWS, more)
     xp, sqp = _x_values(xp_raw, nw_ptr, 0, kp, K, HAS_NORM, EVEN_K, ROWS)
     head = tl.sum(wp.to(tl.float32) * xp, axis=1)
@@ -190,13 +193,13 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
             w2 = wn2
             xr = xn
             more = i + 1 < n_tiles
-            wn = _tile_if(rows, k0 + BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
+            wn = _tile_if(rows, k0 + BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more, EVICT)
             if TWO:
-                wn2 = _tile_if(rows2, k0 + BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more)
+                wn2 = _tile_if(rows2, k0 + BLOCK_K, k, nmask, K, EVEN_N, EVEN_K, more, EVICT)
             xn = _x_tile(x_ptr, k0 + BLOCK_K, k, K, EVEN_K, ROWS, more)
             x, sq = _x_values(xr, nw_ptr, k0, k, K, HAS_NORM, EVEN_K, ROWS)
         else:
-            w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K)
+            w = _tile(rows, k0, k, nmask, K, EVEN_N, EVEN_K, EVICT)
             x, sq = _x_values(_x_tile(x_ptr, k0, k, K, EVEN_K, ROWS, True), nw_ptr, k0, k, K, HAS_NORM, EVEN_K,
                               ROWS)
         if HAS_NORM:
@@ -204,7 +207,7 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         acc += w.to(tl.float32) * x
         if TWO:
             if not AHEAD:
-                w2 = _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K)
+                w2 = _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K, EVICT)
             acc2 += w2.to(tl.float32) * x
     if TRACE:
         stamp(rec, 2)  # STREAMED
@@ -251,18 +254,21 @@ def _x_values(xr, nw_ptr, k0, k, K, HAS_NORM: tl.constexpr, EVEN_K: tl.constexpr
 
 
 @triton.jit
-def _tile_if(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, pred):
+def _tile_if(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, pred, EVICT: tl.constexpr = ""):
     """_tile, loaded only when pred (a scalar; else zeros): AHEAD's request for the next loop step."""
     if EVEN_N and EVEN_K:
-        return tl.load(rows + k0 + k[None, :], mask=pred, other=0.0)
-    return tl.load(rows + k0 + k[None, :], mask=pred & nmask[:, None] & (k0 + k < K)[None, :], other=0.0)
+        return tl.load(rows + k0 + k[None, :], mask=pred, other=0.0, eviction_policy=EVICT)
+    return tl.load(rows + k0 + k[None, :], mask=pred & nmask[:, None] & (k0 + k < K)[None, :], other=0.0,
+                   eviction_policy=EVICT)
 
 
 @triton.jit
-def _tile(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+def _tile(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EVICT: tl.constexpr = ""):
+    """A [len(rows), len(k)] weight tile at column k0 (EVICT: its L2 eviction policy, kernels/gemv.l2_hints)."""
     if EVEN_N and EVEN_K:
-        return tl.load(rows + k0 + k[None, :])
-    return tl.load(rows + k0 + k[None, :], mask=nmask[:, None] & (k0 + k < K)[None, :], other=0.0)
+        return tl.load(rows + k0 + k[None, :], eviction_policy=EVICT)
+    return tl.load(rows + k0 + k[None, :], mask=nmask[:, None] & (k0 + k < K)[None, :], other=0.0,
+                   eviction_policy=EVICT)
 
 
 # Triton's autotuner is the fallback when no config was chosen in a captured step (choice.py); same candidates.
@@ -376,7 +382,8 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     launch = {"launch_pdl": True} if pdl else {}
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     if config is None and tune and not _INTERPRET and next_norm is None:
-        _STREAM_TUNED[grid](*tensors, y, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts, **launch)
+        _STREAM_TUNED[grid](*tensors, y, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts,
+                            EVICT=weight_eviction(), **launch)
         return None
     config = pre_clamped(config or _FIXED, k)
     blocks = triton.cdiv(n, config["BLOCK_N"])
@@ -395,6 +402,6 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
         config = {key: v for key, v in config.items() if key != "STAGE"}
     rec, traced = trace_slot(kind, blocks, y)
     _STREAM[grid](*tensors, rec, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced,
-                  NEXT=next_norm is not None, NPARTS=nparts, **launch_config(config), **launch,
+                  NEXT=next_norm is not None, NPARTS=nparts, EVICT=weight_eviction(), **launch_config(config), **launch,
                   AHEAD=ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"]))
     return handoff[1:] if next_norm is not None else None

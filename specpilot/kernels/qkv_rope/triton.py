@@ -19,7 +19,7 @@ import triton.language as tl
 from specpilot.kernels.attention.tail import row_attention
 from specpilot.kernels.attention.triton import LOG2E, attention_counters
 from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv import norm_input
+from specpilot.kernels.gemv import kv_eviction, norm_input, weight_eviction
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.gemv.triton import _stream_rows, ahead_fits, launch_config, parts_args, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
@@ -33,8 +33,10 @@ def _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, s
                       rec, parts_ptr, n_parts, K, L, eps, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
                       PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr, TRACE: tl.constexpr,
-                      NPARTS: tl.constexpr, AHEAD: tl.constexpr, EARLY: tl.constexpr):
-    """This program's rotary pairs: projected, rotated, stored (see the module docstring)."""
+                      NPARTS: tl.constexpr, AHEAD: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
+                      KV_EVICT: tl.constexpr):
+    """This program's rotary pairs: projected, rotated, stored (see the module docstring). EVICT, KV_EVICT: the
+    L2 eviction policies of the weight loads and of the K/V cache writes (kernels/gemv.l2_hints)."""
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
@@ -44,7 +46,7 @@ def _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, s
     full = i < HALF  # all true: heads divide evenly
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
     a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
-                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD, EARLY)
+                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD, EARLY, EVICT)
     if HAS_BIAS:
         a += tl.load(b_ptr + rows_a).to(tl.float32)
         b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
@@ -62,12 +64,12 @@ def _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, s
             tl.store(q_out + head * D + HALF + i, second.to(dtype))
         else:
             off = ((head - HQ) * L + slot) * D
-            tl.store(k_cache + off + i, first.to(dtype))
-            tl.store(k_cache + off + HALF + i, second.to(dtype))
+            tl.store(k_cache + off + i, first.to(dtype), eviction_policy=KV_EVICT)
+            tl.store(k_cache + off + HALF + i, second.to(dtype), eviction_policy=KV_EVICT)
     else:
         off = ((head - HQ - HKV) * L + slot) * D
-        tl.store(v_cache + off + i, a.to(dtype))
-        tl.store(v_cache + off + HALF + i, b.to(dtype))
+        tl.store(v_cache + off + i, a.to(dtype), eviction_policy=KV_EVICT)
+        tl.store(v_cache + off + HALF + i, b.to(dtype), eviction_policy=KV_EVICT)
 
 
 @triton.jit
@@ -76,13 +78,13 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
                      HALF: tl.constexpr, PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
                      USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
                      TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
-                     EARLY: tl.constexpr = False):
+                     EARLY: tl.constexpr = False, EVICT: tl.constexpr = "", KV_EVICT: tl.constexpr = ""):
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
         opening(rec)
     _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache, rec,
                       parts_ptr, n_parts, K, L, eps, HQ, HKV, HALF, PAIRS, HAS_NORM, HAS_BIAS, USE_GDC, BLOCK_K, EVEN_K,
-                      PRE, TRACE, NPARTS, AHEAD, EARLY)
+                      PRE, TRACE, NPARTS, AHEAD, EARLY, EVICT, KV_EVICT)
     if TRACE:
         stamp(rec, 3)  # END
 
@@ -95,7 +97,7 @@ def _qkv_attend_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, 
                        USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
                        TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
                        EARLY: tl.constexpr = False, SPLITS: tl.constexpr = 1, BLOCK_N: tl.constexpr = 64,
-                       PRECISION: tl.constexpr = "tf32"):
+                       PRECISION: tl.constexpr = "tf32", EVICT: tl.constexpr = "", KV_EVICT: tl.constexpr = ""):
     """_qkv_rope_kernel, then the new row's attention by the last programs of each KV head's group
     (attention/tail.py): o [Hq * D]."""
     rec = trace_ptr + tl.program_id(0) * 5
@@ -103,7 +105,7 @@ def _qkv_attend_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, 
         opening(rec)
     _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache, rec,
                       parts_ptr, n_parts, K, L, eps, HQ, HKV, HALF, PAIRS, HAS_NORM, HAS_BIAS, USE_GDC, BLOCK_K, EVEN_K,
-                      PRE, TRACE, NPARTS, AHEAD, EARLY)
+                      PRE, TRACE, NPARTS, AHEAD, EARLY, EVICT, KV_EVICT)
     G: tl.constexpr = HQ // HKV
     head = tl.program_id(0) // (HALF // PAIRS)
     grp = tl.where(head < HQ, head // G, tl.where(head < HQ + HKV, head - HQ, head - HQ - HKV))
@@ -155,7 +157,8 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
             bias if bias is not None else weight, positions.reshape(-1), slots.reshape(-1), cos_table, sin_table,
             q, k_cache, v_cache, q, *parts, hidden, k_cache.shape[2], eps)
     meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, HAS_NORM=has_norm, HAS_BIAS=bias is not None,
-                USE_GDC=pdl, NPARTS=nparts, **({"launch_pdl": True} if pdl else {}))
+                USE_GDC=pdl, NPARTS=nparts, EVICT=weight_eviction(), KV_EVICT=kv_eviction(),
+                **({"launch_pdl": True} if pdl else {}))
     if chosen is not None:
         pairs = chosen["PAIRS"]
     if half % pairs:
