@@ -291,8 +291,9 @@ def test_norm_handoff_follows_the_environment(monkeypatch):
 
 
 def one_row_run(fusion: str, n: int, k: int, pre: int, device, dtype):
-    """A one-row call of the streaming GEMV (`plain`, `norm_gate_up`, `residual`) or of q/k/v + rope on fresh
-    random inputs (a config chosen for it, PRE tiles before the wait): a function returning its outputs."""
+    """A one-row call of the streaming GEMV (`plain`, `norm_gate_up`, `residual`, `residual_next`: also the next
+    norm's hand-over) or of q/k/v + rope (with a bias) on fresh random inputs (a config chosen for it, PRE tiles
+    before the wait): a function returning its outputs."""
     from specpilot.kernels.gemv.triton import gemv_triton
     from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
 
@@ -300,24 +301,31 @@ def one_row_run(fusion: str, n: int, k: int, pre: int, device, dtype):
     x = torch.randn(1, k, generator=g).to(device, dtype)
     if fusion == "qkv_rope":  # k is the hidden size; two q heads and one K/V head of 32
         w = (torch.randn(4 * 32, k, generator=g) / k ** 0.5).to(device, dtype)
+        bias = torch.randn(4 * 32, generator=g).to(device, dtype)
         cos, sin = rope_table(16, 32, 10000.0, None, device=device)
         from specpilot.kernels.gemv import choice
 
-        choice._CHOSEN[("qkv_rope", k, 2, 1, 16, False, False, False)] = {
+        choice._CHOSEN[("qkv_rope", k, 2, 1, 16, False, True, False)] = {
             "PAIRS": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": pre}
 
         def run():
             caches = [torch.zeros(1, 1, 8, 32, dtype=dtype, device=device) for _ in range(2)]
-            q = qkv_rope_triton(x.view(1, 1, k), w, None, None, 1e-5, torch.tensor([[5]], device=device), cos, sin,
+            q = qkv_rope_triton(x.view(1, 1, k), w, bias, None, 1e-5, torch.tensor([[5]], device=device), cos, sin,
                                 *caches, torch.tensor([[3]], device=device), 2, 1, 32)
             return [q, *caches]
         return run
     w = (torch.randn(2 * n if "gate_up" in fusion else n, k, generator=g) / k ** 0.5).to(device, dtype)
-    kw = {"residual": torch.randn(1, n, generator=g).to(device, dtype)} if fusion == "residual" else {}
+    kw = {"residual": torch.randn(1, n, generator=g).to(device, dtype)} if "residual" in fusion else {}
+    if fusion == "residual_next":
+        kw["next_norm"] = (1 + 0.1 * torch.randn(n, generator=g)).to(device, dtype)
     if "norm" in fusion:
         kw.update(norm_weight=(1 + 0.1 * torch.randn(k, generator=g)).to(device, dtype), eps=1e-5, gate_up=True)
     config = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PRE": pre}
-    return lambda: [gemv_triton(x, w, tune=False, config=config, **kw)]
+
+    def run():
+        out = gemv_triton(x, w, tune=False, config=config, **kw)
+        return [out.stream, out.scaled, out.sumsq] if fusion == "residual_next" else [out]
+    return run
 
 
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
@@ -347,13 +355,15 @@ def test_weight_loop_one_step_ahead_computes_the_same(monkeypatch, device, dtype
 
 
 @pytest.mark.parametrize("device,dtype,tol", SETTINGS)
-@pytest.mark.parametrize("kernel", ["norm_gate_up", "residual", "qkv_rope", "attention"])
-def test_l2_hints_compute_the_same(monkeypatch, device, dtype, tol, kernel):
-    """SPECPILOT_L2_HINTS only marks loads (weights evict-first, the K/V cache evict-last): the one-row
-    GEMV, q/k/v + rope (its K/V cache writes) and the decode attention (its K/V loads) give bit for bit what
-    they give without it. The switch names its values; anything else is an error."""
+@pytest.mark.parametrize("kernel", ["norm_gate_up", "residual_next", "qkv_rope", "attention"])
+def test_l2_hints_and_early_epilogue_inputs_compute_the_same(monkeypatch, device, dtype, tol, kernel):
+    """SPECPILOT_L2_HINTS only marks loads (weights evict-first, the K/V cache evict-last), and
+    SPECPILOT_EPILOGUE_EARLY only moves the epilogue's loads (bias, residual, the next norm's weight, rope's
+    cos / sin) before the weight loop: the one-row GEMV, q/k/v + rope (its K/V cache writes) and the decode
+    attention (its K/V loads) give bit for bit what they give without them. The L2 switch names its values;
+    anything else is an error."""
     from specpilot.kernels.attention.triton import attend_triton
-    from specpilot.kernels.gemv import choice, kv_eviction, l2_hints, weight_eviction
+    from specpilot.kernels.gemv import choice, epilogue_early, kv_eviction, l2_hints, weight_eviction
     from specpilot.spec.masks import Visibility
 
     if kernel == "attention":
@@ -371,13 +381,17 @@ def test_l2_hints_compute_the_same(monkeypatch, device, dtype, tol, kernel):
             monkeypatch.setenv("SPECPILOT_L2_HINTS", mode)
             assert (l2_hints(), weight_eviction(), kv_eviction()) == (mode, *evict)
             outs[mode] = run()
+        monkeypatch.setenv("SPECPILOT_EPILOGUE_EARLY", "0")
+        assert not epilogue_early()
+        outs["late epilogue"] = run()
     finally:
         choice.forget()
-    for mode in ("weights", "weights_kv"):
+    for mode in ("weights", "weights_kv", "late epilogue"):
         assert all(torch.equal(a, b) for a, b in zip(outs[mode], outs["off"], strict=True))
     assert all(a.abs().sum() > 0 for a in outs["off"])
     monkeypatch.delenv("SPECPILOT_L2_HINTS")
-    assert l2_hints() == "off"
+    monkeypatch.delenv("SPECPILOT_EPILOGUE_EARLY")
+    assert l2_hints() == "weights" and epilogue_early()  # the defaults
     monkeypatch.setenv("SPECPILOT_L2_HINTS", "everything")
     with pytest.raises(ValueError, match="SPECPILOT_L2_HINTS"):
         l2_hints()

@@ -485,3 +485,36 @@ def test_l2_hints_mark_the_weights_and_the_kv_cache(kernel):
     if kernel == "qkv_rope":
         kv, stores = _hinted(on, "st.global", "evict_last")
         assert kv == 4 and stores > kv  # the K and V halves, not q
+
+
+def _loads_before_the_loop(ptx: str) -> int:
+    """ld.global instructions before the first loop's label (the weight loop: the kernels here have one)."""
+    return ptx.split(loop_bodies(ptx)[0].splitlines()[0], 1)[0].count("ld.global")
+
+
+@hopper
+@pytest.mark.parametrize("kernel,warps", [("stream", 8), ("stream", 4), ("qkv_rope", 4), ("qkv_rope", 8)])
+def test_early_epilogue_inputs_are_requested_before_the_weight_loop(kernel, warps):
+    """EPI_EARLY (kernels/gemv.epilogue_early): the residual and the next norm's weight (the output and down
+    projections), q/k/v + rope's cos / sin, are loaded before the weight loop, no load is added or dropped,
+    and the build spills nothing at 4 or 8 warps."""
+    from specpilot.kernels.gemv.triton import _stream_kernel
+    from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
+
+    builds = {}
+    for on in (False, True):
+        if kernel == "stream":
+            builds[on] = build(_stream_kernel, STREAM_TYPES, dict(
+                HAS_NORM=False, GATE_UP=False, HAS_RES=True, HAS_BIAS=False, USE_GDC=True, BLOCK_N=16, BLOCK_K=512,
+                EVEN_N=True, EVEN_K=True, PRE=1, AHEAD=True, NPARTS=0, TRACE=False, EARLY=False, NEXT=True,
+                EVICT="evict_first", EPI_EARLY=on), divisible=("N", "K"), num_warps=warps, num_stages=2)
+        else:
+            builds[on] = build(_qkv_rope_kernel, QKV_TYPES, dict(
+                HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, HAS_BIAS=False, USE_GDC=True, BLOCK_K=512,
+                EVEN_K=True, PRE=1, TRACE=False, NPARTS=512, AHEAD=True, EARLY=False, EVICT="evict_first",
+                KV_EVICT="", EPI_EARLY=on), divisible=("K", "L"), num_warps=warps, num_stages=2)
+    off, on = builds[False], builds[True]
+    assert on.count("ld.global") == off.count("ld.global")
+    # residual and g: a 16-row block's two 16-element vectors; cos and sin: 8 pairs' worth, per thread
+    assert _loads_before_the_loop(on) >= _loads_before_the_loop(off) + 2
+    assert registers(on)[1] == 0

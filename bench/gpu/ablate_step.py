@@ -20,7 +20,7 @@ configs by the same step tuning as the engine's. Apart from full and gate_up_unf
 compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
-       [--only a,b | --options | --ring-sweep | --early | --steps | --greedy | --embed | --tail | --l2]
+       [--only a,b | --options | --ring-sweep | --early | --steps | --greedy | --embed | --tail | --l2 | --epilogue]
 """
 
 from __future__ import annotations
@@ -276,13 +276,18 @@ def steps_paired(eng: Engine, rounds: int = 5) -> dict:
 
 
 def switch_paired(eng: Engine, switch: str, ways: dict[str, str], rounds: int = 5) -> dict:
-    """The step with an environment switch at each of its values (ways: name -> value), the configs the
-    tuning chose (a kernel key only one way launches is tuned first, one round), timed in turn; first the
-    next token each way from the same state."""
+    """The step with an environment switch at each of its values (ways: name -> value); see env_paired."""
+    return {"switch": switch, **env_paired(eng, {name: {switch: value} for name, value in ways.items()}, rounds)}
+
+
+def env_paired(eng: Engine, ways: dict[str, dict[str, str]], rounds: int = 5) -> dict:
+    """The step under each way's environment (ways: name -> variables), the configs the tuning chose (a
+    kernel key only one way launches is tuned first, one round), timed in turn; first the next token each
+    way from the same state."""
     pos = CONTEXT // 4
     tokens = {}
-    for name, value in ways.items():
-        with _env(**{switch: value}), torch.inference_mode():
+    for name, env in ways.items():
+        with _env(**env), torch.inference_mode():
             choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
             eng.pos.fill_(pos)
             eng.token.fill_(7)
@@ -290,10 +295,10 @@ def switch_paired(eng: Engine, switch: str, ways: dict[str, str], rounds: int = 
             tokens[name] = eng.token.item()
     times = {name: [] for name in ways}
     for _ in range(rounds):
-        for name, value in ways.items():
-            with _env(**{switch: value}):
+        for name, env in ways.items():
+            with _env(**env):
                 times[name].append(timed_step(eng, pos))
-    return {"switch": switch, "median_ms": medians(times), "ms_by_round": times, "next_token": tokens,
+    return {"ways": ways, "median_ms": medians(times), "ms_by_round": times, "next_token": tokens,
             "same_token": len(set(tokens.values())) == 1}
 
 
@@ -307,6 +312,13 @@ def embed_paired(eng: Engine) -> dict:
     """The embedding kernel that hands the first layer's norm its inputs (kernels/embed) against PyTorch's
     gather with the norm in the first q/k/v's loop (its own tuned config)."""
     return switch_paired(eng, "SPECPILOT_EMBED_KERNEL", {"embed kernel": "1", "torch gather, norm in q/k/v": "0"})
+
+
+def epilogue_paired(eng: Engine) -> dict:
+    """The one-row kernels' epilogue inputs requested before the weight loop or after it (kernels/gemv.
+    epilogue_early), each with the L2 hints on the weights and without (kernels/gemv.l2_hints)."""
+    return env_paired(eng, {f"epilogue {e}, L2 {h}": {"SPECPILOT_EPILOGUE_EARLY": e_val, "SPECPILOT_L2_HINTS": h}
+                            for e, e_val in (("early", "1"), ("late", "0")) for h in ("weights", "off")})
 
 
 def tail_paired(eng: Engine, rounds: int = 5) -> dict:
@@ -414,7 +426,8 @@ def ring_sweep(eng: Engine, rounds: int = 5) -> dict:
 
 # The paired timings (--options, --ring-sweep, ...): each takes the tuned engine.
 PAIRED = {"options": options_paired, "ring_sweep": ring_sweep, "early": early_paired, "steps": steps_paired,
-          "greedy": greedy_paired, "embed": embed_paired, "tail": tail_paired, "l2": l2_paired}
+          "greedy": greedy_paired, "embed": embed_paired, "tail": tail_paired, "l2": l2_paired,
+          "epilogue": epilogue_paired}
 
 
 @contextlib.contextmanager
@@ -500,6 +513,9 @@ def main() -> None:
     ap.add_argument("--l2", action="store_true",
                     help="only the paired timing of the L2 hints (off, weights evict-first, also K/V evict-last), "
                          "with and without the ring and the attention's preload")
+    ap.add_argument("--epilogue", action="store_true",
+                    help="only the paired timing of the epilogue's inputs requested before / after the weight loop, "
+                         "with and without the L2 hints on the weights")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
     for name in PAIRED:

@@ -136,7 +136,8 @@ GEMV_VARIANTS = (("pdl", {}), ("no_pdl", {"SPECPILOT_PDL": "0"}), ("no_handoff",
                  ("neither", {"SPECPILOT_GEMV_STAGED": "0", "SPECPILOT_ATTN_LATE": "0"}),
                  ("three_rounds", {"SPECPILOT_TUNE_ROUNDS": "3"}), ("early", {"SPECPILOT_GEMV_EARLY": "1"}),
                  ("tail", {"SPECPILOT_QKV_ATTN": "1"}), ("l2_weights", {"SPECPILOT_L2_HINTS": "weights"}),
-                 ("l2_kv", {"SPECPILOT_L2_HINTS": "weights_kv"}), ("l2_off", {"SPECPILOT_L2_HINTS": "off"}))
+                 ("l2_kv", {"SPECPILOT_L2_HINTS": "weights_kv"}), ("l2_off", {"SPECPILOT_L2_HINTS": "off"}),
+                 ("late_epilogue", {"SPECPILOT_EPILOGUE_EARLY": "0"}))
 # Loading ahead changes which tiles are fastest (registers, loads in flight): no_ahead gets configs tuned for it,
 # one_round configs from a one-round step tuning, no_staged / no_late / neither configs tuned without the
 # shared-memory ring / the attention's late release / both, three_rounds from a three-round step tuning, early
@@ -147,7 +148,7 @@ RETUNED = ("no_ahead", "one_round", "no_staged", "no_late", "neither", "three_ro
            "l2_kv", "l2_off")
 _GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_NORM_HANDOFF", "SPECPILOT_GEMV_AHEAD", "SPECPILOT_TUNE_ROUNDS",
              "SPECPILOT_GEMV_STAGED", "SPECPILOT_ATTN_LATE", "SPECPILOT_GEMV_EARLY", "SPECPILOT_QKV_ATTN",
-             "SPECPILOT_L2_HINTS")
+             "SPECPILOT_L2_HINTS", "SPECPILOT_EPILOGUE_EARLY")
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float, variants=GEMV_VARIANTS) -> dict:
@@ -306,7 +307,7 @@ def main() -> None:
     ap.add_argument("--parts", default="gemv,verify,stock,ceiling", help="what to time beside AR")
     ap.add_argument("--gemv-variants", default="pdl,no_pdl,no_handoff,no_ahead,one_round",
                     help="which of GEMV_VARIANTS the gemv part runs (the first, pdl, always; also no_staged, "
-                         "no_late, neither, three_rounds, early, tail, l2_weights, l2_kv, l2_off)")
+                         "no_late, neither, three_rounds, early, tail, l2_weights, l2_kv, l2_off, late_epilogue)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     report = provenance(" ".join(["PYTHONPATH=. python3 bench/gpu/engine_core.py", *sys.argv[1:]]))

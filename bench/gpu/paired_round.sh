@@ -10,13 +10,13 @@
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
 # TESTS: the -k selection of those tests (the 34 tail tests alone need ~150 s with a cold Triton cache).
 # Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [PAIRED_ENV=NAME=value] [TESTS=...] [MODELS=dense-8b] \
-#        [VARIANTS=pdl,three_rounds] [TRACE=1] [ABLATE_S=240] bash bench/gpu/paired_round.sh
+#        [VARIANTS=pdl,three_rounds] [TRACE=1] [ABLATE_S=240] [CORE_S=240] bash bench/gpu/paired_round.sh
 set -u
 export PYTHONPATH=.
 rm -rf /tmp/o && mkdir -p /tmp/o/paired /tmp/o/core /tmp/o/trace  # a warm machine keeps old files
 
 core() {
-  timeout 240 python3 -u bench/gpu/engine_core.py --parts gemv --models dense-8b \
+  timeout "${CORE_S:-240}" python3 -u bench/gpu/engine_core.py --parts gemv --models dense-8b \
     --gemv-variants "${VARIANTS:-pdl,three_rounds}" --out /tmp/o/core > /tmp/o/core.log 2>&1
 }
 

@@ -138,7 +138,7 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
     Loading one loop step ahead (kernels/gemv.ahead_on) is chosen per key too: each round times its winner
     once more with AHEAD False (on the H200, loading ahead everywhere made the 8B's step 0.06-0.10 ms
     faster; on the 27B's it was within the run-to-run spread, either way). So is the early release of the
-    next kernel (EARLY, the projections and q/k/v only: gemv/triton._stream_rows) where it is offered
+    next kernel (EARLY, the projections and q/k/v only: gemv/triton._stream_open) where it is offered
     (SPECPILOT_GEMV_EARLY=1): the kept winner once more with EARLY, kept if the step is faster. And so is the
     attention at q/k/v's tail (ATTN, with SPECPILOT_QKV_ATTN=1): the kept winner with each split count, kept
     if the step is faster; the attention's own key is then not launched (its choice is moot)."""

@@ -52,7 +52,7 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, trace_ptr,
     """y[n] = (r[n] +) sum_k W[n, k] x[k] for this program's BLOCK_N rows, the weight tiles streamed through
     a ring of STAGE shared-memory slots, the first STAGE requested before the PDL wait. NEXT as in
     gemv/triton._stream_kernel; TRACE: kernels/trace.py's records; EARLY: the next kernel may launch once
-    every block has started (gemv/triton._stream_rows)."""
+    every block has started (gemv/triton._stream_open)."""
     rec = trace_ptr + gl.program_id(0) * 5
     if TRACE:
         _stamp(rec, 0)

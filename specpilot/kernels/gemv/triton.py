@@ -33,7 +33,16 @@ import triton
 import triton.language as tl
 
 from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv import MAX_ROWS, NormedStream, ahead_on, handoff_on, norm_input, stream_of, weight_eviction
+from specpilot.kernels.gemv import (
+    MAX_ROWS,
+    NormedStream,
+    ahead_on,
+    epilogue_early,
+    handoff_on,
+    norm_input,
+    stream_of,
+    weight_eviction,
+)
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
@@ -100,12 +109,14 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
                    GATE_UP: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
                    NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
-                   EARLY: tl.constexpr = False, EVICT: tl.constexpr = ""):
+                   EARLY: tl.constexpr = False, EVICT: tl.constexpr = "", EPI_EARLY: tl.constexpr = False):
     """NEXT: also write, for the norm (weight g) that reads y, y * g (in y's dtype: as an x the loop loads it
     like any other) and this block's sum of y^2 in float32 (the y stored, rounded). NPARTS (a power of
     two >= n_parts, or 0): x is such an h * g, its rstd comes from the n_parts sums at parts_ptr.
     AHEAD: loads one loop step ahead, EARLY: lets the next kernel launch at once, EVICT: the weights' L2
-    eviction policy (_stream_rows)."""
+    eviction policy (_stream_open). EPI_EARLY: the epilogue's inputs (bias, residual, the next norm's weight)
+    are requested right after the PDL wait, before the weight loop, so that their round trip is not added
+    to the kernel's end (which the next kernel's wait waits for)."""
     dtype: tl.constexpr = y_ptr.dtype.element_ty
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
@@ -114,34 +125,52 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
     nmask = n < N
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
-    out, out_up = _stream_rows(x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
+    wp, wp2 = _stream_open(w_rows, up_rows, nmask, K, GATE_UP, USE_GDC, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE,
+                           EARLY, EVICT)
+    if EPI_EARLY:
+        bias, res, g = _epilogue_inputs(b_ptr, r_ptr, g_ptr, n, nmask, HAS_BIAS, HAS_RES, NEXT)
+    out, out_up = _stream_rest(wp, wp2, x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
                                BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD,
                                EARLY, EVICT)
+    if not EPI_EARLY:
+        bias, res, g = _epilogue_inputs(b_ptr, r_ptr, g_ptr, n, nmask, HAS_BIAS, HAS_RES, NEXT)
     if HAS_BIAS:
-        out += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+        out += bias
     out = out.to(dtype).to(tl.float32)
     if GATE_UP:
         silu = (out / (1.0 + tl.exp(-out))).to(dtype).to(tl.float32)
         out = silu * out_up.to(dtype).to(tl.float32)
     if HAS_RES:
-        out = out + tl.load(r_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+        out = out + res
     tl.store(y_ptr + n, out.to(dtype), mask=nmask)
     if NEXT:
         stored = tl.where(nmask, out.to(dtype).to(tl.float32), 0.0)
-        tl.store(xg_ptr + n, (stored * tl.load(g_ptr + n, mask=nmask, other=0.0).to(tl.float32)).to(dtype),
-                 mask=nmask)
+        tl.store(xg_ptr + n, (stored * g).to(dtype), mask=nmask)
         tl.store(sq_ptr + tl.program_id(0), tl.sum(stored * stored, axis=0))
     if TRACE:
         stamp(rec, 3)  # END
 
 
 @triton.jit
-def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
-                 USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr, parts_ptr, n_parts,
-                 NPARTS: tl.constexpr, AHEAD: tl.constexpr = False, EARLY: tl.constexpr = False,
-                 EVICT: tl.constexpr = ""):
-    """sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
+def _epilogue_inputs(b_ptr, r_ptr, g_ptr, n, nmask, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                     NEXT: tl.constexpr):
+    """The one-row kernel's epilogue inputs in float32 (zeros where a flag is off): bias, residual, the next
+    norm's weight."""
+    zero = tl.zeros(n.shape, dtype=tl.float32)
+    bias = tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32) if HAS_BIAS else zero
+    res = tl.load(r_ptr + n, mask=nmask, other=0.0).to(tl.float32) if HAS_RES else zero
+    g = tl.load(g_ptr + n, mask=nmask, other=0.0).to(tl.float32) if NEXT else zero
+    return bias, res, g
+
+
+@triton.jit
+def _stream_open(rows, rows2, nmask, K, TWO: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr,
+                 EARLY: tl.constexpr, EVICT: tl.constexpr):
+    """The one-row weight stream, in two halves so that a caller can request its epilogue's inputs in between
+    (after the wait, before the loop): this one, then _stream_rest with the tiles it returns.
+
+    sum_k W[r, k] x'[k] for ROWS weight rows (and, with TWO, for a second set of ROWS rows), with
     x' = rms_norm(x) * norm weight when HAS_NORM (one pass: the row's rstd scales the sums at the end)
     or when NPARTS (x is x * norm weight already, the sums of squares come in n_parts pieces).
     The first PRE weight tiles (one wide tile; the host keeps PRE * BLOCK_K <= K where K is a multiple of
@@ -153,7 +182,8 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
     EARLY: the next kernel may launch as soon as every block of this one has started, not after each one's
     last weight load, so that its blocks take the SM slots this grid's tail frees and stream their own
     first tiles (or, for the attention, K/V) there. Its wait still holds it until this grid is done.
-    EVICT: the weight loads' L2 eviction policy (kernels/gemv.l2_hints)."""
+    EVICT: the weight loads' L2 eviction policy (kernels/gemv.l2_hints).
+    Returns the first tiles (the second row set's too: the first's again without TWO)."""
     if USE_GDC and EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     kp = tl.arange(0, PRE * BLOCK_K)
@@ -165,6 +195,17 @@ def _stream_rows(x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constex
         tl.extra.cuda.gdc_wait()
     if TRACE:
         stamp(rec, 1)  # WAITED
+    return wp, wp2
+
+
+@triton.jit
+def _stream_rest(wp, wp2, x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
+                 USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
+                 EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr, parts_ptr, n_parts,
+                 NPARTS: tl.constexpr, AHEAD: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr):
+    """The stream's second half (_stream_open), after the wait: the weight loop over the tiles after the
+    first PRE (wp, wp2) and the sums."""
+    kp = tl.arange(0, PRE * BLOCK_K)
     if NPARTS:  # loaded now, summed at the end: the load's latency hides behind the weight stream
         p = tl.arange(0, NPARTS)
         parts = tl.load(parts_ptr + p, mask=p < n_parts, other=0.0)
@@ -402,6 +443,7 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
         config = {key: v for key, v in config.items() if key != "STAGE"}
     rec, traced = trace_slot(kind, blocks, y)
     _STREAM[grid](*tensors, rec, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced,
-                  NEXT=next_norm is not None, NPARTS=nparts, EVICT=weight_eviction(), **launch_config(config), **launch,
+                  NEXT=next_norm is not None, NPARTS=nparts, EVICT=weight_eviction(), EPI_EARLY=epilogue_early(),
+                  **launch_config(config), **launch,
                   AHEAD=ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"]))
     return handoff[1:] if next_norm is not None else None

@@ -19,13 +19,29 @@ import triton.language as tl
 from specpilot.kernels.attention.tail import row_attention
 from specpilot.kernels.attention.triton import LOG2E, attention_counters
 from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv import kv_eviction, norm_input, weight_eviction
+from specpilot.kernels.gemv import epilogue_early, kv_eviction, norm_input, weight_eviction
 from specpilot.kernels.gemv.choice import CANDIDATES, step_config
-from specpilot.kernels.gemv.triton import _stream_rows, ahead_fits, launch_config, parts_args, pre_clamped
+from specpilot.kernels.gemv.triton import _stream_open, _stream_rest, ahead_fits, launch_config, parts_args, pre_clamped
 from specpilot.kernels.qkv_rope import PAIRS
 from specpilot.kernels.rope.triton import _round
 from specpilot.kernels.trace import opening, stamp
 from specpilot.kernels.trace import slot as trace_slot
+
+
+@triton.jit
+def _rope_inputs(b_ptr, rows_a, HALF: tl.constexpr, pos_ptr, cos_ptr, sin_ptr, i, D: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, rotated, dtype: tl.constexpr):
+    """A q/k/v + rope program's epilogue inputs: the bias of its two row sets (float32, zeros without) and,
+    where `rotated` (a q or k head), cos and sin at the position (in the dtype)."""
+    bias_a = tl.zeros(rows_a.shape, dtype=tl.float32)
+    bias_b = bias_a
+    if HAS_BIAS:
+        bias_a = tl.load(b_ptr + rows_a).to(tl.float32)
+        bias_b = tl.load(b_ptr + rows_a + HALF).to(tl.float32)
+    pos = tl.load(pos_ptr, mask=rotated, other=0).to(tl.int64)
+    cos1 = tl.load(cos_ptr + pos * D + i, mask=rotated, other=0.0).to(dtype)  # held in the dtype, used in float32
+    sin1 = tl.load(sin_ptr + pos * D + i, mask=rotated, other=0.0).to(dtype)
+    return bias_a, bias_b, cos1, sin1
 
 
 @triton.jit
@@ -34,9 +50,11 @@ def _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, s
                       PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr, TRACE: tl.constexpr,
                       NPARTS: tl.constexpr, AHEAD: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
-                      KV_EVICT: tl.constexpr):
+                      KV_EVICT: tl.constexpr, EPI_EARLY: tl.constexpr):
     """This program's rotary pairs: projected, rotated, stored (see the module docstring). EVICT, KV_EVICT: the
-    L2 eviction policies of the weight loads and of the K/V cache writes (kernels/gemv.l2_hints)."""
+    L2 eviction policies of the weight loads and of the K/V cache writes (kernels/gemv.l2_hints). EPI_EARLY:
+    the epilogue's inputs (bias, position and its rotary cos / sin) are requested right after
+    the PDL wait, before the weight loop (gemv/triton._stream_kernel)."""
     dtype: tl.constexpr = q_out.dtype.element_ty
     D: tl.constexpr = 2 * HALF
     pid = tl.program_id(0)
@@ -45,20 +63,27 @@ def _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, s
     rows_a = head * D + i
     full = i < HALF  # all true: heads divide evenly
     a_ptrs = w_ptr + rows_a[:, None].to(tl.int64) * K
-    a, b = _stream_rows(x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC, PAIRS,
-                        BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD, EARLY, EVICT)
+    wp, wp2 = _stream_open(a_ptrs, a_ptrs + HALF * K, full, K, True, USE_GDC, BLOCK_K, True, EVEN_K, PRE, rec,
+                           TRACE, EARLY, EVICT)
+    if EPI_EARLY:
+        bias_a, bias_b, cos1, sin1 = _rope_inputs(b_ptr, rows_a, HALF, pos_ptr, cos_ptr, sin_ptr, i, D, HAS_BIAS,
+                                                  head < HQ + HKV, dtype)
+    a, b = _stream_rest(wp, wp2, x_ptr, nw_ptr, a_ptrs, a_ptrs + HALF * K, full, K, eps, HAS_NORM, True, USE_GDC,
+                        PAIRS, BLOCK_K, True, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD, EARLY, EVICT)
+    if not EPI_EARLY:
+        bias_a, bias_b, cos1, sin1 = _rope_inputs(b_ptr, rows_a, HALF, pos_ptr, cos_ptr, sin_ptr, i, D, HAS_BIAS,
+                                                  head < HQ + HKV, dtype)
     if HAS_BIAS:
-        a += tl.load(b_ptr + rows_a).to(tl.float32)
-        b += tl.load(b_ptr + rows_a + HALF).to(tl.float32)
+        a += bias_a
+        b += bias_b
     a = _round(a, dtype)
     b = _round(b, dtype)
-    slot = tl.load(slot_ptr).to(tl.int64)
+    slot = tl.load(slot_ptr).to(tl.int64)  # after the loop either way: earlier, ptxas spills at 4 warps
     if head < HQ + HKV:  # q or k: rotate (rotate-half convention; cos/sin cast to the dtype first)
-        pos = tl.load(pos_ptr).to(tl.int64)
-        cos1 = _round(tl.load(cos_ptr + pos * D + i), dtype)
-        sin1 = _round(tl.load(sin_ptr + pos * D + i), dtype)
-        first = _round(_round(a * cos1, dtype) + _round(-b * sin1, dtype), dtype)
-        second = _round(_round(b * cos1, dtype) + _round(a * sin1, dtype), dtype)
+        cos32 = cos1.to(tl.float32)
+        sin32 = sin1.to(tl.float32)
+        first = _round(_round(a * cos32, dtype) + _round(-b * sin32, dtype), dtype)
+        second = _round(_round(b * cos32, dtype) + _round(a * sin32, dtype), dtype)
         if head < HQ:
             tl.store(q_out + head * D + i, first.to(dtype))
             tl.store(q_out + head * D + HALF + i, second.to(dtype))
@@ -78,13 +103,14 @@ def _qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, si
                      HALF: tl.constexpr, PAIRS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
                      USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
                      TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
-                     EARLY: tl.constexpr = False, EVICT: tl.constexpr = "", KV_EVICT: tl.constexpr = ""):
+                     EARLY: tl.constexpr = False, EVICT: tl.constexpr = "", KV_EVICT: tl.constexpr = "",
+                     EPI_EARLY: tl.constexpr = False):
     rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
     if TRACE:
         opening(rec)
     _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache, rec,
                       parts_ptr, n_parts, K, L, eps, HQ, HKV, HALF, PAIRS, HAS_NORM, HAS_BIAS, USE_GDC, BLOCK_K, EVEN_K,
-                      PRE, TRACE, NPARTS, AHEAD, EARLY, EVICT, KV_EVICT)
+                      PRE, TRACE, NPARTS, AHEAD, EARLY, EVICT, KV_EVICT, EPI_EARLY)
     if TRACE:
         stamp(rec, 3)  # END
 
@@ -97,7 +123,8 @@ def _qkv_attend_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, 
                        USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
                        TRACE: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
                        EARLY: tl.constexpr = False, SPLITS: tl.constexpr = 1, BLOCK_N: tl.constexpr = 64,
-                       PRECISION: tl.constexpr = "tf32", EVICT: tl.constexpr = "", KV_EVICT: tl.constexpr = ""):
+                       PRECISION: tl.constexpr = "tf32", EVICT: tl.constexpr = "", KV_EVICT: tl.constexpr = "",
+                       EPI_EARLY: tl.constexpr = False):
     """_qkv_rope_kernel, then the new row's attention by the last programs of each KV head's group
     (attention/tail.py): o [Hq * D]."""
     rec = trace_ptr + tl.program_id(0) * 5
@@ -105,7 +132,7 @@ def _qkv_attend_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, 
         opening(rec)
     _qkv_rope_program(x_ptr, nw_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_out, k_cache, v_cache, rec,
                       parts_ptr, n_parts, K, L, eps, HQ, HKV, HALF, PAIRS, HAS_NORM, HAS_BIAS, USE_GDC, BLOCK_K, EVEN_K,
-                      PRE, TRACE, NPARTS, AHEAD, EARLY, EVICT, KV_EVICT)
+                      PRE, TRACE, NPARTS, AHEAD, EARLY, EVICT, KV_EVICT, EPI_EARLY)
     G: tl.constexpr = HQ // HKV
     head = tl.program_id(0) // (HALF // PAIRS)
     grp = tl.where(head < HQ, head // G, tl.where(head < HQ + HKV, head - HQ, head - HQ - HKV))
@@ -157,7 +184,7 @@ def qkv_rope_triton(x, weight, bias, norm_weight, eps, positions, cos_table, sin
             bias if bias is not None else weight, positions.reshape(-1), slots.reshape(-1), cos_table, sin_table,
             q, k_cache, v_cache, q, *parts, hidden, k_cache.shape[2], eps)
     meta = dict(HQ=num_heads, HKV=num_kv_heads, HALF=half, HAS_NORM=has_norm, HAS_BIAS=bias is not None,
-                USE_GDC=pdl, NPARTS=nparts, EVICT=weight_eviction(), KV_EVICT=kv_eviction(),
+                USE_GDC=pdl, NPARTS=nparts, EVICT=weight_eviction(), KV_EVICT=kv_eviction(), EPI_EARLY=epilogue_early(),
                 **({"launch_pdl": True} if pdl else {}))
     if chosen is not None:
         pairs = chosen["PAIRS"]
