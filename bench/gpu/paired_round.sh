@@ -10,7 +10,7 @@
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
 # TESTS: the -k selection of those tests (the 34 tail tests alone need ~150 s with a cold Triton cache).
 # Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [PAIRED_ENV=NAME=value] [TESTS=...] [MODELS=dense-8b] \
-#        [VARIANTS=pdl,three_rounds] [TRACE=1] [ABLATE_S=240] [CORE_S=240] bash bench/gpu/paired_round.sh
+#        [VARIANTS=pdl,three_rounds] [TRACE=1] [ABLATE_S=240] [CORE_S=240] [CORE=0: no engine_core.py on one GPU] bash bench/gpu/paired_round.sh
 set -u
 export PYTHONPATH=.
 rm -rf /tmp/o && mkdir -p /tmp/o/paired /tmp/o/core /tmp/o/trace  # a warm machine keeps old files
@@ -35,7 +35,7 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   wait
 else
   first
-  core
+  [ "${CORE:-1}" = 1 ] && core
 fi
 left=$((570 - SECONDS))  # the trace gets what is left of the command's ten minutes
 [ "${TRACE:-1}" = 1 ] && [ "$left" -gt 60 ] && timeout "$left" python3 -u bench/gpu/trace_step.py \
