@@ -360,8 +360,11 @@ def test_l2_hints_and_early_epilogue_inputs_compute_the_same(monkeypatch, device
     """SPECPILOT_L2_HINTS only marks loads (weights evict-first, the K/V cache evict-last), and
     SPECPILOT_EPILOGUE_EARLY only moves the epilogue's loads (bias, residual, the next norm's weight, rope's
     cos / sin) before the weight loop: the one-row GEMV, q/k/v + rope (its K/V cache writes) and the decode
-    attention (its K/V loads) give bit for bit what they give without them. The L2 switch names its values;
-    anything else is an error."""
+    attention (its K/V loads) compute what they compute without them, bit for bit under the interpreter.
+    A GPU build may differ in the last bit: Triton's PTX leaves ptxas free to fuse a multiply and an add
+    into one FMA, and it chose differently for q/k/v + rope once the loads moved (1-2 float32 ulps in 9 of
+    64 q values, one bfloat16 ulp in 6, on the H200). The L2 switch names its values; anything else is an
+    error."""
     from specpilot.kernels.attention.triton import attend_triton
     from specpilot.kernels.gemv import choice, epilogue_early, kv_eviction, l2_hints, weight_eviction
     from specpilot.spec.masks import Visibility
@@ -386,8 +389,9 @@ def test_l2_hints_and_early_epilogue_inputs_compute_the_same(monkeypatch, device
         outs["late epilogue"] = run()
     finally:
         choice.forget()
+    ulps = 0.0 if device == "cpu" else 1e-6 if dtype == torch.float32 else 1e-2
     for mode in ("weights", "weights_kv", "late epilogue"):
-        assert all(torch.equal(a, b) for a, b in zip(outs[mode], outs["off"], strict=True))
+        assert all(rel(a, b) <= ulps for a, b in zip(outs[mode], outs["off"], strict=True)), mode
     assert all(a.abs().sum() > 0 for a in outs["off"])
     monkeypatch.delenv("SPECPILOT_L2_HINTS")
     monkeypatch.delenv("SPECPILOT_EPILOGUE_EARLY")
