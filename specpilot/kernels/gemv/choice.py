@@ -26,22 +26,24 @@ _RECORDING = [False]
 # chosen build without spills, at <= 128 registers a thread for a plain projection
 # (tests/test_kernels_compile.py); with gate/up's two row sets PRE = 4 takes 168-181. (Candidates that
 # bulk-prefetched a block's whole weight share into the L2 before its PDL wait were never chosen on the
-# H200 and were removed: bench/results/2026-11-30_engine_core_x_tiles_h200.json.) BLOCK_K 1024: twice the
-# bytes in flight a program (a step ahead), for grids with few programs an SM (the 8B's down projection: 512
-# programs of 8 rows, ~4 an SM, ~8 MB in flight at 512 columns, about what the DRAM's latency asks for).
+# H200 and were removed: bench/results/2026-11-30_engine_core_x_tiles_h200.json. So were tiles of 1024
+# columns, twice the bytes in flight a program, offered for grids with few programs an SM: on every key of
+# both models the best of them made the step slower than the key's choice, by 0.01-0.53 ms on the 8B and
+# 0.03-1.33 ms on the 27B:
+# bench/results/2026-12-01_engine_core_8b_b27c904_h200.json, ..._27b_...)
 CANDIDATES = {
     "gemv": [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "PRE": pre}
              for bn, bk, w, st, pre in (
                  (16, 512, 8, 2, 1), (16, 512, 4, 2, 1), (16, 256, 4, 4, 1), (8, 512, 4, 4, 1),
                  (64, 128, 4, 4, 1), (32, 256, 8, 2, 1), (8, 256, 4, 4, 1), (8, 512, 8, 2, 1),
                  (16, 256, 8, 2, 1), (8, 512, 8, 2, 2), (8, 512, 8, 2, 4), (16, 256, 8, 2, 4),
-                 (8, 256, 4, 4, 4), (8, 1024, 8, 2, 1), (16, 1024, 8, 2, 1), (8, 1024, 4, 2, 1))],
+                 (8, 256, 4, 4, 4))],
     # PAIRS: rotary pairs per program (2 x PAIRS weight rows): 4 gives the 8-row programs the plain
     # projections chose on the H200, 8 half as many programs.
     "qkv_rope": [{"PAIRS": p, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "PRE": pre}
                  for p, bk, w, st, pre in ((8, 512, 4, 2, 1), (8, 512, 8, 2, 1), (8, 256, 4, 4, 1), (8, 1024, 8, 2, 1),
                                            (8, 256, 8, 2, 1), (4, 512, 8, 2, 1), (4, 512, 4, 2, 1), (4, 256, 4, 4, 1),
-                                           (8, 512, 8, 2, 2), (4, 512, 8, 2, 4), (4, 1024, 8, 2, 1))],
+                                           (8, 512, 8, 2, 2), (4, 512, 8, 2, 4))],
 }
 
 
