@@ -64,7 +64,7 @@ def epilogue_early() -> bool:
     instead of after it, where their round trip adds to the kernel's end; default on,
     SPECPILOT_EPILOGUE_EARLY=0 turns it off. It changes when loads are issued, not the arithmetic (a GPU
     build may round an ulp differently where ptxas fuses a multiply and an add: tests/test_kernels.py).
-    On the H200 8B it made the step 0.013 ms faster, paired
+    On the H200 8B it made the step 0.010-0.013 ms faster, paired
     (bench/results/2026-12-01_epilogue_paired_58fd9bd_h200.json)."""
     return env_switch("SPECPILOT_EPILOGUE_EARLY")
 
@@ -79,7 +79,7 @@ def l2_hints() -> str:
     reads of it (the 8B's layer reads its 1-2 MB of K/V after 15 GB of other layers' weights went by);
     `weights_kv`: also the K/V cache's loads and writes evict-last. Hints only: what is computed is the same.
     The shared-memory ring's copies (gemv/staged.py) carry none: Triton 3.6's cp.async drops the hint.
-    On the H200 8B, `weights` made the step 0.019 ms faster, paired; `weights_kv` 0.008
+    On the H200 8B, `weights` made the step 0.017 ms faster, paired; `weights_kv` 0.008
     (bench/results/2026-12-01_l2_paired_7ad93f5_h200.json)."""
     mode = os.environ.get("SPECPILOT_L2_HINTS", "").strip() or "weights"
     if mode not in L2_HINTS:
