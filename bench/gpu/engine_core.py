@@ -18,6 +18,7 @@ import datetime
 import gc
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -63,10 +64,36 @@ def timed(fn, reps: int = 20, warm: int = 3) -> float:
 
 
 def provenance(command: str) -> dict:
-    """The header every GPU result JSON carries: when, which code (SPECPILOT_COMMIT), which GPU, how run."""
+    """The header every GPU result JSON carries: when, which code (SPECPILOT_COMMIT), which GPU (and its state:
+    gpu_state), how run."""
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "commit": os.environ.get("SPECPILOT_COMMIT"), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "command": command}
+            "torch": torch.__version__, "command": command, "gpu_state": gpu_state()}
+
+
+# What tells the leases' GPUs apart: the same code's 8B step took 3.91 ms on some and 4.00 on others
+# (BENCHMARKS.md, session 12), cuBLAS's alike, so a result should say which physical GPU and in what state.
+GPU_FIELDS = ("serial", "uuid", "pci.bus_id", "clocks.sm", "clocks.max.sm", "clocks.mem", "temperature.gpu",
+              "power.draw", "power.limit", "clocks_event_reasons.active")
+
+
+def gpu_state() -> dict:
+    """The current GPU's nvidia-smi fields (GPU_FIELDS) at this moment, one query each so that a field this
+    driver does not know costs only itself; {} where nvidia-smi is missing."""
+    try:
+        index = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        index = index if index.startswith("GPU-") else f"GPU-{index}"
+    except (AttributeError, RuntimeError):
+        index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    state = {}
+    for field in GPU_FIELDS:
+        try:
+            out = subprocess.run(["nvidia-smi", "-i", index, f"--query-gpu={field}", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return state
+        state[field] = out.stdout.strip() if out.returncode == 0 else None
+    return state
 
 
 def bandwidth() -> dict:
@@ -320,6 +347,7 @@ def main() -> None:
     names = set(args.gemv_variants.split(",")) | {GEMV_VARIANTS[0][0]}
     variants = tuple(v for v in GEMV_VARIANTS if v[0] in names)
     report["models"] = {m: bench_model(m, MODELS[m], bw, parts, variants) for m in args.models.split(",")}
+    report["gpu_state_after"] = gpu_state()
     path = os.path.join(args.out, "engine_core.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=1)

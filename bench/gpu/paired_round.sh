@@ -4,13 +4,14 @@
 #   the one-row kernels' GPU tests a change to their release, ring or trace touches (and the decode
 #   attention's), then ablate_step.py $PAIRED (8B unless MODELS; with the environment PAIRED_ENV): --early (the
 #   kernels' early release as the tuning chose it, nowhere, everywhere, ...), --tail (the attention at q/k/v's tail),
-#   --l2 (the L2 hints) or --ring-sweep / --options, timed in turn; then
+#   --l2 (the L2 hints), --epilogue (the epilogue's inputs early) or --ring-sweep / --options, timed in turn; then
 #   engine_core.py --parts gemv for the 8B (AR ms per token, the default tuning against $VARIANTS), and
 #   trace_step.py (PDL only) with what is left of the ten minutes.
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
 # TESTS: the -k selection of those tests (the 34 tail tests alone need ~150 s with a cold Triton cache).
 # Usage: SPECPILOT_COMMIT=<sha> [PAIRED=--early] [PAIRED_ENV=NAME=value] [TESTS=...] [MODELS=dense-8b] \
-#        [VARIANTS=pdl,three_rounds] [TRACE=1] [ABLATE_S=240] [CORE_S=240] [CORE=0: no engine_core.py on one GPU] bash bench/gpu/paired_round.sh
+#        [VARIANTS=pdl,three_rounds] [TRACE=1] [ABLATE_S=240] [CORE_S=240] [CORE=1] bash bench/gpu/paired_round.sh
+# (CORE=0: no engine_core.py on one GPU; TRACE=0: no trace; ABLATE_S, CORE_S: those runs' limits in seconds)
 set -u
 export PYTHONPATH=.
 rm -rf /tmp/o && mkdir -p /tmp/o/paired /tmp/o/core /tmp/o/trace  # a warm machine keeps old files

@@ -60,8 +60,9 @@ def ahead_on() -> bool:
 
 def epilogue_early() -> bool:
     """Whether the one-row kernels request their epilogue's inputs (bias, residual, the next norm's weight;
-    q/k/v + rope's position, cos / sin and cache slot) right after the PDL wait, before the weight loop,
-    instead of after it, where their round trip adds to the kernel's end; default on,
+    q/k/v + rope's position and its cos / sin, but not the cache slot, whose register made ptxas spill at 4
+    warps) right after the PDL wait, before the weight loop, instead of after it, where their round trip
+    adds to the kernel's end; default on,
     SPECPILOT_EPILOGUE_EARLY=0 turns it off. It changes when loads are issued, not the arithmetic (a GPU
     build may round an ulp differently where ptxas fuses a multiply and an add: tests/test_kernels.py).
     On the H200 8B it made the step 0.010-0.013 ms faster, paired
@@ -77,8 +78,10 @@ def l2_hints() -> str:
     `weights`: the weights stream evict-first, so that what every step reads again (the K/V cache, norm
     and rope tables, the activations) is not pushed out by the gigabytes of weights streamed between two
     reads of it (the 8B's layer reads its 1-2 MB of K/V after 15 GB of other layers' weights went by);
-    `weights_kv`: also the K/V cache's loads and writes evict-last. Hints only: what is computed is the same.
-    The shared-memory ring's copies (gemv/staged.py) carry none: Triton 3.6's cp.async drops the hint.
+    `weights_kv`: also the K/V cache's writes and loads evict-last. Hints only: the arithmetic is the same
+    (and on the H200 the hinted builds gave the same bits). Copies that Triton 3.6 turns into cp.async carry
+    no hint (it drops it): the shared-memory ring's (gemv/staged.py) and the decode attention's pipelined
+    K/V loads (its first block, loaded before its wait, keeps the hint).
     On the H200 8B, `weights` made the step 0.017 ms faster, paired; `weights_kv` 0.008
     (bench/results/2026-12-01_l2_paired_7ad93f5_h200.json)."""
     mode = os.environ.get("SPECPILOT_L2_HINTS", "").strip() or "weights"
