@@ -79,12 +79,24 @@ GPU_FIELDS = ("serial", "uuid", "pci.bus_id", "clocks.sm", "clocks.max.sm", "clo
 
 def gpu_state() -> dict:
     """The current GPU's nvidia-smi fields (GPU_FIELDS) at this moment, one query each so that a field this
-    driver does not know costs only itself; {} where nvidia-smi is missing."""
+    driver does not know costs only itself (None); {} where nvidia-smi is missing. A diagnostic: whatever
+    goes wrong ends up in the dict, never in the benchmark."""
     try:
-        index = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-        index = index if index.startswith("GPU-") else f"GPU-{index}"
-    except (AttributeError, RuntimeError):
-        index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        return _gpu_state(_gpu_index())
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        return {"error": repr(exc)[:300]}
+
+
+def _gpu_index() -> str:
+    """What `nvidia-smi -i` calls the current device: its UUID, else the first visible device."""
+    try:
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    except Exception:  # noqa: BLE001 - no CUDA, or a torch without the field
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+
+
+def _gpu_state(index: str) -> dict:
     state = {}
     for field in GPU_FIELDS:
         try:
