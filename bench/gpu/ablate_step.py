@@ -199,6 +199,30 @@ def medians(times: dict[str, list[float]]) -> dict[str, float]:
     return {n: sorted(t)[len(t) // 2] for n, t in times.items()}
 
 
+def next_token(eng: Engine, pos: int) -> int:
+    """The token one AR step gives from position pos and token 7 (the same state for every variant)."""
+    with torch.inference_mode():
+        eng.pos.fill_(pos)
+        eng.token.fill_(7)
+        eng._ar_step()
+    return eng.token.item()
+
+
+def without_rings(eng: Engine, pos: int, staged: list[tuple]) -> dict:
+    """The configs chosen now with each key in `staged` (one that chose a STAGE ring) re-tuned, one round,
+    over the configs without a ring; the choice before is back after."""
+    chosen = dict(choice._CHOSEN)
+    with _env(SPECPILOT_GEMV_STAGED="0"):
+        for k in staged:
+            del choice._CHOSEN[k]
+        with torch.inference_mode():
+            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
+        retuned = dict(choice._CHOSEN)
+    choice._CHOSEN.clear()
+    choice._CHOSEN.update(chosen)
+    return retuned
+
+
 def options_paired(eng: Engine, rounds: int = 5) -> dict:
     """The step with the configs the tuning chose against the same without the attention's LATE release,
     without the shared-memory ring (each key that chose STAGE re-tuned over the other configs), and
@@ -207,14 +231,7 @@ def options_paired(eng: Engine, rounds: int = 5) -> dict:
     chosen = dict(choice._CHOSEN)
     staged = [k for k, c in chosen.items() if c.get("STAGE")]
     no_late = {k: without_late(c) for k, c in chosen.items()}
-    with _env(SPECPILOT_GEMV_STAGED="0"):
-        for k in staged:
-            del choice._CHOSEN[k]
-        with torch.inference_mode():
-            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
-        no_staged = dict(choice._CHOSEN)
-    choice._CHOSEN.clear()
-    choice._CHOSEN.update(chosen)
+    no_staged = without_rings(eng, pos, staged)
     neither = {k: without_late(c) for k, c in no_staged.items()}
     variants = {"chosen": chosen, "no_late": no_late, "no_staged": no_staged, "neither": neither}
     times = in_turn(eng, variants, rounds, pos)
@@ -287,12 +304,10 @@ def env_paired(eng: Engine, ways: dict[str, dict[str, str]], rounds: int = 5) ->
     pos = CONTEXT // 4
     tokens = {}
     for name, env in ways.items():
-        with _env(**env), torch.inference_mode():
-            choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
-            eng.pos.fill_(pos)
-            eng.token.fill_(7)
-            eng._ar_step()
-            tokens[name] = eng.token.item()
+        with _env(**env):
+            with torch.inference_mode():
+                choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
+            tokens[name] = next_token(eng, pos)
     times = {name: [] for name in ways}
     for _ in range(rounds):
         for name, env in ways.items():
@@ -338,11 +353,7 @@ def tail_paired(eng: Engine, rounds: int = 5) -> dict:
     for name, configs in variants.items():
         choice._CHOSEN.clear()
         choice._CHOSEN.update(configs)
-        with torch.inference_mode():
-            eng.pos.fill_(pos)
-            eng.token.fill_(7)
-            eng._ar_step()
-            tokens[name] = eng.token.item()
+        tokens[name] = next_token(eng, pos)
     choice._CHOSEN.clear()
     choice._CHOSEN.update(chosen)
     times = in_turn(eng, variants, rounds, pos)
@@ -361,12 +372,7 @@ def l2_paired(eng: Engine, rounds: int = 3) -> dict:
     staged = [k for k, c in chosen.items() if c.get("STAGE")]
     base = {"": chosen}
     if staged:
-        with _env(SPECPILOT_GEMV_STAGED="0"):
-            for k in staged:
-                del choice._CHOSEN[k]
-            with torch.inference_mode():
-                choice.tune_step(eng._ar_step, lambda step: replay_ms(step, lambda: eng.pos.fill_(pos)), rounds=1)
-            base[", no ring"] = dict(choice._CHOSEN)
+        base[", no ring"] = without_rings(eng, pos, staged)
     configs = {}
     for suffix, cfg in base.items():
         configs[suffix] = cfg
@@ -380,11 +386,7 @@ def l2_paired(eng: Engine, rounds: int = 3) -> dict:
             choice._CHOSEN.update(cfg)
             with _env(SPECPILOT_L2_HINTS=mode):
                 if r == 0:
-                    with torch.inference_mode():
-                        eng.pos.fill_(pos)
-                        eng.token.fill_(7)
-                        eng._ar_step()
-                        tokens[name] = eng.token.item()
+                    tokens[name] = next_token(eng, pos)
                 times[name].append(timed_step(eng, pos))
     choice._CHOSEN.clear()
     choice._CHOSEN.update(chosen)
@@ -424,10 +426,21 @@ def ring_sweep(eng: Engine, rounds: int = 5) -> dict:
             "configs": {n: rings[n.split(" ", 1)[1]] for n in variants if n != "chosen"}}
 
 
-# The paired timings (--options, --ring-sweep, ...): each takes the tuned engine.
-PAIRED = {"options": options_paired, "ring_sweep": ring_sweep, "early": early_paired, "steps": steps_paired,
-          "greedy": greedy_paired, "embed": embed_paired, "tail": tail_paired, "l2": l2_paired,
-          "epilogue": epilogue_paired}
+# The paired timings (--options, --ring-sweep, ...): each takes the tuned engine; what its flag's help says.
+PAIRED = {
+    "options": (options_paired, "paired timing of the tuning's options (attention LATE, STAGE rings)"),
+    "ring_sweep": (ring_sweep, "paired timing of the output projection's ring sizes, with and without LATE"),
+    "early": (early_paired, "paired timing of the kernels' early release (EARLY) as chosen, nowhere, everywhere, "
+                            "q/k/v only, gate/up only"),
+    "steps": (steps_paired, "per-token time of graphs of 1, 2 and 4 AR steps (alone and back to back)"),
+    "greedy": (greedy_paired, "paired timing of the step's tail as one kernel against PyTorch's argmax"),
+    "embed": (embed_paired, "paired timing of the embedding kernel's hand-over against PyTorch's gather"),
+    "tail": (tail_paired, "paired timing of the attention at q/k/v's tail (1-8 splits) against its own kernel"),
+    "l2": (l2_paired, "paired timing of the L2 hints (off, weights evict-first, also K/V evict-last), with and "
+                      "without the ring and the attention's preload"),
+    "epilogue": (epilogue_paired, "paired timing of the epilogue's inputs requested before / after the weight "
+                                  "loop, with and without the L2 hints on the weights"),
+}
 
 
 @contextlib.contextmanager
@@ -458,7 +471,7 @@ def run_model(name: str, bw: dict) -> dict:
     eng.warmup(AR)  # chooses the one-row configs and the attention split count
     same = eng.generate(prompt, 16, (), AR).tokens[:4] == ref[:4]
     if OPTIONS:
-        res = PAIRED[OPTIONS[0]](eng)
+        res = PAIRED[OPTIONS[0]][0](eng)
         print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
                                                               for k, v in res["median_ms"].items()))
         return {"floor_ms": floor, "tokens_match_cublas_first_4": same, **res}
@@ -494,28 +507,8 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", default="", help="comma list of ablations to time (and full); no costs or splits")
-    ap.add_argument("--options", action="store_true",
-                    help="only the paired timing of the tuning's options (attention LATE, STAGE rings)")
-    ap.add_argument("--ring-sweep", action="store_true",
-                    help="only the paired timing of the output projection's ring sizes, with and without LATE")
-    ap.add_argument("--steps", action="store_true",
-                    help="only the per-token time of graphs of 1, 2 and 4 AR steps (alone and back to back)")
-    ap.add_argument("--greedy", action="store_true",
-                    help="only the paired timing of the step's tail as one kernel against PyTorch's argmax")
-    ap.add_argument("--embed", action="store_true",
-                    help="only the paired timing of the embedding kernel's hand-over against PyTorch's gather")
-    ap.add_argument("--tail", action="store_true",
-                    help="only the paired timing of the attention at q/k/v's tail (1-8 splits) against its own "
-                         "kernel")
-    ap.add_argument("--early", action="store_true",
-                    help="only the paired timing of the kernels' early release (EARLY) as chosen, nowhere, "
-                         "everywhere, q/k/v only, gate/up only")
-    ap.add_argument("--l2", action="store_true",
-                    help="only the paired timing of the L2 hints (off, weights evict-first, also K/V evict-last), "
-                         "with and without the ring and the attention's preload")
-    ap.add_argument("--epilogue", action="store_true",
-                    help="only the paired timing of the epilogue's inputs requested before / after the weight loop, "
-                         "with and without the L2 hints on the weights")
+    for name, (_, what) in PAIRED.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", action="store_true", help=f"only the {what}")
     args = ap.parse_args()
     ONLY.update(a for a in args.only.split(",") if a)
     for name in PAIRED:
