@@ -20,7 +20,8 @@ configs by the same step tuning as the engine's. Apart from full and gate_up_unf
 compute garbage: only their times mean anything; `full` is checked against cuBLAS's tokens first.
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
-       [--only a,b | --options | --ring-sweep | --early | --steps | --greedy | --embed | --tail | --l2 | --epilogue]
+       [--only a,b | --options | --ring-sweep | --early | --steps | --greedy | --embed | --tail | --l2 | --epilogue
+        | --attention-parts]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, provenance, step_weight_bytes
 from specpilot.fixtures.random_models import random_target
+from specpilot.kernels.attention.triton import ABLATIONS as ATTENTION_PARTS
 from specpilot.kernels.gemv import L2_HINTS, choice, stream_of
 from specpilot.kernels.swiglu import silu_mul
 from specpilot.models import dense, layers
@@ -395,6 +397,35 @@ def l2_paired(eng: Engine, rounds: int = 3) -> dict:
             "attention_chosen": {repr(k): c for k, c in chosen.items() if k[0] == "attention"}}
 
 
+def attention_parts_paired(eng: Engine, rounds: int = 5) -> dict:
+    """What each piece of the decode attention adds to the step (kernels/attention/triton.ablation: timing
+    only, the outputs are wrong): as run, its split counter bumped without ordering, no merge, no partials
+    (every split writes its own output), no K/V read, and no attention kernel at all (the output projection
+    reads q); the configs the tuning chose, timed in turn, `rounds` times."""
+    pos = CONTEXT // 4
+    ways = {"as run": "", **{mode: mode for mode in ATTENTION_PARTS[1:]}, "no attention kernel": None}
+    times = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, mode in ways.items():
+            with _env(SPECPILOT_ATTN_ABLATE=mode or ""), _patched(layers, "attend",
+                                                                  passthrough_attention if mode is None else None):
+                times[name].append(timed_step(eng, pos))
+    return {"median_ms": medians(times), "ms_by_round": times,
+            "attention_chosen": {repr(k): c for k, c in choice._CHOSEN.items() if k[0] == "attention"}}
+
+
+@contextlib.contextmanager
+def _patched(module, name: str, value):
+    """module.name set to value for the block (nothing done when value is None)."""
+    saved = getattr(module, name)
+    if value is not None:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
 # Rings the step tuning no longer offers (they lost here, 2026-12-01): six tiles, 96 and 192 KB a program.
 BIG_RINGS = [{**choice.STAGED[0], "BLOCK_N": bn, "STAGE": 6} for bn in (16, 32)]
 
@@ -438,6 +469,8 @@ PAIRED = {
     "tail": (tail_paired, "paired timing of the attention at q/k/v's tail (1-8 splits) against its own kernel"),
     "l2": (l2_paired, "paired timing of the L2 hints (off, weights evict-first, also K/V evict-last), with and "
                       "without the ring and the attention's preload"),
+    "attention_parts": (attention_parts_paired, "timing of the step with pieces of the attention left out "
+                                                "(wrong outputs: diagnostics only)"),
     "epilogue": (epilogue_paired, "paired timing of the epilogue's inputs requested before / after the weight "
                                   "loop, with and without the L2 hints on the weights"),
 }

@@ -40,6 +40,7 @@ busy (see `_config`; tuned on an H200 for B=1, Hq=32, Hkv=8, D=128, T=1/16/64, L
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -97,14 +98,14 @@ def _split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
     FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False, PRELOAD: tl.constexpr = False,
-    LATE: tl.constexpr = False, KV_EVICT: tl.constexpr = "",
+    LATE: tl.constexpr = False, KV_EVICT: tl.constexpr = "", ABLATE: tl.constexpr = 0,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
     this split's share of the visible slots (see the module docstring). PRELOAD (PDL, causal, no
     window): the split's first block of committed slots is loaded before the PDL wait. Those slots, and
     cache_len / start, were written at least two kernels earlier, complete before the kernel just before
     this one passed its own wait and released this one; only q and the new rows need the wait. KV_EVICT: the
-    K/V loads' L2 eviction policy (kernels/gemv.l2_hints)."""
+    K/V loads' L2 eviction policy (kernels/gemv.l2_hints). ABLATE: a timing-only diagnostic (`ablation`)."""
     rec = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * 5  # kernels/trace.py
     if TRACE:
         opening(rec)
@@ -188,6 +189,9 @@ def _split_kernel(
     else:
         mid = tl.minimum(tl.maximum((hi_c // BLOCK_N) * BLOCK_N, s_begin), s_end)
 
+    if ABLATE == 4:  # no_kv: no slots (timing only)
+        s_end = s_begin
+        mid = s_begin
     s_first = s_begin
     if PRELOAD:
         first = s_begin < mid
@@ -249,7 +253,7 @@ def _split_kernel(
 
     o_ptrs = (out_ptr + b.to(tl.int64) * so_b + offs_t[:, None] * so_t + (h * G + offs_g)[:, None] * so_h
               + offs_d[None, :])
-    if NUM_SPLITS == 1:
+    if NUM_SPLITS == 1 or ABLATE == 3:  # ABLATE 3, no_partials: each split writes its own (timing only)
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
@@ -257,12 +261,15 @@ def _split_kernel(
         tl.store(part_m_ptr + part, m_i, mask=row_ok)
         tl.store(part_l_ptr + part, l_i, mask=row_ok)
         tl.store(part_acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
-        if FUSE_COMBINE:
+        if FUSE_COMBINE and ABLATE != 2:  # ABLATE 2, no_merge: partials only (timing only)
             # The tile's last split to finish merges all of them: no combine kernel. The barrier orders
             # every thread's partial stores before the counter's release; the acquire orders the merge's
             # loads after the other splits' stores; the last one resets the counter for the next launch.
-            tl.debug_barrier()
-            done = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+            if ABLATE == 1:  # relaxed: no ordering (timing only)
+                done = tl.atomic_add(count_ptr + pid, 1, sem="relaxed")
+            else:
+                tl.debug_barrier()
+                done = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
             if done == NUM_SPLITS - 1:
                 o = _merge(part_m_ptr, part_l_ptr, part_acc_ptr, bh.to(tl.int64) * NUM_SPLITS * M + offs_m, M,
                            row_ok, offs_d, D, NUM_SPLITS, BLOCK_M, D)
@@ -377,6 +384,21 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: V
         raise ValueError("cache_len and start must be [B] tensors")
 
 
+ABLATIONS = ("", "relaxed", "no_merge", "no_partials", "no_kv")
+
+
+def ablation() -> int:
+    """SPECPILOT_ATTN_ABLATE, a diagnostic for bench/gpu/ablate_step.py --attention-parts: the one-row step's
+    attention with a piece of its work left out, so that the step's time shows what that piece costs. The
+    outputs are then wrong (never set it to generate): `relaxed` bumps the arrival counter without the
+    barrier and the release/acquire ordering; `no_merge` writes the partials and nothing else; `no_partials`
+    has every split write its own unmerged output; `no_kv` reads no K/V."""
+    mode = os.environ.get("SPECPILOT_ATTN_ABLATE", "").strip()
+    if mode not in ABLATIONS:
+        raise ValueError(f"SPECPILOT_ATTN_ABLATE={mode!r}: expected one of {', '.join(ABLATIONS[1:])}")
+    return ABLATIONS.index(mode)
+
+
 _COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
 MAX_FUSED_TILES = 4096  # row tiles (B x Hkv x tiles) one fused-combine launch can count
 
@@ -456,7 +478,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
         FUSE_COMBINE=counters is not None, TRACE=traced, PRELOAD=preload, LATE=bool((chosen or {}).get("LATE")),
-        KV_EVICT=kv_eviction() if fuse_combine and t == 1 else "",
+        KV_EVICT=kv_eviction() if fuse_combine and t == 1 else "", ABLATE=ablation() if fuse_combine and t == 1 else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch,
     )
