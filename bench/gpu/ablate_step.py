@@ -21,7 +21,7 @@ compute garbage: only their times mean anything; `full` is checked against cuBLA
 
 Usage: SPECPILOT_COMMIT=<sha> PYTHONPATH=. python3 bench/gpu/ablate_step.py [--models dense-8b,dense-27b]
        [--only a,b | --options | --ring-sweep | --early | --steps | --greedy | --embed | --tail | --l2 | --epilogue
-        | --attention-parts]
+        | --attention-parts | --cluster]
 """
 
 from __future__ import annotations
@@ -414,6 +414,31 @@ def attention_parts_paired(eng: Engine, rounds: int = 5) -> dict:
             "attention_chosen": {repr(k): c for k, c in choice._CHOSEN.items() if k[0] == "attention"}}
 
 
+def cluster_paired(eng: Engine, rounds: int = 5) -> dict:
+    """The decode attention's splits merged in a thread-block cluster (kernels/attention/cluster.py) against
+    the Triton kernel's merge through the L2, at 4 and 8 splits, LATE and not, every other config as the
+    tuning chose; timed in turn, `rounds` times; first the next token each way from the same state."""
+    pos = CONTEXT // 4
+    chosen = dict(choice._CHOSEN)
+    (key,) = [k for k in chosen if k[0] == "attention"]
+    variants = {"chosen": chosen}
+    for kind, field in (("triton", "NUM_SPLITS"), ("cluster", "CLUSTER")):
+        for s in (4, 8):
+            for late in (False, True):
+                cfg = {field: s, "LATE": True} if late else {field: s}
+                variants[f"{kind} {s}{' late' if late else ''}"] = {**chosen, key: cfg}
+    tokens = {}
+    for name, configs in variants.items():
+        choice._CHOSEN.clear()
+        choice._CHOSEN.update(configs)
+        tokens[name] = next_token(eng, pos)
+    choice._CHOSEN.clear()
+    choice._CHOSEN.update(chosen)
+    times = in_turn(eng, variants, rounds, pos)
+    return {"median_ms": medians(times), "ms_by_round": times, "next_token": tokens,
+            "same_token": len(set(tokens.values())) == 1, "attention_chosen": chosen[key]}
+
+
 @contextlib.contextmanager
 def _patched(module, name: str, value):
     """module.name set to value for the block (nothing done when value is None)."""
@@ -471,6 +496,8 @@ PAIRED = {
                       "without the ring and the attention's preload"),
     "attention_parts": (attention_parts_paired, "timing of the step with pieces of the attention left out "
                                                 "(wrong outputs: diagnostics only)"),
+    "cluster": (cluster_paired, "paired timing of the attention's splits merged in a cluster against the Triton "
+                                "kernel's merge through the L2"),
     "epilogue": (epilogue_paired, "paired timing of the epilogue's inputs requested before / after the weight "
                                   "loop, with and without the L2 hints on the weights"),
 }

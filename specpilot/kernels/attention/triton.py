@@ -434,7 +434,15 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     chosen = None
     if num_splits is None and fuse_combine and t == 1:  # the `gemv` decode step: its split count is tuned
         chosen = step_config(("attention", b, hkv, g, d, length))
-        num_splits = (chosen["NUM_SPLITS"] or None) if chosen else None
+        num_splits = (chosen.get("NUM_SPLITS") or None) if chosen else None
+    if chosen and chosen.get("CLUSTER"):  # the splits merged in a thread-block cluster (attention/cluster.py)
+        from specpilot.kernels.attention import cluster
+
+        if cluster.eligible(q, k_cache, v_cache, vis, chosen["CLUSTER"]):
+            preload = ahead_on() and chosen.get("AHEAD", True)
+            return cluster.attend_cluster(q, k_cache, v_cache, vis, scale, chosen["CLUSTER"],
+                                          late=bool(chosen.get("LATE")), preload=preload, pdl=pdl_on(q, default=True))
+        num_splits = chosen["CLUSTER"]
     cfg = _config(b, hkv, rows, d, length, _num_sms(q.device), num_splits)
 
     out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)

@@ -67,22 +67,29 @@ ATTN_SPLITS = (1, 2, 4, 8)
 _OFF_BY_DEFAULT = ("EARLY", "ATTN")
 
 _OPTION_ENV = {"STAGE": "SPECPILOT_GEMV_STAGED", "LATE": "SPECPILOT_ATTN_LATE", "EARLY": "SPECPILOT_GEMV_EARLY",
-               "ATTN": "SPECPILOT_QKV_ATTN"}
+               "ATTN": "SPECPILOT_QKV_ATTN", "CLUSTER": "SPECPILOT_ATTN_CLUSTER"}
 
 
 def offered(option: str) -> bool:
-    """SPECPILOT_GEMV_STAGED=0 / SPECPILOT_ATTN_LATE=0 keep the configs with STAGE / LATE out of the step
-    tuning (the runs that measure what each option gains). EARLY and ATTN are timed only with
-    SPECPILOT_GEMV_EARLY=1 / SPECPILOT_QKV_ATTN=1: on the H200 8B neither paid
+    """SPECPILOT_GEMV_STAGED=0 / SPECPILOT_ATTN_LATE=0 / SPECPILOT_ATTN_CLUSTER=0 keep the configs with STAGE /
+    LATE / CLUSTER out of the step tuning (the runs that measure what each option gains). EARLY and ATTN are
+    timed only with SPECPILOT_GEMV_EARLY=1 / SPECPILOT_QKV_ATTN=1: on the H200 8B neither paid
     (bench/results/2026-12-01_early_paired_259dbf9_h200.json, ATTN_SPLITS above)."""
     return os.environ.get(_OPTION_ENV[option], "0" if option in _OFF_BY_DEFAULT else "1") != "0"
+
+
+def _cluster_runs() -> bool:
+    from specpilot.kernels.attention.cluster import bindings_available
+
+    return bindings_available()
 
 
 def candidates(key: tuple) -> list[dict]:
     """The configs tuned for a key: staged ones only where gemv/staged.py applies (no in-loop norm, no
     gate/up pair, no bias, no handed-over norm)."""
     if key[0] == "attention":
-        return [c for c in CANDIDATES["attention"] if offered("LATE") or not c.get("LATE")]
+        cands = CANDIDATES["attention"] + (CLUSTER_CANDIDATES if offered("CLUSTER") and _cluster_runs() else [])
+        return [c for c in cands if offered("LATE") or not c.get("LATE")]
     if key[0] != "gemv":
         return CANDIDATES[key[0]]
     flags = dict(key[3:])
@@ -100,6 +107,9 @@ def candidates(key: tuple) -> list[dict]:
 # not beside the q/k/v projection's last loads.
 CANDIDATES["attention"] = [{"NUM_SPLITS": s} for s in (0, 1, 2, 4, 8)] + [{"NUM_SPLITS": s, "LATE": True}
                                                                           for s in (1, 4, 8)]
+# CLUSTER: the splits as one thread-block cluster that merges them in shared memory (attention/cluster.py),
+# offered where its CUDA kernel can run (cuda-bindings, sm_90+) unless SPECPILOT_ATTN_CLUSTER=0.
+CLUSTER_CANDIDATES = [{"CLUSTER": s, **late} for s in (4, 8) for late in ({}, {"LATE": True})]
 
 
 def step_config(key: tuple) -> dict | None:

@@ -1,0 +1,150 @@
+"""The one-row decode attention in thread-block clusters (cluster.cu): the `gemv` step's option on Hopper.
+
+The Triton decode attention merges its splits through the L2: each split writes its partials and bumps
+an arrival counter, and the last one reads them all back (kernels/attention/triton.py). On the H200 8B that
+merge cost 0.062 ms of a 3.966 ms step (bench/results/2026-12-01_attention_parts_ceb1058_h200.json: the
+step with the merge left out). Triton has no way to put the splits of one KV head into one cluster, so this
+kernel is CUDA C++, compiled at run time by NVRTC and launched with cuda-bindings (both in the H200
+image; neither is a dependency of the package: without them the option is simply not offered). The step
+tuning offers it as the attention configs {"CLUSTER": splits} (kernels/gemv/choice.py).
+
+Scope: one new row (T = 1), causal, no window, bf16 or fp16, head_dim 64 / 128 / 256, sm_90 or newer;
+`eligible` says whether a call fits. The launch is captured into CUDA graphs like any other (the kernel
+parameters are copied into the graph node).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from specpilot.spec.masks import Visibility
+
+SOURCE = Path(__file__).with_name("cluster.cu")
+WARPS = 8
+SPLITS = (2, 4, 8)  # a cluster of 8 blocks is the largest every Hopper part must schedule
+HEAD_DIMS = (64, 128, 256)
+STATIC_SMEM = 48 * 1024
+LOG2E = 1.4426950408889634
+
+
+def smem_bytes(g: int, d: int, splits: int) -> int:
+    """The kernel's static shared memory: the warps' and the splits' softmax states (m, l, acc)."""
+    return 4 * (WARPS + splits) * g * (d + 2)
+
+
+@functools.cache
+def bindings_available() -> bool:
+    """cuda-bindings (the driver API and NVRTC) imports, and a CUDA device of compute capability 9+ is there."""
+    try:
+        from cuda.bindings import driver, nvrtc  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def eligible(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility, splits: int) -> bool:
+    """Whether this kernel can run this call (otherwise the Triton kernel does)."""
+    b, t, hq, d = q.shape
+    g = hq // k_cache.shape[1]
+    return (q.is_cuda and t == 1 and vis.tree is None and not vis.window and splits in SPLITS
+            and d in HEAD_DIMS and q.dtype in (torch.bfloat16, torch.float16)
+            and k_cache.dtype == q.dtype and v_cache.dtype == q.dtype
+            and vis.cache_len.dtype == torch.int64 and vis.start.dtype == torch.int64
+            and all(x.stride(-1) == 1 for x in (q, k_cache, v_cache))
+            and all(s % (d // 32) == 0 for x in (q, k_cache, v_cache) for s in x.stride()[:-1])
+            and all(x.data_ptr() % 16 == 0 for x in (q, k_cache, v_cache))
+            and smem_bytes(g, d, splits) <= STATIC_SMEM and bindings_available()
+            and torch.cuda.get_device_capability(q.device)[0] >= 9)
+
+
+def _check(res, what: str):
+    """cuda-bindings calls return (status, *values): raise on a failing status, else the value(s)."""
+    err, *vals = res if isinstance(res, tuple) else (res,)
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: {err}")
+    return vals[0] if len(vals) == 1 else vals
+
+
+def _compile(macros: dict[str, int], arch: str) -> bytes:
+    from cuda.bindings import nvrtc
+
+    prog = _check(nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), b"cluster.cu", 0, [], []), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"-std=c++17",
+            *(f"-D{k}={v}".encode() for k, v in macros.items())]
+    err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+    if int(err) != 0:
+        size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC could not compile {SOURCE.name} ({macros}): {log.decode(errors='replace')}")
+    cubin = b" " * _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+    _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    nvrtc.nvrtcDestroyProgram(prog)
+    return cubin
+
+
+@functools.cache
+def _function(device: int, g: int, d: int, splits: int, late: bool, preload: bool, half: bool):
+    """(module, function) for one configuration, loaded into the device's primary context (PyTorch's)."""
+    from cuda.bindings import driver
+
+    major, minor = torch.cuda.get_device_capability(device)
+    macros = {"G": g, "D": d, "SPLITS": splits, "WARPS": WARPS, "LATE": int(late), "PRELOAD": int(preload),
+              "HALF": int(half)}
+    cubin = _compile(macros, f"sm_{major}{minor}")
+    _check(driver.cuInit(0), "cuInit")
+    ctx = _check(driver.cuDevicePrimaryCtxRetain(_check(driver.cuDeviceGet(device), "cuDeviceGet")),
+                 "cuDevicePrimaryCtxRetain")
+    _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    module = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+    return module, _check(driver.cuModuleGetFunction(module, b"decode_attention"), "cuModuleGetFunction")
+
+
+def _attr(driver, kind: str, fill) -> object:
+    attr = driver.CUlaunchAttribute()
+    attr.id = getattr(driver.CUlaunchAttributeID, kind)
+    fill(attr.value)
+    return attr
+
+
+def attend_cluster(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility, scale: float,
+                   splits: int, late: bool = False, preload: bool = True, pdl: bool = True) -> torch.Tensor:
+    """q [B, 1, Hq, D]; k_cache, v_cache [B, Hkv, L, D]; `eligible` must hold. Returns [B, 1, Hq, D].
+    late: the next kernel is released after this one's PDL wait, not at its start; preload: each warp's first
+    committed K/V rows are loaded before that wait; pdl: launched as a programmatic dependent of the kernel
+    before (which must then be PDL-aware, as the `gemv` step's are)."""
+    from cuda.bindings import driver
+
+    b, _, hq, d = q.shape
+    hkv, length = k_cache.shape[1], k_cache.shape[2]
+    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    _, func = _function(device, hq // hkv, d, splits, late, preload, q.dtype == torch.float16)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    cfg = driver.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = b * hkv * splits, 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = WARPS * 32, 1, 1
+    cfg.sharedMemBytes = 0
+    cfg.hStream = driver.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+
+    def cluster(v):
+        v.clusterDim.x, v.clusterDim.y, v.clusterDim.z = splits, 1, 1
+
+    attrs = [_attr(driver, "CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", cluster)]
+    if pdl:
+        attrs.append(_attr(driver, "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION",
+                           lambda v: setattr(v, "programmaticStreamSerializationAllowed", 1)))
+    cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+    ptr, i64 = ctypes.c_void_p, ctypes.c_longlong
+    cache_len, start = vis.cache_len.contiguous(), vis.start.contiguous()
+    values = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_len.data_ptr(), start.data_ptr(),
+              out.data_ptr(), q.stride(0), q.stride(2), *k_cache.stride()[:3], *v_cache.stride()[:3],
+              out.stride(0), out.stride(2), hkv, length, float(scale) * LOG2E)
+    types = (ptr,) * 6 + (i64,) * 10 + (ctypes.c_int, ctypes.c_int, ctypes.c_float)
+    _check(driver.cuLaunchKernelEx(cfg, func, (values, types), 0), "cuLaunchKernelEx")
+    return out
+
