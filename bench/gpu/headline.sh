@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 2's headline on one GPU (~7 min; on an x2 machine the 27B runs on GPU 1 beside the rest):
-#   the one-row kernels' GPU tests that a change to the ring, the trace, the early release or the step's
-#   tail touches, with PAIRED (e.g. --greedy) ablate_step.py's paired timing of the 8B, then
+#   the one-row kernels' GPU tests that a change to the ring, the trace, the early release, the step's
+#   tail or the cluster attention touches, with PAIRED (e.g. --greedy) ablate_step.py's paired timing of the 8B, then
 #   engine_core.py --parts gemv for dense-8b (the default step tuning and, tuned afresh, VARIANTS_8B)
 #   and for dense-27b: AR ms per token against cuBLAS AR and the weight-pass floor, one model a process.
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
@@ -16,7 +16,8 @@ core() {  # model, variants
 }
 
 first() {
-  timeout 120 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py -k "staged or traced or early or greedy" \
+  timeout 150 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py tests/test_attention_cluster.py \
+    -k "staged or traced or early or greedy or cluster" \
     > /tmp/o/tests.log 2>&1
   [ -n "${PAIRED:-}" ] && timeout 240 python3 -u bench/gpu/ablate_step.py --models dense-8b "$PAIRED" \
     --out /tmp/o/paired > /tmp/o/paired.log 2>&1
