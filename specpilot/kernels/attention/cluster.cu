@@ -127,6 +127,9 @@ decode_attention(const unsigned short* __restrict__ q, const unsigned short* __r
     asm("mov.u32 %0, %%clusterid.x;" : "=r"(cluster));
     const int b = cluster / hkv, h = cluster % hkv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // A block may write another's shared memory only once that block runs: arrive now, wait before the
+    // first remote store (by then every block of the cluster has long arrived, so the wait is free).
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #if !LATE
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -197,6 +200,7 @@ decode_attention(const unsigned short* __restrict__ q, const unsigned short* __r
         for (int e = 0; e < EPL; e++) warp_acc[(warp * G + g) * D + lane * EPL + e] = st.acc[g][e];
     }
     __syncthreads();
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
     for (int i = threadIdx.x; i < G * D; i += WARPS * 32) {
         const int g = i / D, d = i % D;
         float m, l, a;
