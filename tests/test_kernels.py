@@ -520,6 +520,7 @@ def test_staged_configs_go_only_where_the_ring_applies_and_fall_back_elsewhere(m
     monkeypatch.setenv("SPECPILOT_GEMV_STAGED", "0")
     assert staged(writer) == []
     attention = ("attention", 1, 8, 4, 128, 1024)
+    monkeypatch.setattr(choice, "_cluster_runs", lambda: False)  # the Triton configs alone (a GPU offers CLUSTER)
     assert any(c.get("LATE") for c in choice.candidates(attention))
     monkeypatch.setenv("SPECPILOT_ATTN_LATE", "0")
     assert choice.candidates(attention) == [c for c in choice.CANDIDATES["attention"] if not c.get("LATE")]

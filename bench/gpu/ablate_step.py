@@ -537,7 +537,8 @@ def run_model(name: str, bw: dict) -> dict:
             print(f"[{name}] {option}: floor {floor:.3f} ms; " + "; ".join(
                 f"{k} {v:.3f} ({100 * floor / v:.1f}%)" for k, v in res["median_ms"].items()))
             out.update(res if len(OPTIONS) == 1 else {option: res})
-        return {"floor_ms": floor, "tokens_match_cublas_first_4": same, **out}
+        return {"floor_ms": floor, "tokens_match_cublas_first_4": same, **out,
+                "configs_chosen": {repr(k): c for k, c in choice._CHOSEN.items()}}
     times = ablate(eng)
     if ONLY:
         print(f"[{name}] floor {floor:.3f} ms; " + "; ".join(f"{k} {v:.3f} ({100 * floor / v:.1f}%)"
