@@ -7,6 +7,7 @@ and that a config asking for it falls back to the Triton kernel where it cannot 
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -89,6 +90,55 @@ def test_a_cluster_config_falls_back_to_the_triton_kernel_where_it_cannot_run(mo
         choice.forget()
     assert asked == [4]
     assert rel_err(out, ref) <= 1e-4
+
+
+# ---------------------------------------------------------------- NVRTC builds (no GPU needed)
+
+
+def _nvrtc_runs() -> bool:
+    try:
+        from cuda.bindings import nvrtc
+
+        return int(nvrtc.nvrtcVersion()[0]) == 0
+    except Exception:  # no cuda-bindings, or no libnvrtc beside it
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc_runs(), reason="needs cuda-bindings and NVRTC (the dev extras)")
+
+
+def ptxas_report(log: str) -> dict[str, int]:
+    """ptxas's -v lines for the one kernel: registers, spill stores / loads, static shared memory bytes."""
+    def grab(pattern: str) -> int:
+        (value,) = re.findall(pattern, log)
+        return int(value)
+
+    return {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
+            "spill_loads": grab(r"(\d+) bytes spill loads"), "smem": grab(r"(\d+) bytes smem")}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("splits", cluster.SPLITS)
+@pytest.mark.parametrize("g,d,late,preload,half", [(1, 64, True, True, False), (4, 128, False, True, False),
+                                                   (5, 128, True, False, True), (2, 256, True, True, True)])
+def test_sm90_build_fits_and_does_not_spill(splits, g, d, late, preload, half):
+    """Every shape the step offers it (here the 8B's 4 query heads a KV head and the 27B's 5, at 128 wide)
+    builds for sm_90 with no spills, and its static shared memory is what `smem_bytes` (eligible's bound) says."""
+    cubin, log = cluster.build(cluster.macros_for(g, d, splits, late, preload, half), "sm_90", verbose=True)
+    assert cubin[:4] == b"\x7fELF"
+    report = ptxas_report(log)
+    assert report["spill_stores"] == report["spill_loads"] == 0, log
+    assert report["smem"] == cluster.smem_bytes(g, d, splits) <= cluster.STATIC_SMEM
+    assert report["registers"] * cluster.WARPS * 32 <= 65536  # one block fits an SM's register file
+
+
+@needs_nvrtc
+def test_a_build_over_the_static_shared_memory_bound_is_refused():
+    """8 query heads a KV head at 128 wide and 4 splits need more than 48 KB: ptxas refuses it, and eligible
+    (through smem_bytes) never offers it."""
+    assert cluster.smem_bytes(8, 128, 4) > cluster.STATIC_SMEM
+    with pytest.raises(RuntimeError, match="too much shared data"):
+        cluster.build(cluster.macros_for(8, 128, 4, False, True, False), "sm_90")
 
 
 # ---------------------------------------------------------------- GPU only

@@ -1,9 +1,10 @@
 """The one-row decode attention in thread-block clusters (cluster.cu): the `gemv` step's option on Hopper.
 
 The Triton decode attention merges its splits through the L2: each split writes its partials and bumps
-an arrival counter, and the last one reads them all back (kernels/attention/triton.py). On the H200 8B that
-merge cost 0.062 ms of a 3.966 ms step (bench/results/2026-12-01_attention_parts_ceb1058_h200.json: the
-step with the merge left out). Triton has no way to put the splits of one KV head into one cluster, so this
+an arrival counter, and the last one reads them all back (kernels/attention/triton.py). Here they merge in
+shared memory instead; on the H200 8B, a cluster of 8 made the tuned step 0.12-0.13 ms faster than the Triton
+kernel's 8 splits on three GPUs (bench/results/2026-12-01_cluster_paired_*_h200.json, timed in turn with every
+other config the same). Triton has no way to put the splits of one KV head into one cluster, so this
 kernel is CUDA C++, compiled at run time by NVRTC and launched with cuda-bindings (both in the H200
 image; neither is a dependency of the package: without them the option is simply not offered). The step
 tuning offers it as the attention configs {"CLUSTER": splits} (kernels/gemv/choice.py).
@@ -69,22 +70,32 @@ def _check(res, what: str):
     return vals[0] if len(vals) == 1 else vals
 
 
-def _compile(macros: dict[str, int], arch: str) -> bytes:
+def build(macros: dict[str, int], arch: str, verbose: bool = False) -> tuple[bytes, str]:
+    """cluster.cu compiled by NVRTC for `arch` (e.g. sm_90; no GPU needed): (cubin, NVRTC's log). verbose:
+    the log holds ptxas's report (registers, spills, shared memory), which the CPU tests read."""
     from cuda.bindings import nvrtc
 
     prog = _check(nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), b"cluster.cu", 0, [], []), "nvrtcCreateProgram")
     opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"-std=c++17",
-            *(f"-D{k}={v}".encode() for k, v in macros.items())]
-    err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
-    if int(err) != 0:
-        size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * size
+            *(f"-D{k}={v}".encode() for k, v in macros.items()), *([b"--ptxas-options=-v"] if verbose else [])]
+    try:
+        err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+        log = b" " * _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"NVRTC could not compile {SOURCE.name} ({macros}): {log.decode(errors='replace')}")
-    cubin = b" " * _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-    _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-    nvrtc.nvrtcDestroyProgram(prog)
-    return cubin
+        log = log.decode(errors="replace").rstrip(" \0")
+        if int(err) != 0:
+            raise RuntimeError(f"NVRTC could not compile {SOURCE.name} ({macros}): {log}")
+        cubin = b" " * _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return cubin, log
+
+
+def macros_for(g: int, d: int, splits: int, late: bool, preload: bool, half: bool) -> dict[str, int]:
+    """The compile-time constants of one configuration (cluster.cu's header names them)."""
+    return {"G": g, "D": d, "SPLITS": splits, "WARPS": WARPS, "LATE": int(late), "PRELOAD": int(preload),
+            "HALF": int(half)}
 
 
 @functools.cache
@@ -93,9 +104,7 @@ def _function(device: int, g: int, d: int, splits: int, late: bool, preload: boo
     from cuda.bindings import driver
 
     major, minor = torch.cuda.get_device_capability(device)
-    macros = {"G": g, "D": d, "SPLITS": splits, "WARPS": WARPS, "LATE": int(late), "PRELOAD": int(preload),
-              "HALF": int(half)}
-    cubin = _compile(macros, f"sm_{major}{minor}")
+    cubin, _ = build(macros_for(g, d, splits, late, preload, half), f"sm_{major}{minor}")
     _check(driver.cuInit(0), "cuInit")
     ctx = _check(driver.cuDevicePrimaryCtxRetain(_check(driver.cuDeviceGet(device), "cuDeviceGet")),
                  "cuDevicePrimaryCtxRetain")
