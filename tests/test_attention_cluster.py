@@ -1,7 +1,8 @@
 """The decode attention in thread-block clusters (kernels/attention/cluster.py) against the PyTorch reference.
 
-The kernel is CUDA C++ for Hopper: its tests run on a GPU; on the CPU what is tested is when it is offered
-and that a config asking for it falls back to the Triton kernel where it cannot run.
+The kernel is CUDA C++ for Hopper: its numerical tests run on a GPU; on the CPU what is tested is when it is
+offered, that a config asking for it falls back to the Triton kernel where it cannot run, and (with the dev
+extras' NVRTC) that it builds for sm_90 without spills within the shared memory `eligible` assumes.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ def ptxas_report(log: str) -> dict[str, int]:
 @pytest.mark.parametrize("g,d,late,preload,half", [(1, 64, True, True, False), (4, 128, False, True, False),
                                                    (5, 128, True, False, True), (2, 256, True, True, True)])
 def test_sm90_build_fits_and_does_not_spill(splits, g, d, late, preload, half):
-    """Every shape the step offers it (here the 8B's 4 query heads a KV head and the 27B's 5, at 128 wide)
-    builds for sm_90 with no spills, and its static shared memory is what `smem_bytes` (eligible's bound) says."""
+    """The 8B's shape (4 query heads a KV head, 128 wide), the 27B's (5) and two more build for sm_90 at every
+    cluster size with no spills, and their static shared memory is what `smem_bytes` (eligible's bound) says."""
     cubin, log = cluster.build(cluster.macros_for(g, d, splits, late, preload, half), "sm_90", verbose=True)
     assert cubin[:4] == b"\x7fELF"
     report = ptxas_report(log)

@@ -6,7 +6,8 @@ shared memory instead; on the H200 8B, a cluster of 8 made the tuned step 0.12-0
 kernel's 8 splits on three GPUs (bench/results/2026-12-01_cluster_paired_*_h200.json, timed in turn with every
 other config the same). Triton has no way to put the splits of one KV head into one cluster, so this
 kernel is CUDA C++, compiled at run time by NVRTC and launched with cuda-bindings (both in the H200
-image; neither is a dependency of the package: without them the option is simply not offered). The step
+image; neither is a runtime dependency of the package: without them the option is simply not offered; the
+dev extras carry them so that the CPU tests build the kernel for sm_90). The step
 tuning offers it as the attention configs {"CLUSTER": splits} (kernels/gemv/choice.py).
 
 Scope: one new row (T = 1), causal, no window, bf16 or fp16, head_dim 64 / 128 / 256, sm_90 or newer;
