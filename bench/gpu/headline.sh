@@ -5,7 +5,7 @@
 #   engine_core.py --parts gemv for dense-8b (the default step tuning and, tuned afresh, VARIANTS_8B)
 #   and for dense-27b: AR ms per token against cuBLAS AR and the weight-pass floor, one model a process.
 # Everything lands in /tmp/o and comes back as one tarball (at most 8 files return from a run).
-# Usage: SPECPILOT_COMMIT=<sha> [VARIANTS_8B=pdl,three_rounds] [PAIRED=--greedy] bash bench/gpu/headline.sh
+# Usage: SPECPILOT_COMMIT=<sha> [VARIANTS_8B=pdl,three_rounds] [PAIRED="--greedy [--cluster ...]"] bash bench/gpu/headline.sh
 set -u
 export PYTHONPATH=.
 rm -rf /tmp/o && mkdir -p /tmp/o/8b /tmp/o/27b /tmp/o/paired  # a warm machine keeps old files
@@ -19,7 +19,8 @@ first() {
   timeout 150 python3 -m pytest -q tests/test_kernels.py tests/test_trace.py tests/test_attention_cluster.py \
     -k "staged or traced or early or greedy or cluster" \
     > /tmp/o/tests.log 2>&1
-  [ -n "${PAIRED:-}" ] && timeout 240 python3 -u bench/gpu/ablate_step.py --models dense-8b "$PAIRED" \
+  # shellcheck disable=SC2086  # PAIRED may hold several flags, as in paired_round.sh
+  [ -n "${PAIRED:-}" ] && timeout 240 python3 -u bench/gpu/ablate_step.py --models dense-8b $PAIRED \
     --out /tmp/o/paired > /tmp/o/paired.log 2>&1
   core 8b "${VARIANTS_8B:-pdl,three_rounds}"
 }
@@ -33,6 +34,6 @@ else
   core 27b pdl
 fi
 tail -n 2 /tmp/o/tests.log
-[ -n "${PAIRED:-}" ] && tail -n 2 /tmp/o/paired.log
+[ -n "${PAIRED:-}" ] && grep -E "floor" /tmp/o/paired.log
 for m in 8b 27b; do grep -E "AR with Triton|^\[bw\]" "/tmp/o/$m.log"; tail -n 3 "/tmp/o/$m.log"; done
 tar czf "$OUT/run.tgz" -C /tmp/o .
