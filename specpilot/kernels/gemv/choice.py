@@ -143,7 +143,7 @@ def tune_rounds() -> int:
 
 
 def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], float],
-              rounds: int | None = None) -> dict:
+              rounds: int | None = None, start: dict[tuple, dict] | None = None) -> dict:
     """Coordinate descent over the keys `step` launches: each key gets the candidate under which
     `measure(step)` (milliseconds of the whole step) is lowest. The first round tunes each key while the
     keys after it still run their fallbacks (on the H200 8B a step ~30% slower than the tuned one); each
@@ -155,8 +155,12 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
     next kernel (EARLY, the projections and q/k/v only: gemv/triton._stream_open) where it is offered
     (SPECPILOT_GEMV_EARLY=1): the kept winner once more with EARLY, kept if the step is faster. And so is the
     attention at q/k/v's tail (ATTN, with SPECPILOT_QKV_ATTN=1): the kept winner with each split count, kept
-    if the step is faster; the attention's own key is then not launched (its choice is moot)."""
+    if the step is faster; the attention's own key is then not launched (its choice is moot). start: configs the
+    keys not chosen yet begin from (the later keys of the first round run them, not the autotuner's)."""
     keys = [key for key in record_keys(step) if key not in _CHOSEN]  # not tuned by an earlier engine
+    for key in keys:  # where the descent begins: the start table's configs, else the autotuner's fallback
+        if start and key in start:
+            _CHOSEN[key] = start[key]
     report = {}
     for _ in range(rounds or tune_rounds()):
         for key in keys:
