@@ -792,3 +792,50 @@ def test_later_tuning_rounds_retime_each_key_beside_the_others_choices(monkeypat
     monkeypatch.setenv("SPECPILOT_TUNE_ROUNDS", "many")
     with pytest.raises(ValueError, match="SPECPILOT_TUNE_ROUNDS"):
         choice.tune_step(step, measure)
+
+
+def test_tuning_begins_from_the_start_table_where_its_configs_are_candidates(monkeypatch):
+    """With b begun at its best candidate, one round finds a's best (2), where from b's fallback it
+    keeps candidate 0; a start config that is no candidate (or whose option is off) is skipped."""
+    from specpilot.kernels.gemv import choice
+
+    cands = choice.CANDIDATES["gemv"]
+    keys = [("gemv", "a"), ("gemv", "b")]
+
+    def step():
+        for key in keys:
+            choice.step_config(key)
+
+    def measure(_):
+        a, b = ({k: v for k, v in c.items() if k != "AHEAD"} if c else c for c in map(choice.step_config, keys))
+        if b is None:
+            return 10.0 + (0.0 if cands.index(a) == 0 else 1.0)
+        return abs(cands.index(a) - 2) + abs(cands.index(b) - 3)
+
+    monkeypatch.setenv("SPECPILOT_TUNE_ROUNDS", "1")
+    choice.forget()
+    report = choice.tune_step(step, measure, start={keys[1]: cands[3], ("gemv", "unseen"): cands[5]})
+    assert [choice.step_config(k) for k in keys] == [cands[2], cands[3]]
+    assert report[repr(keys[1])]["start"] == cands[3] and "start" not in report[repr(keys[0])]
+    assert ("gemv", "unseen") not in choice._CHOSEN  # a key the step does not launch is not chosen
+    for bad in ({**cands[3], "BLOCK_N": 999}, next(c for c in cands if "STAGE" in c)):
+        monkeypatch.setenv("SPECPILOT_GEMV_STAGED", "0")  # the ring's configs are then no candidates
+        choice.forget()
+        report = choice.tune_step(step, measure, start={keys[1]: bad})
+        assert choice.step_config(keys[0]) == cands[0] and "start" not in report[repr(keys[1])]
+    choice.forget()
+
+
+def test_the_h200_start_table_holds_candidates_only(monkeypatch):
+    from specpilot.kernels.gemv import choice, starts
+
+    monkeypatch.setattr(choice, "_cluster_runs", lambda: True)  # as on a GPU with cuda-bindings
+    table = starts.start_for("NVIDIA H200")
+    assert len(table) == 6 and all(choice._startable(k, c) for k, c in table.items())
+    assert starts.start_for("NVIDIA A100-SXM4-80GB") == {}
+    monkeypatch.setenv("SPECPILOT_TUNE_START", "0")
+    assert starts.start_for("NVIDIA H200") == {}
+    monkeypatch.setattr(choice, "_cluster_runs", lambda: False)  # no cluster kernel: its start is skipped
+    monkeypatch.delenv("SPECPILOT_TUNE_START")
+    attention = [k for k in starts.start_for("NVIDIA H200") if k[0] == "attention"]
+    assert attention and not choice._startable(attention[0], starts.H200_8B[attention[0]])

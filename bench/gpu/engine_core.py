@@ -176,19 +176,20 @@ GEMV_VARIANTS = (("pdl", {}), ("no_pdl", {"SPECPILOT_PDL": "0"}), ("no_handoff",
                  ("three_rounds", {"SPECPILOT_TUNE_ROUNDS": "3"}), ("early", {"SPECPILOT_GEMV_EARLY": "1"}),
                  ("tail", {"SPECPILOT_QKV_ATTN": "1"}), ("l2_weights", {"SPECPILOT_L2_HINTS": "weights"}),
                  ("l2_kv", {"SPECPILOT_L2_HINTS": "weights_kv"}), ("l2_off", {"SPECPILOT_L2_HINTS": "off"}),
-                 ("late_epilogue", {"SPECPILOT_EPILOGUE_EARLY": "0"}), ("no_cluster", {"SPECPILOT_ATTN_CLUSTER": "0"}))
+                 ("late_epilogue", {"SPECPILOT_EPILOGUE_EARLY": "0"}), ("no_cluster", {"SPECPILOT_ATTN_CLUSTER": "0"}),
+                 ("no_start", {"SPECPILOT_TUNE_START": "0"}))
 # Loading ahead changes which tiles are fastest (registers, loads in flight): no_ahead gets configs tuned for it,
 # one_round configs from a one-round step tuning, no_staged / no_late / neither configs tuned without the
 # shared-memory ring / the attention's late release / both, three_rounds from a three-round step tuning, early
 # configs tuned with the kernels' early release of their successors offered, tail configs tuned with the
 # attention at q/k/v's tail offered, l2_* configs tuned with those L2 hints (kernels/gemv.l2_hints), no_cluster
 # configs tuned without the cluster attention (kernels/attention/cluster.py; every other variant keeps the
-# headline's).
+# headline's), no_start configs tuned from the autotuner's fallbacks, not from kernels/gemv/starts.py's table.
 RETUNED = ("no_ahead", "one_round", "no_staged", "no_late", "neither", "three_rounds", "early", "tail", "l2_weights",
-           "l2_kv", "l2_off", "no_cluster")
+           "l2_kv", "l2_off", "no_cluster", "no_start")
 _GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_NORM_HANDOFF", "SPECPILOT_GEMV_AHEAD", "SPECPILOT_TUNE_ROUNDS",
              "SPECPILOT_GEMV_STAGED", "SPECPILOT_ATTN_LATE", "SPECPILOT_GEMV_EARLY", "SPECPILOT_QKV_ATTN",
-             "SPECPILOT_L2_HINTS", "SPECPILOT_EPILOGUE_EARLY", "SPECPILOT_ATTN_CLUSTER")
+             "SPECPILOT_L2_HINTS", "SPECPILOT_EPILOGUE_EARLY", "SPECPILOT_ATTN_CLUSTER", "SPECPILOT_TUNE_START")
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float, variants=GEMV_VARIANTS) -> dict:
@@ -347,7 +348,8 @@ def main() -> None:
     ap.add_argument("--parts", default="gemv,verify,stock,ceiling", help="what to time beside AR")
     ap.add_argument("--gemv-variants", default="pdl,no_pdl,no_handoff,no_ahead,one_round",
                     help="which of GEMV_VARIANTS the gemv part runs (the first, pdl, always; also no_staged, "
-                         "no_late, neither, three_rounds, early, tail, l2_weights, l2_kv, l2_off, late_epilogue)")
+                         "no_late, neither, three_rounds, early, tail, l2_weights, l2_kv, l2_off, late_epilogue, "
+                         "no_cluster, no_start)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     report = provenance(" ".join(["PYTHONPATH=. python3 bench/gpu/engine_core.py", *sys.argv[1:]]))

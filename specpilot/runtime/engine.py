@@ -171,7 +171,8 @@ class Engine:
 
     def warmup(self, system: System) -> None:
         """Capture the step graph outside any timed region (a throwaway request). With `gemv` on CUDA,
-        first choose the one-row kernels' configs by timing the captured AR step (kernels/gemv/choice.py)."""
+        first choose the one-row kernels' configs by timing the captured AR step (kernels/gemv/choice.py),
+        beginning where kernels/gemv/starts.py has a table for this GPU."""
         self.generate([0] * 4, 2 * max(self.block, 1) + 2, (), system)
         if self.gemv and self.use_graphs and not self.gemv_tuning:
             self.gemv_tuning = self._tune_gemv()
@@ -179,13 +180,15 @@ class Engine:
 
     def _tune_gemv(self) -> dict:
         from specpilot.kernels.gemv.choice import tune_step
+        from specpilot.kernels.gemv.starts import start_for
 
         def reset() -> None:  # a quarter of the context: the attention's split count depends on it
             self.pos.fill_(self.context // 4)
 
         with torch.inference_mode():
             reset()
-            report = tune_step(self._ar_step, lambda step: replay_ms(step, reset))
+            report = tune_step(self._ar_step, lambda step: replay_ms(step, reset),
+                               start=start_for(torch.cuda.get_device_name(self.device)))
         for graph in (self._ar, getattr(self, "_spec", None)):
             if isinstance(graph, StepGraph):
                 graph.graph = None  # recaptured with the chosen configs

@@ -158,10 +158,9 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
     if the step is faster; the attention's own key is then not launched (its choice is moot). start: configs the
     keys not chosen yet begin from (the later keys of the first round run them, not the autotuner's)."""
     keys = [key for key in record_keys(step) if key not in _CHOSEN]  # not tuned by an earlier engine
-    for key in keys:  # where the descent begins: the start table's configs, else the autotuner's fallback
-        if start and key in start:
-            _CHOSEN[key] = start[key]
-    report = {}
+    begun = {key: start[key] for key in keys if start and key in start and _startable(key, start[key])}
+    _CHOSEN.update(begun)  # where the descent begins: the start table's configs, else the autotuner's fallback
+    report = {repr(key): {"start": cfg} for key, cfg in begun.items()}
     for _ in range(rounds or tune_rounds()):
         for key in keys:
             times = []
@@ -170,7 +169,8 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
                 times.append((measure(step), i))
             best_ms, best = min(times)
             _CHOSEN[key] = winner = candidates(key)[best]
-            entry = report.setdefault(repr(key), {"ms_first_round": [t for t, _ in times]})
+            entry = report.setdefault(repr(key), {})
+            entry.setdefault("ms_first_round", [t for t, _ in times])
             entry.update(ms=[t for t, _ in times])
             if ahead_on():  # the winner once more without loading ahead: it did not pay on every kernel
                 _CHOSEN[key] = {**winner, "AHEAD": False}
@@ -189,6 +189,11 @@ def tune_step(step: Callable[[], None], measure: Callable[[Callable[[], None]], 
                 best_ms = _try_attention_tail(key, step, measure, best_ms, entry)
             entry["config"] = _CHOSEN[key]
     return report
+
+
+def _startable(key: tuple, cfg: dict) -> bool:
+    """A start config is used only if it is one of the key's candidates now (loading ahead or not)."""
+    return {f: v for f, v in cfg.items() if f != "AHEAD"} in candidates(key)
 
 
 def _try_attention_tail(key: tuple, step, measure, best_ms: float, entry: dict) -> float:
