@@ -228,10 +228,12 @@ def test_pad_option_slows_each_step_and_changes_nothing(base):
 
 
 @torch.no_grad()
-def test_lookahead_reads_change_nothing(setup):
-    """The CUDA-graph path enqueues step k + 1 before reading step k (runtime/graphs.Lookahead); on the
-    CPU the same bookkeeping runs synchronously: same tokens and accounting, with stops and cuts, and a
-    step launched past the end leaves the next request unharmed."""
+@pytest.mark.parametrize("depth", ["1", "3"])
+def test_lookahead_reads_change_nothing(setup, depth, monkeypatch):
+    """The CUDA-graph path enqueues steps k + 1 .. k + depth before reading step k (runtime/graphs.Lookahead);
+    on the CPU the same bookkeeping runs synchronously: same tokens and accounting, with stops and cuts, and
+    steps launched past the end leave the next request unharmed."""
+    monkeypatch.setenv("SPECPILOT_LOOKAHEAD", depth)
     _, target, drafter, engine = setup
     ahead = Engine(target, drafter, context=CONTEXT)
     ahead.use_graphs = True  # the step graphs themselves stay eager on the CPU
@@ -247,4 +249,27 @@ def test_lookahead_reads_change_nothing(setup):
             assert gen.tokens == want, (system.name, n, stops)
             assert sum(gen.accepted) == len(gen.tokens) - 1
         looked = eng._ahead[id(eng.step_out if system.base == "stock" else eng.token)]
-        assert looked.launched >= 1 and looked.launched <= len(gen.accepted) + 1
+        assert looked.depth == int(depth) and 1 <= looked.launched <= len(gen.accepted) + int(depth)
+
+
+def test_lookahead_keeps_depth_steps_in_flight_and_each_output_apart(monkeypatch):
+    from specpilot.runtime.graphs import Lookahead, lookahead_depth
+
+    out = torch.zeros(1, dtype=torch.int64)
+    ahead = Lookahead(out, depth=2)
+
+    def step():
+        out.add_(1)
+
+    for _ in range(3):
+        ahead.launch(step)
+    with pytest.raises(RuntimeError, match="depth 2"):  # a fourth before step 0 is read
+        ahead.launch(step)
+    assert ahead.read(0) == [1]
+    ahead.launch(step)  # reuses step 0's buffer, read already
+    assert [ahead.read(k) for k in (1, 2, 3)] == [[2], [3], [4]]
+    with pytest.raises(RuntimeError, match="out of order"):
+        ahead.read(4)
+    monkeypatch.setenv("SPECPILOT_LOOKAHEAD", "5")
+    with pytest.raises(ValueError, match="SPECPILOT_LOOKAHEAD"):
+        lookahead_depth()

@@ -18,6 +18,7 @@ import datetime
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -54,6 +55,7 @@ MODELS = {
 WIDTHS = (1, 2, 4, 8, 16, 32, 48, 64)
 CONTEXT = 1024
 PROMPT, NEW = 128, 256
+RUNS = 3  # generations of the request per engine: the figure is their median
 
 
 def timed(fn, reps: int = 20, warm: int = 3) -> float:
@@ -125,6 +127,30 @@ def step_weight_bytes(target) -> int:
     return total
 
 
+def decode_ms(eng: Engine, prompt: list[int], runs: int = RUNS) -> tuple:
+    """The request (PROMPT tokens in, NEW out) `runs` times: (the first generation, the median ms per decoded
+    token, every run's)."""
+    gens = [eng.generate(prompt, NEW, (), AR) for _ in range(runs)]
+    per = [1000 * g.decode_s / g.decode_tokens for g in gens]
+    return gens[0], statistics.median(per), per
+
+
+def replays(eng: Engine) -> dict:
+    """The AR step graph from position PROMPT: the median of 100 replays, each timed alone (the host waits
+    for each), and NEW replays enqueued back to back with no host read, their mean (what the GPU takes for
+    the request's steps; the generation's time per token over this is the host's share)."""
+    eng.pos.fill_(PROMPT)
+    alone = timed(eng._ar.graph.replay, reps=100)
+    eng.pos.fill_(PROMPT)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(NEW):
+        eng._ar.graph.replay()
+    b.record()
+    b.synchronize()
+    return {"ar_graph_replay_ms": alone, "ar_back_to_back_ms": a.elapsed_time(b) / NEW}
+
+
 def check_tiny() -> dict:
     cfg = tiny_target_config()
     t = random_target(cfg, seed=0, device="cuda")
@@ -177,19 +203,21 @@ GEMV_VARIANTS = (("pdl", {}), ("no_pdl", {"SPECPILOT_PDL": "0"}), ("no_handoff",
                  ("tail", {"SPECPILOT_QKV_ATTN": "1"}), ("l2_weights", {"SPECPILOT_L2_HINTS": "weights"}),
                  ("l2_kv", {"SPECPILOT_L2_HINTS": "weights_kv"}), ("l2_off", {"SPECPILOT_L2_HINTS": "off"}),
                  ("late_epilogue", {"SPECPILOT_EPILOGUE_EARLY": "0"}), ("no_cluster", {"SPECPILOT_ATTN_CLUSTER": "0"}),
-                 ("no_start", {"SPECPILOT_TUNE_START": "0"}))
+                 ("no_start", {"SPECPILOT_TUNE_START": "0"}), ("lookahead_2", {"SPECPILOT_LOOKAHEAD": "2"}))
 # Loading ahead changes which tiles are fastest (registers, loads in flight): no_ahead gets configs tuned for it,
 # one_round configs from a one-round step tuning, no_staged / no_late / neither configs tuned without the
 # shared-memory ring / the attention's late release / both, three_rounds from a three-round step tuning, early
 # configs tuned with the kernels' early release of their successors offered, tail configs tuned with the
 # attention at q/k/v's tail offered, l2_* configs tuned with those L2 hints (kernels/gemv.l2_hints), no_cluster
 # configs tuned without the cluster attention (kernels/attention/cluster.py; every other variant keeps the
-# headline's), no_start configs tuned from the autotuner's fallbacks, not from kernels/gemv/starts.py's table.
+# headline's), no_start configs tuned from the autotuner's fallbacks, not from kernels/gemv/starts.py's table;
+# lookahead_2 keeps the headline's configs, the host two steps ahead of the one it reads (runtime/graphs.Lookahead).
 RETUNED = ("no_ahead", "one_round", "no_staged", "no_late", "neither", "three_rounds", "early", "tail", "l2_weights",
            "l2_kv", "l2_off", "no_cluster", "no_start")
 _GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_NORM_HANDOFF", "SPECPILOT_GEMV_AHEAD", "SPECPILOT_TUNE_ROUNDS",
              "SPECPILOT_GEMV_STAGED", "SPECPILOT_ATTN_LATE", "SPECPILOT_GEMV_EARLY", "SPECPILOT_QKV_ATTN",
-             "SPECPILOT_L2_HINTS", "SPECPILOT_EPILOGUE_EARLY", "SPECPILOT_ATTN_CLUSTER", "SPECPILOT_TUNE_START")
+             "SPECPILOT_L2_HINTS", "SPECPILOT_EPILOGUE_EARLY", "SPECPILOT_ATTN_CLUSTER", "SPECPILOT_TUNE_START",
+             "SPECPILOT_LOOKAHEAD")
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float, variants=GEMV_VARIANTS) -> dict:
@@ -213,11 +241,9 @@ def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float, va
             t0 = time.perf_counter()
             eng.warmup(AR)
             warm_s = time.perf_counter() - t0
-            gen = eng.generate(prompt, NEW, (), AR)
-            eng.pos.fill_(PROMPT)
-            ms = 1000 * gen.decode_s / gen.decode_tokens
-            out[name] = {"env": env, "ar_ms_per_token": ms, "pct_of_floor_copy_bw": 100 * floor_ms / ms,
-                         "ar_graph_replay_ms": timed(eng._ar.graph.replay, reps=100), "warmup_s": warm_s}
+            gen, ms, runs = decode_ms(eng, prompt)
+            out[name] = {"env": env, "ar_ms_per_token": ms, "ar_ms_per_token_runs": runs,
+                         "pct_of_floor_copy_bw": 100 * floor_ms / ms, **replays(eng), "warmup_s": warm_s}
             if eng.gemv_tuning and "note" not in eng.gemv_tuning:
                 out[name]["configs_chosen_in_the_step"] = eng.gemv_tuning
             tokens[name] = gen.tokens
@@ -280,18 +306,18 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str], variants
     prompt = torch.randint(0, cfg.vocab_size - 1, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     ar = Engine(target, None, context=CONTEXT)
     ar.warmup(AR)
-    gen = ar.generate(prompt, NEW, (), AR)
-    ar_ms = 1000 * gen.decode_s / gen.decode_tokens
+    gen, ar_ms, ar_runs = decode_ms(ar, prompt)
     eager = Engine(target, None, context=CONTEXT, use_graphs=False).generate(prompt, 32, (), AR_EAGER)
     same = eager.tokens == gen.tokens[:32]
-    ar.pos.fill_(PROMPT)
-    replay_ms = timed(ar._ar.graph.replay, reps=100)  # no host sync between steps
+    rep = replays(ar)
+    replay_ms = rep["ar_graph_replay_ms"]
     floor_copy = wbytes / (bw["copy_tb_s"] * 1e12) * 1e3
     floor_read = wbytes / (bw["read_tb_s"] * 1e12) * 1e3
     print(f"[{name}] AR {ar_ms:.3f} ms/token (graph replay alone {replay_ms:.3f}); floor {floor_copy:.3f} ms at copy "
           f"bandwidth -> {100 * floor_copy / ar_ms:.1f}% of floor; graph==eager {same}")
     out = {
-        "params": params, "weight_bytes_per_step": wbytes, "ar_ms_per_token": ar_ms, "ar_graph_replay_ms": replay_ms,
+        "params": params, "weight_bytes_per_step": wbytes, "ar_ms_per_token": ar_ms, "ar_ms_per_token_runs": ar_runs,
+        **rep,
         "floor_ms_copy_bw": floor_copy, "floor_ms_read_bw": floor_read,
         "pct_of_floor_copy_bw": 100 * floor_copy / ar_ms, "pct_of_floor_read_bw": 100 * floor_read / ar_ms,
         "graph_equals_eager_32_tokens": same, "context": CONTEXT, "prompt_tokens": PROMPT, "new_tokens": NEW,
@@ -306,9 +332,11 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str], variants
             print(f"[{name}] AR with Triton GEMV failed: {out['gemv']['error'][:300]}")
         else:
             for v, r in g["variants"].items():
-                print(f"[{name}] AR with Triton GEMV, {v}: {r['ar_ms_per_token']:.3f} ms/token -> "
-                      f"{r['pct_of_floor_copy_bw']:.1f}% of floor (graph replay alone {r['ar_graph_replay_ms']:.3f}); "
-                      f"tokens as {g['headline']}: {r['same_tokens_as_headline']}")
+                runs = " ".join(f"{x:.3f}" for x in r["ar_ms_per_token_runs"])
+                print(f"[{name}] AR with Triton GEMV, {v}: {r['ar_ms_per_token']:.3f} ms/token (runs {runs}) -> "
+                      f"{r['pct_of_floor_copy_bw']:.1f}% of floor; graph replay alone {r['ar_graph_replay_ms']:.3f}, "
+                      f"back to back {r['ar_back_to_back_ms']:.3f}; tokens as {g['headline']}: "
+                      f"{r['same_tokens_as_headline']}")
             print(f"[{name}] PDL on / off give the same tokens: {g['pdl_variants_same_tokens']}; same tokens as "
                   f"cuBLAS AR for {g['tokens_equal_to_cublas_ar_before_first_divergence']}")
     use_gemv(target, False)  # the parts below time the default path; a gemv engine leaves the model switched
@@ -349,7 +377,7 @@ def main() -> None:
     ap.add_argument("--gemv-variants", default="pdl,no_pdl,no_handoff,no_ahead,one_round",
                     help="which of GEMV_VARIANTS the gemv part runs (the first, pdl, always; also no_staged, "
                          "no_late, neither, three_rounds, early, tail, l2_weights, l2_kv, l2_off, late_epilogue, "
-                         "no_cluster, no_start)")
+                         "no_cluster, no_start, lookahead_2)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     report = provenance(" ".join(["PYTHONPATH=. python3 bench/gpu/engine_core.py", *sys.argv[1:]]))

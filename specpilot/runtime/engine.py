@@ -2,8 +2,9 @@
 
 Both share the target's kernels, precision, static caches and (on CUDA) graph capture: an AR baseline
 that runs eagerly would flatter every speedup. Each decode step is one graph replay and one host sync
-that reads the step's committed tokens; with graphs the next step is already enqueued while the host
-waits (runtime/graphs.Lookahead), so the host's read and launch never leave the GPU idle.
+that reads the step's committed tokens; with graphs the next step (SPECPILOT_LOOKAHEAD steps) is already
+enqueued while the host waits (runtime/graphs.Lookahead), so the host's read and launch never leave the GPU
+idle.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.models.layers import use_gemv
 from specpilot.runtime.faults import MODEL_FAULTS, distort, force_first_draft
-from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
+from specpilot.runtime.graphs import Lookahead, StepGraph, lookahead_depth, replay_ms
 from specpilot.runtime.options import System
 from specpilot.runtime.padding import Pad
 from specpilot.spec.accept import accept_greedy
@@ -153,9 +154,9 @@ class Engine:
         return hidden
 
     def _lookahead(self, result: torch.Tensor) -> Lookahead:
-        key = id(result)
-        if key not in self._ahead:
-            self._ahead[key] = Lookahead(result)
+        key, depth = id(result), lookahead_depth()
+        if key not in self._ahead or self._ahead[key].depth != depth:
+            self._ahead[key] = Lookahead(result, depth)
         ahead = self._ahead[key]
         ahead.reset()
         return ahead
@@ -226,7 +227,8 @@ class Engine:
             else:
                 if k == 0:
                     ahead.launch(step)
-                if len(out) + 1 < max_new_tokens:  # step k + 1 may be needed: in flight while k is read
+                # steps k + 1 .. k + depth may be needed (each commits a token at least): in flight while k is read
+                while ahead.launched <= k + ahead.depth and len(out) + ahead.launched - k < max_new_tokens:
                     ahead.launch(step)
                 values = ahead.read(k)
             k += 1

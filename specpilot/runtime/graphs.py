@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 
@@ -45,23 +46,26 @@ class StepGraph:
 
 
 class Lookahead:
-    """Reads each step's output on the host one step late: step k + 1 is enqueued before the host waits
-    for step k, so the GPU does not idle while the host reads a token and launches the next graph.
-    Still one host sync per step; each output is copied to one of two pinned buffers as its step ends."""
+    """Reads each step's output on the host `depth` steps late: steps k + 1 .. k + depth are enqueued before
+    the host waits for step k, so the GPU does not idle while the host reads a token and launches the next
+    graph (nor through a host hiccup shorter than depth - 1 steps). Still one host sync per step; each output
+    is copied to one of depth + 1 pinned buffers as its step ends."""
 
-    def __init__(self, out: torch.Tensor):
+    def __init__(self, out: torch.Tensor, depth: int = 1):
         self.out = out
+        self.depth = depth
         cuda = out.is_cuda  # on the CPU (tests) the same bookkeeping runs synchronously
-        self.host = [torch.empty(out.shape, dtype=out.dtype, pin_memory=cuda) for _ in range(2)]
-        self.done = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self.host = [torch.empty(out.shape, dtype=out.dtype, pin_memory=cuda) for _ in range(depth + 1)]
+        self.done = [torch.cuda.Event() if cuda else None for _ in range(depth + 1)]
         self.launched = 0
         self.read_upto = 0
 
     def launch(self, step: Callable[[], None]) -> None:
-        if self.launched > self.read_upto + 1:
-            raise RuntimeError("Lookahead: a third step launched before the first one was read")
+        if self.launched > self.read_upto + self.depth:
+            raise RuntimeError(f"Lookahead: step {self.launched} launched before step {self.read_upto} was read "
+                               f"(depth {self.depth})")
         step()
-        i = self.launched % 2  # its buffer was read before this launch (read k precedes launch k + 2)
+        i = self.launched % len(self.host)  # its buffer was read: step launched - depth - 1 precedes read_upto
         self.host[i].copy_(self.out, non_blocking=True)
         if self.done[i] is not None:
             self.done[i].record()
@@ -71,13 +75,22 @@ class Lookahead:
         """Step k's output (the oldest step launched and not yet read)."""
         if k != self.read_upto or k >= self.launched:
             raise RuntimeError(f"Lookahead: read {k} out of order ({self.read_upto} next, {self.launched} launched)")
-        if self.done[k % 2] is not None:
-            self.done[k % 2].synchronize()
+        i = k % len(self.host)
+        if self.done[i] is not None:
+            self.done[i].synchronize()
         self.read_upto += 1
-        return self.host[k % 2].tolist()
+        return self.host[i].tolist()
 
     def reset(self) -> None:
         self.launched = self.read_upto = 0
+
+
+def lookahead_depth() -> int:
+    """Steps the host launches ahead of the one it reads: SPECPILOT_LOOKAHEAD (1 to 4), default 1."""
+    raw = os.environ.get("SPECPILOT_LOOKAHEAD", "").strip() or "1"
+    if raw not in ("1", "2", "3", "4"):
+        raise ValueError(f"SPECPILOT_LOOKAHEAD={raw!r}: expected 1 to 4 (default 1)")
+    return int(raw)
 
 
 def replay_ms(step: Callable[[], None], reset: Callable[[], None], reps: int = 10) -> float:
