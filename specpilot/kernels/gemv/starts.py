@@ -1,7 +1,7 @@
 """Where the step tuning's coordinate descent begins on GPUs it has run on (choice.tune_step's start).
 
 From the autotuner's fallbacks the descent lands in different config sets from process to process: on the
-H200 8B, sets tuned in eight processes on three GPUs timed 3.87-4.00 ms a step when timed in turn in one
+H200 8B, nine sets tuned in six processes on four GPUs timed 3.87-4.00 ms a step when timed in turn in one
 process, and that process's own tuning 3.925 ms (bench/results/2026-12-01_config_sets_63fd83c_h200.json).
 The set a tuning found fastest there (plain tiles everywhere, the attention as a cluster of 8) starts the
 descent on that GPU, which then keeps a key's config only where another times faster beside the others.
