@@ -18,11 +18,10 @@ import argparse
 import ast
 import json
 import os
-import statistics
 
 import torch
 
-from bench.gpu.ablate_step import in_turn, next_token
+from bench.gpu.ablate_step import in_turn, medians, next_token
 from bench.gpu.engine_core import CONTEXT, MODELS, bandwidth, provenance, step_weight_bytes
 from specpilot.fixtures.random_models import random_target
 from specpilot.kernels.gemv import choice
@@ -91,7 +90,7 @@ def main() -> None:
         choice._CHOSEN.update(configs)
         tokens[name] = next_token(eng, POS)
     times = in_turn(eng, sets, args.rounds, POS)
-    med = {n: statistics.median(t) for n, t in times.items()}
+    med = medians(times)
     best = min((n for n in med if n != "this process"), key=med.get)
     choice._CHOSEN.clear()
     reset = lambda: eng.pos.fill_(POS)  # noqa: E731
@@ -103,7 +102,7 @@ def main() -> None:
                   sets={n: {repr(k): c for k, c in s.items()} for n, s in sets.items()},
                   ms_by_round=times, median_ms=med, fastest_recorded=best,
                   seeded={repr(k): c for k, c in seeded.items()}, final_ms_by_round=final,
-                  final_median_ms={n: statistics.median(t) for n, t in final.items()})
+                  final_median_ms=medians(final))
     with open(os.path.join(args.out, "config_sets.json"), "w") as f:
         json.dump(report, f, indent=1)
     print(f"\nfloor {floor:.3f} ms; the same next token for every set: {len(set(tokens.values())) == 1}")
