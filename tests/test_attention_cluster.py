@@ -21,7 +21,7 @@ from specpilot.kernels.attention import cluster  # noqa: E402
 from specpilot.kernels.attention import triton as kernel_module  # noqa: E402
 from specpilot.kernels.attention.naive import attend_naive  # noqa: E402
 from specpilot.kernels.gemv import choice  # noqa: E402
-from specpilot.spec.masks import Visibility  # noqa: E402
+from specpilot.speculative.visibility import Visibility  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 RUNS = CUDA and cluster.bindings_available()

@@ -24,7 +24,7 @@ from specpilot.kernels.attention import triton as kernel_module  # noqa: E402
 from specpilot.kernels.attention.naive import attend_naive  # noqa: E402
 from specpilot.kernels.attention.triton import attend_triton  # noqa: E402
 from specpilot.kernels.dispatch import use_triton  # noqa: E402
-from specpilot.spec.masks import Visibility  # noqa: E402
+from specpilot.speculative.visibility import Visibility  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

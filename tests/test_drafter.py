@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from specpilot.fixtures.random_models import random_drafter, tiny_drafter_config, tiny_target_config
 from specpilot.models.config import drafter_config_from_hf
 from specpilot.models.loading import load_drafter, save_drafter
-from specpilot.spec.lattice import Lattice
+from specpilot.speculative.lattice import Lattice
 
 VOCAB = 96
 

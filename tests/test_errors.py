@@ -14,7 +14,7 @@ from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.models.loading import load_drafter, load_target, save_drafter, save_target
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.options import parse_system
+from specpilot.config import parse_system
 
 VOCAB = 64
 

@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 
 from specpilot.bench.fidelity import forced_agreement, forced_argmax, free_running
 from specpilot.fixtures.random_models import random_target, tiny_target_config
-from specpilot.fixtures.twin import widen_target
+from specpilot.models.twin import widen_target
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.options import parse_system
+from specpilot.config import parse_system
 from tests.conftest import prompts
 
 AR = parse_system("ar")

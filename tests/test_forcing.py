@@ -7,7 +7,7 @@ from specpilot.forcing.judge import SystemForcing, calibrate_delta, tally, verdi
 from specpilot.forcing.score import score_output
 from specpilot.models.dense import Mode
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.options import parse_system
+from specpilot.config import parse_system
 from tests.conftest import prompts
 
 TARGET = random_target(tiny_target_config(vocab=300), seed=21)

@@ -27,7 +27,7 @@ from specpilot.models.dense import Mode  # noqa: E402
 from specpilot.models.gguf import convert_gguf, gguf_state_dict, read_gguf_config  # noqa: E402
 from specpilot.models.loading import load_target  # noqa: E402
 from specpilot.models.tokenizer import HFTokenizer  # noqa: E402
-from specpilot.spec.masks import Visibility  # noqa: E402
+from specpilot.speculative.visibility import Visibility  # noqa: E402
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}

@@ -134,7 +134,7 @@ def test_qkv_rope_with_the_attention_at_its_tail(device, dtype, tol, splits, hid
     from specpilot.kernels.gemv import choice
     from specpilot.kernels.qkv_rope.naive import qkv_rope_naive
     from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
-    from specpilot.spec.masks import Visibility
+    from specpilot.speculative.visibility import Visibility
 
     g = torch.Generator().manual_seed(hidden + cache_len + splits)
     length = 256
@@ -175,7 +175,7 @@ def test_attention_tail_applies_only_where_it_can(monkeypatch):
     tail (the kernel returns q and the layer runs the attention kernel); the split count is cut to the programs of
     a KV head's group (the splits are those programs), and to 1 under the interpreter."""
     import specpilot.kernels.qkv_rope.triton as qkv_mod
-    from specpilot.spec.masks import Visibility
+    from specpilot.speculative.visibility import Visibility
 
     at = torch.tensor([3])
     causal, tree = Visibility(at, at), Visibility(at, at, tree=torch.ones(1, 1, dtype=torch.bool))
@@ -367,7 +367,7 @@ def test_l2_hints_and_early_epilogue_inputs_compute_the_same(monkeypatch, device
     error."""
     from specpilot.kernels.attention.triton import attend_triton
     from specpilot.kernels.gemv import choice, epilogue_early, kv_eviction, l2_hints, weight_eviction
-    from specpilot.spec.masks import Visibility
+    from specpilot.speculative.visibility import Visibility
 
     if kernel == "attention":
         g = torch.Generator().manual_seed(11)
@@ -588,7 +588,7 @@ def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
     from specpilot.fixtures.random_models import random_target, tiny_target_config
     from specpilot.kernels.gemv import NormedStream
     from specpilot.runtime.engine import Engine
-    from specpilot.runtime.options import parse_system
+    from specpilot.config import parse_system
 
     device = "cuda" if CUDA else "cpu"
     if not CUDA:
@@ -624,7 +624,7 @@ def test_attention_tail_in_the_engine_keeps_ar_output(monkeypatch):
     import specpilot.models.layers as layers
     from specpilot.fixtures.random_models import random_target, tiny_target_config
     from specpilot.runtime.engine import Engine
-    from specpilot.runtime.options import parse_system
+    from specpilot.config import parse_system
 
     device = "cuda" if CUDA else "cpu"
     if not CUDA:

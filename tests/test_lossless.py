@@ -13,7 +13,7 @@ import torch
 
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.options import parse_system
+from specpilot.config import parse_system
 
 AR, STOCK = parse_system("ar"), parse_system("stock")
 VOCAB = 256

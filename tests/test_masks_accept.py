@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.spec.accept import accept_greedy
-from specpilot.spec.masks import Visibility, chain_visibility, verify_mask
+from specpilot.speculative.accept import accept_greedy
+from specpilot.speculative.visibility import Visibility, chain_visibility, verify_mask
 
 
 @st.composite

@@ -3,7 +3,7 @@
 
 from specpilot.bench.oracle import accept_lengths, lattice_taus, walk
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.options import parse_system
+from specpilot.config import parse_system
 from tests.conftest import prompts
 
 

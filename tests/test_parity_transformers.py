@@ -20,7 +20,7 @@ from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.models.dense import Mode
 from specpilot.models.layers import rope_inv_freq
 from specpilot.models.loading import load_target, save_target
-from specpilot.spec.masks import Visibility, chain_visibility, verify_mask
+from specpilot.speculative.visibility import Visibility, chain_visibility, verify_mask
 
 TOL = 1e-4
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

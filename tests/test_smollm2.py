@@ -6,11 +6,11 @@ import torch
 from specpilot.bench.datasets import load_requests
 from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, tiny_drafter_config
-from specpilot.fixtures.smollm2 import fetch_smollm2
+from specpilot.models.smollm2 import fetch_smollm2
 from specpilot.models.loading import load_target
 from specpilot.models.tokenizer import HFTokenizer
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.options import parse_system
+from specpilot.config import parse_system
 from tests.test_lossless import OracleEngine
 
 
@@ -66,7 +66,7 @@ def test_committed_drafter_through_the_preset(smol):
 
 
 def test_smollm2_is_fetched_on_first_use_only(tmp_path, monkeypatch):
-    import specpilot.fixtures.smollm2 as smollm2
+    import specpilot.models.smollm2 as smollm2
     from specpilot.models.pair import _fetch_if_known
 
     calls = []

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from specpilot.bench.datasets import DATASETS, UserError, load_requests
-from specpilot.fixtures.corpus import distill_prompts
-from specpilot.fixtures.distill import Dataset, greedy_batch, target_features
+from specpilot.training.corpus import distill_prompts
+from specpilot.training.distill import Dataset, greedy_batch, target_features
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
-from specpilot.fixtures.train_drafter import (
+from specpilot.training.train_drafter import (
     TrainConfig,
     block_batch,
     draft_hidden,
@@ -21,7 +21,7 @@ from specpilot.fixtures.train_drafter import (
 from specpilot.kernels.dispatch import kernels_forced
 from specpilot.models.loading import load_drafter, save_drafter
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.options import parse_system
+from specpilot.config import parse_system
 from tests.conftest import prompts
 
 AR, STOCK = parse_system("ar"), parse_system("stock")
@@ -158,7 +158,7 @@ def test_train_drafter_command_and_resume(tmp_path):
 
 def test_other_seeds_never_train_on_the_held_out_prompts(monkeypatch):
     """run_training's split: held-out prompts come from the seed-0 draw whatever the seed."""
-    import specpilot.fixtures.train_drafter as td
+    import specpilot.training.train_drafter as td
 
     seen = {}
 
@@ -169,7 +169,7 @@ def test_other_seeds_never_train_on_the_held_out_prompts(monkeypatch):
     def fake_train(*args, **kwargs):
         raise StopIteration  # the split is all this test needs
 
-    monkeypatch.setattr("specpilot.fixtures.distill.build_dataset", fake_build)
+    monkeypatch.setattr("specpilot.training.distill.build_dataset", fake_build)
     monkeypatch.setattr(td, "train", fake_train)
     from rich.console import Console
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
-from specpilot.fixtures.twin import widen_drafter, widen_target
+from specpilot.models.twin import widen_drafter, widen_target
 from specpilot.models.dense import Mode
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.options import parse_system
+from specpilot.config import parse_system
 from tests.conftest import prompts
 
 CASES = {

@@ -38,8 +38,8 @@ from specpilot.models.dense import Mode
 from specpilot.models.layers import use_gemv
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.graphs import StepGraph, median_ms
-from specpilot.runtime.options import parse_system
-from specpilot.spec.masks import Visibility
+from specpilot.config import parse_system
+from specpilot.speculative.visibility import Visibility
 
 AR, STOCK = parse_system("ar"), parse_system("stock")
 AR_EAGER = parse_system("ar:graphs=false")

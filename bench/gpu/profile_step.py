@@ -20,7 +20,7 @@ from specpilot.kernels.gemv import choice
 from specpilot.models.dense import Mode
 from specpilot.models.layers import use_gemv
 from specpilot.runtime.graphs import replay_ms
-from specpilot.spec.masks import Visibility
+from specpilot.speculative.visibility import Visibility
 
 
 def main() -> None:

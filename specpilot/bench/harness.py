@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from specpilot.bench.datasets import Request
+from specpilot.config import KernelPlan, System
 from specpilot.runtime.engine import Engine
-from specpilot.runtime.options import System
 
 
 @dataclass
@@ -36,26 +36,25 @@ class TurnRecord:
 
 
 class Runner:
-    """Holds one engine per step shape (systems that share a shape share caches and graphs)."""
+    """Holds one engine per system (engines whose kernel plans agree share one plan, and so its step tuning)."""
 
     def __init__(self, target, drafter, tokenizer, context: int):
         self.target, self.drafter, self.tokenizer, self.context = target, drafter, tokenizer, context
-        self._engines: dict[tuple, Engine] = {}
+        self._engines: dict[str, Engine] = {}
+        self._plans: dict[tuple, KernelPlan] = {}
         self._warm: set[str] = set()
 
     def engine(self, system: System) -> Engine:
-        drafter = self.drafter if system.base == "stock" else None
-        block = system.get("block_size") if drafter else 0
-        kwargs = {"use_graphs": system.get("graphs"), "block_size": block, "gemv": system.get("gemv"),
-                  "fault": system.get("fault"), "pad_us": system.get("pad_us")}
-        key = (system.base, *kwargs.values())
-        if key not in self._engines:
-            self._engines[key] = Engine(self.target, drafter, context=self.context, **kwargs)
-        return self._engines[key]
+        if system.name not in self._engines:
+            fresh = system.plan()
+            plan = self._plans.setdefault(tuple(sorted(fresh.features().items())), fresh)
+            drafter = self.drafter if system.speculative else None
+            self._engines[system.name] = Engine(self.target, drafter, system, context=self.context, plan=plan)
+        return self._engines[system.name]
 
     def warmup(self, system: System) -> None:
         if system.name not in self._warm:
-            self.engine(system).warmup(system)
+            self.engine(system).warmup()
             self._warm.add(system.name)
 
     def run(self, system: System, request: Request, max_new_tokens: int,
@@ -66,7 +65,7 @@ class Runner:
         for k, text in enumerate(request.turns):
             messages.append({"role": "user", "content": text})
             prompt = self.tokenizer.chat_prompt(messages)
-            gen = engine.generate(prompt, max_new_tokens, self.tokenizer.eos_ids, system)
+            gen = engine.generate(prompt, max_new_tokens, self.tokenizer.eos_ids)
             messages.append({"role": "assistant", "content": self.tokenizer.decode(gen.tokens)})
             rid = request.id if len(request.turns) == 1 else f"{request.id}#turn{k + 1}"
             records.append(TurnRecord(rid, request.dataset, k + 1, prompt, gen.tokens, gen.prefill_s,

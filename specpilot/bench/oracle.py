@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.fixtures.distill import Dataset, target_features
-from specpilot.fixtures.train_drafter import block_batch, draft_hidden
-from specpilot.kernels.dispatch import kernels_forced
 from specpilot.models.dense import DenseTarget
 from specpilot.models.dflash import DFlashDrafter
+from specpilot.training.distill import Dataset, target_features
+from specpilot.training.train_drafter import NAIVE, block_batch, draft_hidden
 
 
 @torch.inference_mode()
@@ -31,10 +30,9 @@ def accept_lengths(target: DenseTarget, drafter: DFlashDrafter, prompt: list[int
     ds = Dataset([sequence], [len(prompt)], [feats])
     feats_b, tokens, anchor_t, labels = block_batch(ds, [(0, anchors)], block, drafter.cfg.mask_token_id,
                                                target.embed.weight.device)
-    with kernels_forced("naive"):
-        hidden = draft_hidden(drafter, target.embed.weight, feats_b.to(target.embed.weight.dtype), tokens,
-                              anchor_t, len(anchors))
-    lattice = drafter.lattice(hidden, target.head_weight, tokens[:, 0], top_k=top_k)
+    hidden = draft_hidden(drafter, target.embed, feats_b.to(target.embed.weight.dtype), tokens, anchor_t,
+                          len(anchors))
+    lattice = drafter.lattice(hidden, target.head, tokens[:, 0], top_k, NAIVE)
     chain = (lattice.greedy_chain() == labels).long().cumprod(1).sum(1) + 1
     oracle = (lattice.tokens == labels[..., None]).any(-1).long().cumprod(1).sum(1) + 1
     return chain.tolist(), oracle.tolist()

@@ -199,8 +199,11 @@ def _enough(ids: list[str]) -> None:
                         "(raise --limit or --max-new-tokens)")
 
 
-def _side(side: Side, code_hash: str) -> dict:
-    return {"system": side.system, "source": str(side.source), "code_hash": code_hash}
+def _side(side: Side, hello: dict) -> dict:
+    """A side as its worker reported it: the code it imported and the complete configuration it ran (every
+    option, the kernel plan and its tuning table; older trees report none)."""
+    return {"system": side.system, "source": str(side.source), "code_hash": hello["code_hash"],
+            "config": hello.get("config")}
 
 
 def combine_pairings(first: tuple[list[str], list[float]], second: tuple[list[str], list[float]]
@@ -223,12 +226,12 @@ def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], ti
         ids, ratios, same = pair_ratios(rows_a, rows_b)
         equal = equal and same
         pairings.append({"gpu_a": gpu_a, "gpu_b": gpu_b, "requests": ids, "ratios": ratios,
-                         "code_hash_a": wa.hello["code_hash"], "code_hash_b": wb.hello["code_hash"],
+                         "side_a": _side(a, wa.hello), "side_b": _side(b, wb.hello),
                          "rows_a": [_timing(r) for r in rows_a], "rows_b": [_timing(r) for r in rows_b]})
     ids, ratios = combine_pairings((pairings[0]["requests"], pairings[0]["ratios"]),
                                    (pairings[1]["requests"], pairings[1]["ratios"]))
     _enough(ids)
-    return {"mode": "paired", "a": _side(a, pairings[0]["code_hash_a"]), "b": _side(b, pairings[0]["code_hash_b"]),
+    return {"mode": "paired", "a": pairings[0]["side_a"], "b": pairings[0]["side_b"],
             "requests": ids, "ratios": ratios, "outputs_equal": equal, "pairings": pairings}
 
 
@@ -237,7 +240,7 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
         rows_a, rows_b = interleaved(wa, wb, wa.hello["requests"], block)
         ids, ratios, equal = pair_ratios(rows_a, rows_b)
         _enough(ids)
-        return {"mode": "interleaved", "a": _side(a, wa.hello["code_hash"]), "b": _side(b, wb.hello["code_hash"]),
+        return {"mode": "interleaved", "a": _side(a, wa.hello), "b": _side(b, wb.hello),
                 "requests": ids, "ratios": ratios, "outputs_equal": equal,
                 "rows_a": [_timing(r) for r in rows_a],
                 "rows_b": [_timing(r) for r in rows_b]}

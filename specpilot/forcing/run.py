@@ -4,9 +4,9 @@ under the exact target, calibrate delta from reference vs AR, and give a verdict
 from __future__ import annotations
 
 from specpilot.bench.harness import Runner, TurnRecord, run_request_major
+from specpilot.config.env import parse
 from specpilot.forcing.judge import calibrate_delta, first_divergence, tally, verdict
 from specpilot.forcing.score import score_output
-from specpilot.runtime.options import parse_system
 
 ROLES = ("reference", "candidate", "ar")
 
@@ -24,7 +24,7 @@ def near_tie_gaps(target, reference: list[TurnRecord], ar: list[TurnRecord]) -> 
 
 
 def force(runner: Runner, reference: str, candidate: str, requests, max_new: int, progress=None) -> dict:
-    systems = dict(zip(ROLES, (parse_system(reference), parse_system(candidate), parse_system("ar")), strict=True))
+    systems = dict(zip(ROLES, (parse(reference), parse(candidate), parse("ar")), strict=True))
     # a candidate equal to the reference is a genuine second run of it (one key per role)
     records = run_request_major(runner, systems, requests, max_new, progress)
     target = runner.target

@@ -10,6 +10,7 @@ from typing import Any
 from specpilot.errors import UserError
 
 FAMILIES = ("llama", "qwen3")
+LAYER_TYPES = ("attention",)  # what a layer may be (models/dense.LAYERS); Gated DeltaNet comes next
 
 
 @dataclass
@@ -34,10 +35,16 @@ class DenseConfig:
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    layer_types: list[str] = field(default_factory=list)  # one per layer; empty: every layer is attention
 
     def __post_init__(self) -> None:
         if self.family == "qwen3":
             self.qk_norm = True  # Qwen3 always normalises q and k per head
+
+    @property
+    def kinds(self) -> list[str]:
+        """Each layer's type, in order (the layers and the cache's states are built from it)."""
+        return list(self.layer_types) or ["attention"] * self.num_layers
 
     @property
     def q_dim(self) -> int:
@@ -58,6 +65,12 @@ class DenseConfig:
                             f"of num_key_value_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise UserError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise UserError(f"model config: {len(self.layer_types)} layer types for {self.num_layers} layers")
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise UserError(f"model config: layer type(s) {', '.join(unknown)} not supported yet "
+                            f"(supported: {', '.join(LAYER_TYPES)})")
 
     def to_hf(self) -> dict[str, Any]:
         """The config.json a Hugging Face loader of this family would accept."""

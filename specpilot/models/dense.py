@@ -3,7 +3,8 @@
 One forward serves three modes (`Mode`): prefill of a prompt, decode of one row, and verify of N rows
 with explicit positions, explicit cache slots and a `Visibility` over the static cache, so that chains
 and trees share one code path. Hidden states of requested layers come back with the logits (the
-drafter conditions on them).
+drafter conditions on them). Every forward takes the kernel plan it runs under; layers are built from the
+config's layer types, the cache from the same list (models/cache.py).
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ import enum
 import torch
 from torch import nn
 
-from specpilot.kernels.dispatch import use_triton
-from specpilot.kernels.embed import embed_handoff
-from specpilot.kernels.embed import kernel_on as embed_kernel_on
-from specpilot.kernels.gemv import gemv_applies, handoff_on, project, stream_of
+from specpilot.config.plan import KernelPlan
+from specpilot.kernels import embed
+from specpilot.kernels.gemv import gemv_applies, stream_of
 from specpilot.kernels.norm import rms_norm
+from specpilot.models.cache import Cache
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
 from specpilot.runtime.faults import NORM_EPS
-from specpilot.spec.masks import Visibility
+from specpilot.speculative.visibility import Visibility
+from specpilot.weights import DenseWeight
 
 
 class Mode(enum.Enum):
@@ -30,28 +32,9 @@ class Mode(enum.Enum):
     VERIFY = "verify"  # N rows, explicit positions / slots / visibility, logits of every row
 
 
-class KVCache:
-    """Static K/V buffers [layers, B, Hkv, L, D] (the layout attention reads without a copy);
-    a row's slot is where its K/V lives."""
-
-    def __init__(self, layers: int, batch: int, length: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device):
-        shape = (layers, batch, kv_heads, length, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-
-    @property
-    def length(self) -> int:
-        return self.k.shape[3]
-
-    def rows(self, first: int, last: int) -> KVCache:
-        """A view of sequences first..last-1 (writes go to this cache)."""
-        view = object.__new__(KVCache)
-        view.k, view.v = self.k[:, first:last], self.v[:, first:last]
-        return view
-
-
 class Block(nn.Module):
+    """A layer of the attention kind: attention and SwiGLU MLP, each after its RMSNorm."""
+
     def __init__(self, cfg: DenseConfig):
         super().__init__()
         self.attn_norm = nn.Parameter(torch.ones(cfg.hidden_size))
@@ -60,55 +43,64 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.rms_norm_eps)
 
 
-class DenseTarget(nn.Module):
-    gemv = False  # the LM head through the Triton GEMV too (see layers.use_gemv)
-    fault = "none"  # a deliberately lossy forward, for auditing the judge (runtime/faults.py)
+LAYERS = {"attention": Block}  # a layer type -> its module (a recurrent kind joins here)
 
+
+class DenseTarget(nn.Module):
     def __init__(self, cfg: DenseConfig, rope_length: int | None = None):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.embed = DenseWeight(cfg.hidden_size, cfg.vocab_size)  # the table [V, H]; rows() is the lookup
+        self.layers = nn.ModuleList(LAYERS[kind](cfg) for kind in cfg.kinds)
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+            self.lm_head = DenseWeight(cfg.hidden_size, cfg.vocab_size)
         self.rope = RopeTable(cfg, rope_length or cfg.max_position_embeddings)
 
     def set_rope_length(self, length: int, device=None) -> None:
         self.rope.resize(length, device=device)
 
     @property
+    def head(self) -> DenseWeight:
+        """The LM head's weight object (the embedding's when tied)."""
+        return self.embed if self.cfg.tie_word_embeddings else self.lm_head
+
+    @property
     def head_weight(self) -> torch.Tensor:
-        return self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head
+        return self.head.weight
 
-    def new_cache(self, batch: int, length: int, dtype=None, device=None) -> KVCache:
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def new_cache(self, batch: int, length: int, dtype=None, device=None) -> Cache:
         cfg = self.cfg
-        dtype = dtype or self.embed.weight.dtype
-        device = device or self.embed.weight.device
-        return KVCache(cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+        return Cache.build(cfg.kinds, batch, length, cfg.num_kv_heads, cfg.head_dim,
+                           dtype or self.embed.weight.dtype, device or self.device)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, mode: Mode,
-                slots: torch.Tensor | None = None, vis: Visibility | None = None,
-                hidden_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Cache, mode: Mode,
+                plan: KernelPlan | None = None, slots: torch.Tensor | None = None, vis: Visibility | None = None,
+                hidden_layers: tuple[int, ...] = (), fault: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens, positions [B, T] -> (logits [B, T or 1, V], hidden [B, T, len(hidden_layers) * H]).
 
         PREFILL and DECODE rows are consecutive positions whose K/V go to slot == position and which
         see every earlier slot; VERIFY takes the slots and the visibility from the caller (a tree's
-        rows sit at consecutive slots past the cache but at positions given by their depth).
+        rows sit at consecutive slots past the cache but at positions given by their depth). plan: the
+        kernel plan (None: stock's). fault: a deliberately lossy forward, for auditing the judge
+        (runtime/faults.py: fp16_head, skip_layer, norm_eps; the others act outside the model).
         """
-        h, hidden, fused = self._trunk(tokens, positions, cache, mode, slots, vis, hidden_layers)
+        plan = plan or KernelPlan.stock()
+        h, hidden, fused = self._trunk(tokens, positions, cache, mode, slots, vis, hidden_layers, plan, fault)
         if mode is Mode.PREFILL:
             h = stream_of(h)[:, -1:]
         final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
-        if self.fault == "fp16_head":
-            normed = rms_norm(stream_of(h), self.norm, self._eps()) if fused else h
+        eps = NORM_EPS if fault == "norm_eps" else self.cfg.rms_norm_eps
+        if fault == "fp16_head":
+            normed = rms_norm(stream_of(h), self.norm, eps, plan) if fused else h
             return (normed.half() @ self.head_weight.half().t()).to(h.dtype), hidden
-        return project(h, self.head_weight, norm_weight=final, eps=self._eps(), gemv=self.gemv), hidden
+        return self.head.project(h, plan, norm_weight=final, eps=eps), hidden
 
-    def _eps(self) -> float:
-        return NORM_EPS if self.fault == "norm_eps" else self.cfg.rms_norm_eps
-
-    def _trunk(self, tokens, positions, cache, mode, slots, vis, hidden_layers):
+    def _trunk(self, tokens, positions, cache, mode, slots, vis, hidden_layers, plan: KernelPlan, fault: str):
         """-> (hidden after the last layer: final-normed, or the raw stream when fused, possibly as a
         NormedStream for the final norm; taps; fused)."""
         if mode is Mode.VERIFY:
@@ -119,25 +111,27 @@ class DenseTarget(nn.Module):
             vis = Visibility(cache_len=positions[:, 0], start=positions[:, 0])
 
         def attn(i, layer, h, **kw):
-            return layer.attn(h, positions, self.rope, cache.k[i], cache.v[i], slots, vis, **kw)
+            return layer.attn(h, positions, self.rope, cache[i], slots, vis, plan, **kw)
 
-        layers = self.layers
-        if self.fault == "skip_layer":  # the middle layer left out
+        layers = list(self.layers)
+        if fault == "skip_layer":  # the middle layer left out
             layers = [layer for i, layer in enumerate(self.layers) if i != len(self.layers) // 2]
-        if self.gemv and tokens.numel() == 1 and use_triton(self.embed.weight) and embed_kernel_on() and handoff_on():
-            x = embed_handoff(tokens, self.embed.weight, layers[0].attn_norm, pdl_default=True)
+        if embed.applies(tokens, self.embed.weight, plan):
+            x = embed.embed_handoff(tokens, self.embed.weight, layers[0].attn_norm, plan)
         else:
-            x = self.embed(tokens)
-        fused = gemv_applies(x, self.gemv)
-        h, kept = run_layers(x, layers, self.norm, self._eps(), attn,
-                             lambda i, layer, h, **kw: layer.mlp(h, **kw), hidden_layers, fused=fused)
+            x = self.embed.rows(tokens)
+        fused = gemv_applies(x, plan)
+        eps = NORM_EPS if fault == "norm_eps" else self.cfg.rms_norm_eps
+        h, kept = run_layers(x, layers, self.norm, eps, attn, lambda i, layer, h, **kw: layer.mlp(h, plan, **kw),
+                             plan, hidden_layers, fused=fused)
         hidden = torch.cat([kept[i] for i in hidden_layers], -1) if kept else None
         return h, hidden, fused
 
-    def normed_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+    def normed_hidden(self, tokens: torch.Tensor, plan: KernelPlan | None = None) -> torch.Tensor:
         """Final-normed hidden states of every row of whole sequences [B, T] (teacher forcing: the
         caller applies its own LM head, e.g. in float32)."""
+        plan = plan or KernelPlan.stock()
         positions = torch.arange(tokens.shape[1], device=tokens.device)[None].expand(tokens.shape[0], -1)
         cache = self.new_cache(tokens.shape[0], tokens.shape[1])
-        h, _, fused = self._trunk(tokens, positions, cache, Mode.PREFILL, None, None, ())
-        return rms_norm(stream_of(h), self.norm, self.cfg.rms_norm_eps) if fused else h
+        h, _, fused = self._trunk(tokens, positions, cache, Mode.PREFILL, None, None, (), plan, "none")
+        return rms_norm(stream_of(h), self.norm, self.cfg.rms_norm_eps, plan) if fused else h

@@ -2,8 +2,9 @@
 
 One forward drafts a whole block: the block is [last committed token, mask x (B-1)], its queries see
 the projected target hidden states of every committed position (kept as this drafter's own K/V cache,
-one K/V per draft layer) and the whole block. The target's embedding and LM head are borrowed.
-The output is a `Lattice`: top-K candidates per draft position and parent-conditioned edge scores.
+one K/V per draft layer) and the whole block. The target's embedding and LM head are borrowed as the
+target's weight objects (specpilot/weights). The output is a `Lattice`: top-K candidates per draft position
+and parent-conditioned edge scores. Every call takes the kernel plan it runs under.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specpilot.config.plan import KernelPlan
 from specpilot.kernels.norm import rms_norm
+from specpilot.models.cache import Cache
 from specpilot.models.config import DrafterConfig
-from specpilot.models.dense import KVCache
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
-from specpilot.spec.lattice import Lattice
-from specpilot.spec.masks import Visibility
+from specpilot.speculative.lattice import Lattice
+from specpilot.speculative.visibility import Visibility
+from specpilot.weights import DenseWeight
 
 
 class DynamicConv(nn.Module):
@@ -104,7 +107,7 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         self.cfg = cfg
         lc = cfg.layer
-        self.fc = nn.Linear(len(cfg.target_layer_ids) * lc.hidden_size, lc.hidden_size, bias=False)
+        self.fc = DenseWeight(len(cfg.target_layer_ids) * lc.hidden_size, lc.hidden_size)
         self.hidden_norm = nn.Parameter(torch.ones(lc.hidden_size))
         self.layers = nn.ModuleList(DraftBlock(cfg) for _ in range(lc.num_layers))
         self.norm = nn.Parameter(torch.ones(lc.hidden_size))
@@ -117,11 +120,10 @@ class DFlashDrafter(nn.Module):
     def set_rope_length(self, length: int, device=None) -> None:
         self.rope.resize(length, device=device)
 
-    def new_cache(self, batch: int, length: int, dtype=None, device=None) -> KVCache:
+    def new_cache(self, batch: int, length: int, dtype=None, device=None) -> Cache:
         lc = self.cfg.layer
-        dtype = dtype or self.fc.weight.dtype
-        device = device or self.fc.weight.device
-        return KVCache(lc.num_layers, batch, length, lc.num_kv_heads, lc.head_dim, dtype, device)
+        return Cache.build(lc.kinds, batch, length, lc.num_kv_heads, lc.head_dim, dtype or self.fc.weight.dtype,
+                           device or self.fc.weight.device)
 
     def block_visibility(self, start: torch.Tensor, block: int) -> Visibility:
         """Block rows see the context (slots < start) and the block: all of it (DFlash's bidirectional
@@ -129,15 +131,15 @@ class DFlashDrafter(nn.Module):
         tree = None if self.cfg.is_causal else torch.ones(block, block, dtype=torch.bool, device=start.device)
         return Visibility(cache_len=start, start=start, tree=tree, window=self.cfg.sliding_window)
 
-    def write_context(self, feats: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                      cache: KVCache) -> None:
+    def write_context(self, feats: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, cache: Cache,
+                      plan: KernelPlan) -> None:
         """Project target features [B, C, F] of committed tokens into every draft layer's K/V."""
-        ctx = rms_norm(self.fc(feats), self.hidden_norm, self.cfg.layer.rms_norm_eps)
+        ctx = rms_norm(self.fc.project(feats, plan), self.hidden_norm, self.cfg.layer.rms_norm_eps, plan)
         for i, layer in enumerate(self.layers):
-            layer.attn.write_kv(ctx, positions, self.rope, cache.k[i], cache.v[i], slots)
+            layer.attn.write_kv(ctx, positions, self.rope, cache[i], slots, plan)
 
-    def draft_block(self, embed: torch.Tensor, block_tokens: torch.Tensor, start: torch.Tensor,
-                    cache: KVCache) -> torch.Tensor:
+    def draft_block(self, embed: DenseWeight, block_tokens: torch.Tensor, start: torch.Tensor, cache: Cache,
+                    plan: KernelPlan) -> torch.Tensor:
         """Draft the block [B, Bk] that starts at position `start` [B], the context being cache slots
         < start. Its K/V land at slots start.. and are overwritten by the next round's context.
         Returns the final-normed hidden states of the block [B, Bk, H]."""
@@ -146,23 +148,26 @@ class DFlashDrafter(nn.Module):
         vis = self.block_visibility(start, bk)
 
         def attn(i, layer, h):
-            return layer.around(layer.attn_conv, h, lambda a: layer.attn(a, positions, self.rope, cache.k[i],
-                                                                          cache.v[i], positions, vis))
+            return layer.around(layer.attn_conv, h, lambda a: layer.attn(a, positions, self.rope, cache[i],
+                                                                          positions, vis, plan))
 
-        x = embed[block_tokens] * self.cfg.input_embedding_scale
-        h, _ = run_layers(x, self.layers, self.norm, self.cfg.layer.rms_norm_eps, attn,
-                          lambda i, layer, h: layer.around(layer.mlp_conv, h, layer.mlp))
+        def mlp(i, layer, h):
+            return layer.around(layer.mlp_conv, h, lambda a: layer.mlp(a, plan))
+
+        x = embed.rows(block_tokens) * self.cfg.input_embedding_scale
+        h, _ = run_layers(x, self.layers, self.norm, self.cfg.layer.rms_norm_eps, attn, mlp, plan)
         return h
 
-    def draft_logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        logits = (hidden @ head.t()).float() * self.cfg.output_multiplier
+    def draft_logits(self, hidden: torch.Tensor, head: DenseWeight, plan: KernelPlan) -> torch.Tensor:
+        logits = head.project(hidden, plan).float() * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
-    def lattice(self, hidden: torch.Tensor, head: torch.Tensor, anchor: torch.Tensor, top_k: int) -> Lattice:
+    def lattice(self, hidden: torch.Tensor, head: DenseWeight, anchor: torch.Tensor, top_k: int,
+                plan: KernelPlan) -> Lattice:
         """Lattice over draft positions 1..Bk-1 of the block (position 0 is the anchor)."""
         h = hidden[:, 1:]
-        logits = self.draft_logits(h, head)
+        logits = self.draft_logits(h, head, plan)
         k = min(self.selector.top_k if self.selector is not None else top_k, logits.shape[-1])
         unary, tokens = logits.topk(k, dim=-1)
         logp = unary - torch.logsumexp(logits, dim=-1, keepdim=True)

@@ -1,7 +1,8 @@
 """Building blocks shared by the target and the drafter.
 
 The elementwise work goes through `specpilot.kernels` (a Triton kernel on CUDA, the PyTorch reference
-elsewhere); the projections are plain GEMMs with q/k/v and gate/up fused into one weight each.
+elsewhere, as the kernel plan says); each projection is a weight object (specpilot/weights) that owns its
+kernels, with q/k/v and gate/up fused into one weight each. Every call takes the plan explicitly.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import math
 import torch
 from torch import nn
 
+from specpilot.config.plan import KernelPlan
 from specpilot.kernels.attention import attend
-from specpilot.kernels.gemv import project, stream_of
+from specpilot.kernels.gemv import stream_of
 from specpilot.kernels.norm import add_rms_norm, rms_norm
-from specpilot.kernels.qkv_rope import qkv_rope, qkv_rope_applies
 from specpilot.kernels.rope import rope_qkv
+from specpilot.models.cache import AttentionState
 from specpilot.models.config import DenseConfig
-from specpilot.spec.masks import Visibility
+from specpilot.speculative.visibility import Visibility
+from specpilot.weights import DenseWeight
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -67,73 +70,56 @@ class RopeTable(nn.Module):
 
 
 class Attention(nn.Module):
-    gemv = False  # few-row projections through the Triton GEMV (set by `use_gemv`)
-
     def __init__(self, cfg: DenseConfig):
         super().__init__()
         self.cfg = cfg
-        self.wqkv = nn.Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=cfg.attention_bias)
-        self.wo = nn.Linear(cfg.q_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.wqkv = DenseWeight(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=cfg.attention_bias)
+        self.wo = DenseWeight(cfg.q_dim, cfg.hidden_size, bias=cfg.attention_bias)
         if cfg.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(cfg.head_dim))
             self.k_norm = nn.Parameter(torch.ones(cfg.head_dim))
 
-    def _prologue(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, want_q: bool, norm_weight=None,
-                  vis: Visibility | None = None):
-        """(q, attended): q, or with vis the attention's output where the fused q/k/v kernel ran it at its
-        tail (kernels/attention/tail.py, when the step tuning chose it)."""
+    def _prologue(self, x, positions, rope: RopeTable, state: AttentionState, slots, want_q: bool,
+                  plan: KernelPlan, norm_weight=None):
+        """q [B, T, Hq, D] (or None without want_q); the rows' K/V written into the state at their slots."""
         cfg = self.cfg
         qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
-        if want_q and qkv_rope_applies(x, self.gemv, cfg.qk_norm, cfg.head_dim):  # one launch instead of two
-            return qkv_rope(x, self.wqkv.weight, self.wqkv.bias, norm_weight, cfg.rms_norm_eps, positions, rope.cos,
-                            rope.sin, k_cache, v_cache, slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                            attention=(vis, cfg.head_dim ** -0.5) if vis is not None else None)
-        qkv = project(x, self.wqkv.weight, self.wqkv.bias, norm_weight=norm_weight, eps=cfg.rms_norm_eps,
-                      gemv=self.gemv)
-        return rope_qkv(qkv, positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, k_cache, v_cache, slots,
-                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, want_q, gemv=self.gemv), False
+        if want_q and self.wqkv.qkv_rope_applies(x, plan, cfg.qk_norm, cfg.head_dim):  # one launch, not two
+            return self.wqkv.qkv_rope(x, plan, norm_weight, cfg.rms_norm_eps, positions, rope, state.k, state.v,
+                                      slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        qkv = self.wqkv.project(x, plan, norm_weight=norm_weight, eps=cfg.rms_norm_eps)
+        return rope_qkv(qkv, positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, state.k, state.v, slots,
+                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, plan, want_q)
 
-    def write_kv(self, x, positions, rope: RopeTable, k_cache, v_cache, slots) -> None:
+    def write_kv(self, x, positions, rope: RopeTable, state: AttentionState, slots, plan: KernelPlan) -> None:
         """Only the K/V of rows x (the drafter's context rows) into the cache."""
-        self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=False)
+        self._prologue(x, positions, rope, state, slots, False, plan)
 
-    def forward(self, x, positions, rope: RopeTable, k_cache, v_cache, slots, vis: Visibility,
-                norm_weight=None, residual=None, next_norm=None):
+    def forward(self, x, positions, rope: RopeTable, state: AttentionState, slots, vis: Visibility,
+                plan: KernelPlan, norm_weight=None, residual=None, next_norm=None):
         """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
         `residual` and handed to the norm `next_norm` (see `run_layers`)."""
-        q, attended = self._prologue(x, positions, rope, k_cache, v_cache, slots, want_q=True,
-                                     norm_weight=norm_weight, vis=vis)
-        o = q if attended else attend(q, k_cache, v_cache, vis, self.cfg.head_dim ** -0.5, fuse_combine=self.gemv)
-        return project(o.flatten(2), self.wo.weight, self.wo.bias, residual=residual, gemv=self.gemv,
-                       next_norm=next_norm)
+        q = self._prologue(x, positions, rope, state, slots, True, plan, norm_weight=norm_weight)
+        o = attend(q, state.k, state.v, vis, self.cfg.head_dim ** -0.5, plan)
+        return self.wo.project(o.flatten(2), plan, residual=residual, next_norm=next_norm)
 
 
 class SwiGLU(nn.Module):
     """gate and up projections fused into one weight (one GEMM), then down."""
 
-    gemv = False
-
     def __init__(self, hidden: int, inter: int, bias: bool = False, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
-        self.w13 = nn.Linear(hidden, 2 * inter, bias=bias)
-        self.w2 = nn.Linear(inter, hidden, bias=bias)
+        self.w13 = DenseWeight(hidden, 2 * inter, bias=bias)
+        self.w2 = DenseWeight(inter, hidden, bias=bias)
 
-    def forward(self, x, norm_weight=None, residual=None, next_norm=None):
-        h = project(x, self.w13.weight, self.w13.bias, norm_weight=norm_weight, eps=self.eps, gate_up=True,
-                    gemv=self.gemv)
-        return project(h, self.w2.weight, self.w2.bias, residual=residual, gemv=self.gemv, next_norm=next_norm)
-
-
-def use_gemv(model: nn.Module, on: bool) -> None:
-    """Route the model's few-row projections through the Triton GEMV (True) or cuBLAS (False)."""
-    for module in model.modules():
-        if hasattr(module, "gemv"):
-            module.gemv = on
+    def forward(self, x, plan: KernelPlan, norm_weight=None, residual=None, next_norm=None):
+        h = self.w13.project(x, plan, norm_weight=norm_weight, eps=self.eps, gate_up=True)
+        return self.w2.project(h, plan, residual=residual, next_norm=next_norm)
 
 
-def run_layers(x, layers, final_norm, eps: float, attn_fn, mlp_fn, hidden_layers: tuple[int, ...] = (),
-               fused: bool = False):
+def run_layers(x, layers, final_norm, eps: float, attn_fn, mlp_fn, plan: KernelPlan,
+               hidden_layers: tuple[int, ...] = (), fused: bool = False):
     """Pre-norm residual stack.
 
     attn_fn(i, layer, h, **kw) and mlp_fn(i, layer, h, **kw) compute layer i's sublayers. Unfused (cuBLAS
@@ -153,11 +139,11 @@ def run_layers(x, layers, final_norm, eps: float, attn_fn, mlp_fn, hidden_layers
             if i in hidden_layers:
                 kept[i] = stream_of(x)
         return x, kept
-    h = rms_norm(x, layers[0].attn_norm, eps)
+    h = rms_norm(x, layers[0].attn_norm, eps, plan)
     for i, layer in enumerate(layers):
-        x, h = add_rms_norm(x, attn_fn(i, layer, h), layer.mlp_norm, eps)
+        x, h = add_rms_norm(x, attn_fn(i, layer, h), layer.mlp_norm, eps, plan)
         following = layers[i + 1].attn_norm if i + 1 < len(layers) else final_norm
-        x, h = add_rms_norm(x, mlp_fn(i, layer, h), following, eps)
+        x, h = add_rms_norm(x, mlp_fn(i, layer, h), following, eps, plan)
         if i in hidden_layers:
             kept[i] = x
     return h, kept

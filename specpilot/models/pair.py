@@ -60,7 +60,7 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
 
 def _twin(dep: Deployment, target: DenseTarget, drafter: DFlashDrafter | None):
     """Widen in memory (the fast path: no 50 GB checkpoint to write or read)."""
-    from specpilot.fixtures.twin import widen_drafter, widen_target
+    from specpilot.models.twin import widen_drafter, widen_target
 
     r, depth = dep.twin_width, dep.twin_depth
     if depth is not None and depth < target.cfg.num_layers:
@@ -86,7 +86,7 @@ def _fetch_if_known(path) -> None:
     a folder that exists is never touched (the GPU machine stages its own copy, offline)."""
     import sys
 
-    from specpilot.fixtures.smollm2 import fetch_smollm2, models_dir
+    from specpilot.models.smollm2 import fetch_smollm2, models_dir
 
     if path == models_dir() / "smollm2" and not path.exists():
         print(f"fetching SmolLM2-135M-Instruct into {path} (once)", file=sys.stderr)

@@ -1,10 +1,11 @@
-"""Generation loops: AR greedy decoding and stock speculative decoding, one request at a time.
+"""Generation loops: AR greedy decoding and speculative decoding, one request at a time.
 
-Both share the target's kernels, precision, static caches and (on CUDA) graph capture: an AR baseline
-that runs eagerly would flatter every speedup. Each decode step is one graph replay and one host sync
-that reads the step's committed tokens; with graphs the next step (SPECPILOT_LOOKAHEAD steps) is already
-enqueued while the host waits (runtime/graphs.Lookahead), so the host's read and launch never leave the GPU
-idle.
+An Engine is one system (config/system.py) on one target (+ drafter) and one context size: it owns the
+caches, the kernel plan (with the tuning table its warm-up fills) and the step graphs. AR and the
+speculative step share the target's kernels, precision, static caches and (on CUDA) graph capture: an AR
+baseline that runs eagerly would flatter every speedup. Each decode step is one graph replay and one host
+sync that reads the step's committed tokens; with graphs the next `lookahead` steps are already enqueued
+while the host waits (runtime/graphs.Lookahead), so the host's read and launch never leave the GPU idle.
 """
 
 from __future__ import annotations
@@ -14,17 +15,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specpilot.config import System, parse_system
+from specpilot.config.plan import KernelPlan
 from specpilot.errors import UserError
 from specpilot.kernels.greedy import greedy_advance
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
-from specpilot.models.layers import use_gemv
-from specpilot.runtime.faults import MODEL_FAULTS, distort, force_first_draft
-from specpilot.runtime.graphs import Lookahead, StepGraph, lookahead_depth, replay_ms
-from specpilot.runtime.options import System
+from specpilot.runtime.faults import distort
+from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
 from specpilot.runtime.padding import Pad
-from specpilot.spec.accept import accept_greedy
-from specpilot.spec.masks import Visibility
+from specpilot.speculative.step import SpecState, SpecStep
 
 
 @dataclass
@@ -45,32 +45,39 @@ def _sync(device: torch.device) -> None:
 
 
 class Engine:
-    """Owns the caches and the static step buffers for one target (+ drafter) and one context size."""
+    """One system's caches, plan and step graphs for one target (+ drafter) and one context size.
 
-    def __init__(self, target: DenseTarget, drafter: DFlashDrafter | None = None, *, context: int,
-                 use_graphs: bool = True, block_size: int = 0, gemv: bool = False, fault: str = "none",
-                 pad_us: float = 0.0):
+    system: the configuration (default: stock with a drafter, else AR); plan: a kernel plan to use instead of
+    a fresh one from the system's options (engines whose plans agree may share one, and so its tuning)."""
+
+    def __init__(self, target: DenseTarget, drafter: DFlashDrafter | None = None, system: System | None = None, *,
+                 context: int, plan: KernelPlan | None = None):
+        self.system = system or parse_system("stock" if drafter is not None else "ar")
+        if self.system.speculative and drafter is None:
+            raise UserError(f"system {self.system.name!r} needs a drafter in the deployment")
         self.target, self.drafter = target, drafter
-        self.device = target.embed.weight.device
+        self.device = target.device
         self.context = context
-        self.gemv = gemv
-        self.gemv_tuning: dict = {}
-        self._ahead: dict[int, Lookahead] = {}  # pinned read-back buffers by step output (CUDA graphs)
-        self.fault = fault
-        if fault == "unverified_accept" and drafter is None:
+        self.plan = plan if plan is not None else self.system.plan()
+        if plan is not None and plan.features() != self.system.plan().features():
+            raise ValueError("the plan given to the engine is not its system's")
+        self.fault = self.system.get("fault")
+        if self.fault == "unverified_accept" and drafter is None:
             raise UserError("fault unverified_accept needs a drafter (system stock)")
-        self.use_graphs = use_graphs and self.device.type == "cuda"
-        self.pad = Pad(pad_us, self.device)
+        self.use_graphs = self.system.get("graphs") and self.device.type == "cuda"
+        self.lookahead = self.system.get("lookahead")
+        self.pad = Pad(self.system.get("pad_us"), self.device)
+        self.tuning: dict = {}  # the step tuning's report (kernels/tuning/descent.py), once it ran
+        self._ahead: dict[int, Lookahead] = {}  # pinned read-back buffers by step output (CUDA graphs)
         if target.rope.length < context + 1:
             target.set_rope_length(context + 1, device=self.device)
         self.cache = target.new_cache(1, context)
-        dev = self.device
-        self.pos = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.token = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.token = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._ar = StepGraph(self._ar_step, self.use_graphs)
         self.block = 0
         if drafter is not None:
-            self._init_spec(drafter, block_size)
+            self._init_spec(drafter, self.system.get("block_size") if self.system.speculative else 0)
 
     # ----- set-up ---------------------------------------------------------------------------------
     def _init_spec(self, drafter: DFlashDrafter, block_size: int) -> None:
@@ -82,15 +89,14 @@ class Engine:
             drafter.set_rope_length(self.context + 1, device=self.device)
         # One extra slot at the end absorbs the K/V of context rows that are not valid this step.
         self.dcache = drafter.new_cache(1, self.context + 1)
-        self.trash = self.context
-        self.hidden_layers = tuple(drafter.cfg.target_layer_ids)
-        feats = len(self.hidden_layers) * self.target.cfg.hidden_size
-        dev = self.device
-        self.ctx_feats = torch.zeros(1, self.block, feats, dtype=self.dcache.k.dtype, device=dev)
-        self.ctx_count = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.masks = torch.full((1, self.block - 1), drafter.cfg.mask_token_id, dtype=torch.int64, device=dev)
-        self.rows = torch.arange(self.block, device=dev)
-        self.step_out = torch.zeros(1 + self.block, dtype=torch.int64, device=dev)
+        feats = len(drafter.cfg.target_layer_ids) * self.target.cfg.hidden_size
+        dev, dtype = self.device, self.dcache[0].k.dtype
+        self.state = SpecState(token=self.token, pos=self.pos,
+                               ctx_feats=torch.zeros(1, self.block, feats, dtype=dtype, device=dev),
+                               ctx_count=torch.zeros(1, dtype=torch.int64, device=dev),
+                               out=torch.zeros(1, 1 + self.block, dtype=torch.int64, device=dev))
+        self.spec = SpecStep(self.target, drafter, self.cache, self.dcache, self.state, self.block, self.plan,
+                             self.fault)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
 
     def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
@@ -108,55 +114,30 @@ class Engine:
 
     # ----- steps (device only: no host sync, so they can be graph-captured) ------------------------
     def _ar_step(self) -> None:
-        logits, _ = self.target(self.token[None], self.pos[None], self.cache, Mode.DECODE)
-        greedy_advance(distort(logits[0, -1], self.fault), self.token, self.pos, pdl_default=self.gemv)
+        logits, _ = self.target(self.token[None], self.pos[None], self.cache, Mode.DECODE, self.plan,
+                                fault=self.fault)
+        greedy_advance(distort(logits[0, -1], self.fault), self.token, self.pos, self.plan)
         self.pad()
 
     def _spec_step(self) -> None:
-        drafter, target = self.drafter, self.target
-        start, count = self.pos, self.ctx_count
-        # The previous verify's rows 0..count-1 are committed: their features become draft context.
-        ctx_pos = (start - count + self.rows).clamp(min=0)
-        ctx_slots = torch.where(self.rows < count, ctx_pos, self.trash)
-        drafter.write_context(self.ctx_feats, ctx_pos[None], ctx_slots[None], self.dcache)
-        drafts = self._draft_chain(start)
-        tokens = torch.cat([self.token, drafts])
-        positions = (start + self.rows)[None]
-        vis = Visibility(cache_len=start, start=start)  # a chain: causal among the new rows
-        logits, feats = target(tokens[None], positions, self.cache, Mode.VERIFY, slots=positions, vis=vis,
-                               hidden_layers=self.hidden_layers)
-        accepted, committed = accept_greedy(drafts, distort(logits[0], self.fault))
-        if self.fault == "unverified_accept":
-            accepted, committed = force_first_draft(accepted, committed, drafts)
-        self.step_out[0] = accepted
-        self.step_out[1:] = committed
-        self.ctx_feats.copy_(feats)
-        self.ctx_count.copy_(accepted + 1)
-        self.token.copy_(committed.gather(0, accepted.view(1)))
-        self.pos.add_(accepted + 1)
+        self.spec()
         self.pad()
-
-    def _draft_chain(self, start: torch.Tensor) -> torch.Tensor:
-        """Stock drafting: the drafter's own greedy walk of its lattice, [block - 1] tokens."""
-        block_in = torch.cat([self.token[None], self.masks], 1)
-        hidden = self.drafter.draft_block(self.target.embed.weight, block_in, start, self.dcache)
-        lattice = self.drafter.lattice(hidden, self.target.head_weight, self.token, top_k=16)
-        return lattice.greedy_chain()[0]
 
     # ----- requests ---------------------------------------------------------------------------------
     def _prefill(self, prompt: list[int], with_hidden: bool) -> torch.Tensor | None:
         ids = torch.tensor([prompt], dtype=torch.int64, device=self.device)
         positions = torch.arange(len(prompt), device=self.device)[None]
-        layers = self.hidden_layers if with_hidden else ()
-        logits, hidden = self.target(ids, positions, self.cache, Mode.PREFILL, hidden_layers=layers)
+        layers = self.spec.hidden_layers if with_hidden else ()
+        logits, hidden = self.target(ids, positions, self.cache, Mode.PREFILL, self.plan, hidden_layers=layers,
+                                     fault=self.fault)
         self.token.copy_(distort(logits[0, -1], self.fault).argmax(-1))
         self.pos.fill_(len(prompt))
         return hidden
 
     def _lookahead(self, result: torch.Tensor) -> Lookahead:
-        key, depth = id(result), lookahead_depth()
-        if key not in self._ahead or self._ahead[key].depth != depth:
-            self._ahead[key] = Lookahead(result, depth)
+        key = id(result)
+        if key not in self._ahead or self._ahead[key].depth != self.lookahead:
+            self._ahead[key] = Lookahead(result, self.lookahead)
         ahead = self._ahead[key]
         ahead.reset()
         return ahead
@@ -167,43 +148,43 @@ class Engine:
         self.pos.zero_()
         self.token.zero_()
         if self.block:
-            self.ctx_count.zero_()
+            self.state.ctx_count.zero_()
         step.prepare()
 
-    def warmup(self, system: System) -> None:
-        """Capture the step graph outside any timed region (a throwaway request). With `gemv` on CUDA,
-        first choose the one-row kernels' configs by timing the captured AR step (kernels/gemv/choice.py),
-        beginning where kernels/gemv/starts.py has a table for this GPU."""
-        self.generate([0] * 4, 2 * max(self.block, 1) + 2, (), system)
-        if self.gemv and self.use_graphs and not self.gemv_tuning:
-            self.gemv_tuning = self._tune_gemv()
-            self.generate([0] * 4, 2 * max(self.block, 1) + 2, (), system)
+    def warmup(self) -> None:
+        """Capture the step graphs outside any timed region (throwaway requests). With `gemv` on CUDA, first
+        choose the one-row kernels' configs by timing the captured AR step (kernels/tuning), beginning where
+        kernels/tuning/starts.py has a table for this GPU (unless the plan's `tune_start` is off)."""
+        self.generate([0] * 4, 2 * max(self.block, 1) + 2)
+        if self.plan.gemv and self.use_graphs and not self.tuning:
+            self.tuning = self._tune_gemv()
+            self.generate([0] * 4, 2 * max(self.block, 1) + 2)
 
     def _tune_gemv(self) -> dict:
-        from specpilot.kernels.gemv.choice import tune_step
-        from specpilot.kernels.gemv.starts import start_for
+        from specpilot.kernels.tuning.descent import tune_step
+        from specpilot.kernels.tuning.starts import start_for
 
         def reset() -> None:  # a quarter of the context: the attention's split count depends on it
             self.pos.fill_(self.context // 4)
 
+        start = start_for(torch.cuda.get_device_name(self.device)) if self.plan.tune_start else {}
         with torch.inference_mode():
             reset()
-            report = tune_step(self._ar_step, lambda step: replay_ms(step, reset),
-                               start=start_for(torch.cuda.get_device_name(self.device)))
+            report = tune_step(self._ar_step, lambda step: replay_ms(step, reset), self.plan, start=start)
         for graph in (self._ar, getattr(self, "_spec", None)):
             if isinstance(graph, StepGraph):
                 graph.graph = None  # recaptured with the chosen configs
-        return report or {"note": "every kernel already had a config chosen in this process"}
+        return report or {"note": "every kernel already had a config chosen in this plan's table"}
 
     @torch.inference_mode()
-    def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int],
-                 system: System) -> Generation:
+    def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),
+                 base: str | None = None) -> Generation:
+        """One request. base: `ar` runs greedy decoding on this engine's caches and plan (AR is every
+        system's reference), `stock` the speculative step; default: the system's own."""
         self.check_request(prompt, max_new_tokens)
-        spec = system.base == "stock"
+        spec = (base or self.system.base) == "stock"
         if spec and self.drafter is None:
             raise UserError("system 'stock' needs a drafter in the deployment")
-        use_gemv(self.target, self.gemv)  # the target may be shared with engines of other systems
-        self.target.fault = self.fault if self.fault in MODEL_FAULTS else "none"
         self._prepare(self._spec if spec else self._ar)
         _sync(self.device)
         t0 = time.perf_counter()
@@ -211,13 +192,25 @@ class Engine:
         if spec:
             n = len(prompt)
             pos = torch.arange(n, device=self.device)[None]
-            self.drafter.write_context(hidden.to(self.dcache.k.dtype), pos, pos, self.dcache)
-            self.ctx_count.zero_()
+            self.drafter.write_context(hidden.to(self.dcache[0].k.dtype), pos, pos, self.dcache,
+                                       self.spec.drafter_plan)
+            self.state.ctx_count.zero_()
         first = int(self.token.item())
         t1 = time.perf_counter()
+        out, accepted = self._decode(first, spec, max_new_tokens, set(stop_ids))
+        # The last token is on the host now; a step launched ahead past a stop is not waited for here
+        # (its writes lie past this request's positions and the next request's prefill resets the state).
+        t2 = time.perf_counter()
+        _sync(self.device)
+        out = _cut(out, set(stop_ids), max_new_tokens)
+        if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
+            accepted[-1] = len(out) - 1 - sum(accepted[:-1])
+        return Generation(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1, accepted=accepted)
+
+    def _decode(self, first: int, spec: bool, max_new_tokens: int, stops: set[int]) -> tuple[list[int], list[int]]:
+        """The decode loop: one step (graph replay) and one host read per step, `lookahead` steps in flight."""
         out, accepted = [first], []
-        stops = set(stop_ids)
-        step, result = (self._spec, self.step_out) if spec else (self._ar, self.token)
+        step, result = (self._spec, self.state.out) if spec else (self._ar, self.token)
         ahead = self._lookahead(result) if self.use_graphs else None
         k = 0
         while first not in stops and len(out) < max_new_tokens:
@@ -232,19 +225,12 @@ class Engine:
                     ahead.launch(step)
                 values = ahead.read(k)
             k += 1
-            new = values[1 : values[0] + 2] if spec else values
+            new = values[0][1 : values[0][0] + 2] if spec else values
             accepted.append(len(new))
             out.extend(new)
             if stops.intersection(new):
                 break
-        # The last token is on the host now; a step launched ahead past a stop is not waited for here
-        # (its writes lie past this request's positions and the next request's prefill resets the state).
-        t2 = time.perf_counter()
-        _sync(self.device)
-        out = _cut(out, stops, max_new_tokens)
-        if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
-            accepted[-1] = len(out) - 1 - sum(accepted[:-1])
-        return Generation(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1, accepted=accepted)
+        return out, accepted
 
 
 def _cut(tokens: list[int], stops: set[int], limit: int) -> list[int]:

@@ -28,9 +28,11 @@ def distort(logits: torch.Tensor, fault: str) -> torch.Tensor:
     return logits
 
 
-def force_first_draft(accepted: torch.Tensor, committed: torch.Tensor, drafts: torch.Tensor):
-    """unverified_accept: the first draft is committed even when the target disagrees."""
-    forced = accepted == 0
-    committed = committed.clone()
-    committed[0] = torch.where(forced, drafts[0], committed[0])
-    return accepted + forced.to(accepted.dtype), committed
+def force_first_draft(verdict, drafts: torch.Tensor):
+    """unverified_accept: the first draft is committed even when the target disagrees (verdict: a
+    speculative/accept.Verdict of a chain; drafts [B, R - 1])."""
+    forced = verdict.accepted == 0
+    tokens = verdict.tokens.clone()
+    tokens[:, 0] = torch.where(forced, drafts[:, 0], tokens[:, 0])
+    return type(verdict)(accepted=verdict.accepted + forced.to(verdict.accepted.dtype), path=verdict.path,
+                         tokens=tokens)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Callable
 
@@ -83,14 +82,6 @@ class Lookahead:
 
     def reset(self) -> None:
         self.launched = self.read_upto = 0
-
-
-def lookahead_depth() -> int:
-    """Steps the host launches ahead of the one it reads: SPECPILOT_LOOKAHEAD (1 to 4), default 1."""
-    raw = os.environ.get("SPECPILOT_LOOKAHEAD", "").strip() or "1"
-    if raw not in ("1", "2", "3", "4"):
-        raise ValueError(f"SPECPILOT_LOOKAHEAD={raw!r}: expected 1 to 4 (default 1)")
-    return int(raw)
 
 
 def replay_ms(step: Callable[[], None], reset: Callable[[], None], reps: int = 10) -> float:

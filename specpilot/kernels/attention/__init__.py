@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.config.plan import KernelPlan
 from specpilot.kernels.attention.naive import attend_naive
 from specpilot.kernels.dispatch import use_triton
-from specpilot.spec.masks import Visibility
+from specpilot.speculative.visibility import Visibility
 
 __all__ = ["attend", "attend_naive"]
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
-           scale: float, fuse_combine: bool = False) -> torch.Tensor:
-    """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D] in q's dtype.
-    fuse_combine (part of the `gemv` option): the split-K partials are merged inside the same launch."""
-    if use_triton(q):
+           scale: float, plan: KernelPlan) -> torch.Tensor:
+    """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D] in q's dtype. With the plan's
+    `gemv` the split-K partials are merged inside the same launch (attention/triton.py)."""
+    if use_triton(q, plan):
         # Imported here so that importing this package never imports triton (TRITON_INTERPRET must
         # be set before the first triton import).
         from specpilot.kernels.attention.triton import attend_triton
 
-        return attend_triton(q, k_cache, v_cache, vis, scale, fuse_combine=fuse_combine)
+        return attend_triton(q, k_cache, v_cache, vis, scale, plan)
     return attend_naive(q, k_cache, v_cache, vis, scale)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from specpilot.spec.masks import Visibility
+from specpilot.speculative.visibility import Visibility
 
 SOURCE = Path(__file__).with_name("cluster.cu")
 WARPS = 8

@@ -40,19 +40,17 @@ busy (see `_config`; tuned on an H200 for B=1, Hq=32, Hkv=8, D=128, T=1/16/64, L
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from specpilot.config.options import ATTENTION_ABLATIONS
+from specpilot.config.plan import KernelPlan
 from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
-from specpilot.kernels.gemv import ahead_on, kv_eviction
-from specpilot.kernels.gemv.choice import step_config
-from specpilot.kernels.trace import opening, stamp
-from specpilot.kernels.trace import slot as trace_slot
-from specpilot.spec.masks import Visibility
+from specpilot.kernels.gemv import kv_eviction
+from specpilot.speculative.visibility import Visibility
 
 fix_triton_interpreter()
 
@@ -88,7 +86,7 @@ def _in_window(offs_t, offs_s, start, window):
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, cache_len_ptr, start_ptr, tree_ptr,
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, count_ptr, trace_ptr,
+    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, count_ptr,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_h, sk_l,
     sv_b, sv_h, sv_l,
@@ -97,7 +95,7 @@ def _split_kernel(
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, USE_GDC: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr, TRACE: tl.constexpr = False, PRELOAD: tl.constexpr = False,
+    FUSE_COMBINE: tl.constexpr, PRELOAD: tl.constexpr = False,
     LATE: tl.constexpr = False, KV_EVICT: tl.constexpr = "", ABLATE: tl.constexpr = 0,
 ):
     """Program (b * Hkv * row_tiles + h * row_tiles + tile, split): one tile of folded rows against
@@ -105,10 +103,7 @@ def _split_kernel(
     window): the split's first block of committed slots is loaded before the PDL wait. Those slots, and
     cache_len / start, were written at least two kernels earlier, complete before the kernel just before
     this one passed its own wait and released this one; only q and the new rows need the wait. KV_EVICT: the
-    K/V loads' L2 eviction policy (kernels/gemv.l2_hints). ABLATE: a timing-only diagnostic (`ablation`)."""
-    rec = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * 5  # kernels/trace.py
-    if TRACE:
-        opening(rec)
+    K/V loads' L2 eviction policy (kernels/gemv.kv_eviction). ABLATE: a timing-only diagnostic (`ablation`)."""
     if USE_GDC:  # q and the new cache rows come from the previous kernel: wait for it (see dispatch.pdl_on)
         # The next kernel may start now: it streams weights only until its own wait. LATE: only once the
         # previous kernel is done, so that those weights stream while this one runs, not beside that one.
@@ -118,9 +113,6 @@ def _split_kernel(
             tl.extra.cuda.gdc_wait()
             if LATE:
                 tl.extra.cuda.gdc_launch_dependents()
-            if TRACE:
-                stamp(rec, 1)  # WAITED
-                stamp(rec, 2)  # STREAMED: nothing streams before the wait
     pid = tl.program_id(0)
     split = tl.program_id(1)
     tile = pid % row_tiles
@@ -204,9 +196,6 @@ def _split_kernel(
             tl.extra.cuda.gdc_wait()
             if LATE:
                 tl.extra.cuda.gdc_launch_dependents()
-        if TRACE:
-            stamp(rec, 1)  # WAITED
-            stamp(rec, 2)  # STREAMED: the first K/V block before the wait
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     if PRELOAD:
         if first:
@@ -275,8 +264,6 @@ def _split_kernel(
                            row_ok, offs_d, D, NUM_SPLITS, BLOCK_M, D)
                 tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
                 tl.atomic_xchg(count_ptr + pid, 0)
-    if TRACE:
-        stamp(rec, 3)  # END
 
 
 @triton.jit
@@ -384,64 +371,56 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: V
         raise ValueError("cache_len and start must be [B] tensors")
 
 
-ABLATIONS = ("", "relaxed", "no_merge", "no_partials", "no_kv")
+def ablation(plan: KernelPlan) -> int:
+    """The plan's `attn_ablate` diagnostic as the kernel's ABLATE: the one-row step's attention with a piece of
+    its work left out, so that the step's time shows what that piece costs. The outputs are then wrong (parse_system
+    refuses it outside the timing scripts): `relaxed` bumps the arrival counter without the barrier and the
+    release/acquire ordering; `no_merge` writes the partials and nothing else; `no_partials` has every split write
+    its own unmerged output; `no_kv` reads no K/V."""
+    return ATTENTION_ABLATIONS.index(plan.attn_ablate)
 
 
-def ablation() -> int:
-    """SPECPILOT_ATTN_ABLATE, a diagnostic for bench/gpu/ablate_step.py --attention-parts: the one-row step's
-    attention with a piece of its work left out, so that the step's time shows what that piece costs. The
-    outputs are then wrong (never set it to generate): `relaxed` bumps the arrival counter without the
-    barrier and the release/acquire ordering; `no_merge` writes the partials and nothing else; `no_partials`
-    has every split write its own unmerged output; `no_kv` reads no K/V."""
-    mode = os.environ.get("SPECPILOT_ATTN_ABLATE", "").strip()
-    if mode not in ABLATIONS:
-        raise ValueError(f"SPECPILOT_ATTN_ABLATE={mode!r}: expected one of {', '.join(ABLATIONS[1:])}")
-    return ABLATIONS.index(mode)
-
-
-_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 MAX_FUSED_TILES = 4096  # row tiles (B x Hkv x tiles) one fused-combine launch can count
 
 
-def _counters(device: torch.device, user: str = "combine") -> torch.Tensor | None:
-    """Arrival counters (per row tile for the fused combine, per KV head for attention/tail.py): zeros,
-    allocated once per device and user outside graph capture (a graph keeps the pointer), reset by the
-    kernel itself after each use. Each user has its own, since a PDL launch may overlap the one before."""
-    if (device, user) not in _COUNTERS:
+def _counters(device: torch.device) -> torch.Tensor | None:
+    """Arrival counters per row tile for the fused combine: zeros, allocated once per device outside graph
+    capture (a graph keeps the pointer), reset by the kernel itself after each use."""
+    if device not in _COUNTERS:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        _COUNTERS[device, user] = torch.zeros(MAX_FUSED_TILES, dtype=torch.int32, device=device)
-    return _COUNTERS[device, user]
-
-
-def attention_counters(device: torch.device) -> torch.Tensor | None:
-    """The counters of the attention at the q/k/v kernel's tail (2 x Hkv of them are used)."""
-    return _counters(device, "tail")
+        _COUNTERS[device] = torch.zeros(MAX_FUSED_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
 
 
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
-                  scale: float, num_splits: int | None = None, fuse_combine: bool = False) -> torch.Tensor:
+                  scale: float, plan: KernelPlan, num_splits: int | None = None) -> torch.Tensor:
     """q [B, T, Hq, D] (any strides); k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D], q's dtype.
 
     No host synchronisation: cache_len / start stay on the device; the grid depends only on shapes.
-    num_splits overrides the heuristic split count (for tests and tuning). fuse_combine: the last split
-    of each row tile to finish merges the partials (one launch instead of two)."""
+    num_splits overrides the heuristic split count (for tests and tuning). With the plan's `gemv` the last
+    split of each row tile to finish merges the partials (one launch instead of two), and a one-row call
+    (the decode step) takes its split count, late release or cluster kernel from the plan's tuning table."""
     _check(q, k_cache, v_cache, vis)
     b, t, hq, d = q.shape
     hkv, length = k_cache.shape[1], k_cache.shape[2]
     g = hq // hkv
     rows = t * g
+    fuse_combine = plan.gemv
+    step = fuse_combine and t == 1  # the one-row `gemv` decode step
     chosen = None
-    if num_splits is None and fuse_combine and t == 1:  # the `gemv` decode step: its split count is tuned
-        chosen = step_config(("attention", b, hkv, g, d, length))
+    if num_splits is None and step:  # its split count is tuned
+        chosen = plan.table.config(("attention", b, hkv, g, d, length))
         num_splits = (chosen.get("NUM_SPLITS") or None) if chosen else None
     if chosen and chosen.get("CLUSTER"):  # the splits merged in a thread-block cluster (attention/cluster.py)
         from specpilot.kernels.attention import cluster
 
         if cluster.eligible(q, k_cache, v_cache, vis, chosen["CLUSTER"]):
-            preload = ahead_on() and chosen.get("AHEAD", True)
+            preload = plan.ahead and chosen.get("AHEAD", True)
             return cluster.attend_cluster(q, k_cache, v_cache, vis, scale, chosen["CLUSTER"],
-                                          late=bool(chosen.get("LATE")), preload=preload, pdl=pdl_on(q, default=True))
+                                          late=bool(chosen.get("LATE")), preload=preload,
+                                          pdl=pdl_on(q, plan, default=True))
         num_splits = chosen["CLUSTER"]
     cfg = _config(b, hkv, rows, d, length, _num_sms(q.device), num_splits)
 
@@ -468,15 +447,14 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     counters = _counters(q.device) if fuse_combine and splits > 1 and grid[0] <= MAX_FUSED_TILES else None
     # PDL by default only in the one-row `gemv` step, where every kernel around is PDL-aware: beside
     # cuBLAS's GEMMs (verify rows) early launches only cost (bench/results/2026-11-29_engine_core_17402fe_h200.json).
-    pdl = pdl_on(q, default=fuse_combine and t == 1)
+    pdl = pdl_on(q, plan, default=step)
     launch = {"launch_pdl": True} if pdl else {}
     # The `gemv` decode step's attention loads its first committed block before the PDL wait (without PDL
     # only a peeled loop step: the interpreter tests it so).
-    preload = fuse_combine and t == 1 and causal and not has_window and ahead_on() and (chosen or {}).get("AHEAD", True)
-    rec, traced = trace_slot("attention", grid[0] * grid[1], out) if fuse_combine and t == 1 else (out, False)
+    preload = step and causal and not has_window and plan.ahead and (chosen or {}).get("AHEAD", True)
     _split_kernel[grid](
         q, k_cache, v_cache, cache_len, start, tree,
-        out, part_m, part_l, part_acc, counters if counters is not None else cache_len, rec,
+        out, part_m, part_l, part_acc, counters if counters is not None else cache_len,
         *q.stride(),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -485,8 +463,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         HKV=hkv, G=g, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         CAUSAL=causal, HAS_WINDOW=has_window,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_GDC=pdl,
-        FUSE_COMBINE=counters is not None, TRACE=traced, PRELOAD=preload, LATE=bool((chosen or {}).get("LATE")),
-        KV_EVICT=kv_eviction() if fuse_combine and t == 1 else "", ABLATE=ablation() if fuse_combine and t == 1 else 0,
+        FUSE_COMBINE=counters is not None, PRELOAD=preload, LATE=bool((chosen or {}).get("LATE")),
+        KV_EVICT=kv_eviction(plan) if step else "", ABLATE=ablation(plan) if step else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch,
     )

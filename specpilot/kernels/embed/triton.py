@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.config.plan import KernelPlan
 from specpilot.kernels.dispatch import pdl_on
 from specpilot.kernels.gemv import NormedStream
 
@@ -30,7 +31,7 @@ def _embed_kernel(tok_ptr, table_ptr, g_ptr, h_ptr, hg_ptr, sq_ptr, H, BLOCK: tl
 
 
 def embed_handoff_triton(tokens: torch.Tensor, table: torch.Tensor, norm_weight: torch.Tensor,
-                         pdl_default: bool = False) -> NormedStream:
+                         plan: KernelPlan) -> NormedStream:
     if not table.is_contiguous():
         raise ValueError("the embedding kernel takes a contiguous table")
     hidden = table.shape[1]
@@ -38,7 +39,7 @@ def embed_handoff_triton(tokens: torch.Tensor, table: torch.Tensor, norm_weight:
     h = torch.empty(1, 1, hidden, dtype=table.dtype, device=table.device)
     scaled = torch.empty_like(h)
     sumsq = torch.empty(programs, dtype=torch.float32, device=table.device)
-    pdl = pdl_on(table, default=pdl_default)
+    pdl = pdl_on(table, plan, default=True)  # it runs in the one-row gemv step only
     _embed_kernel[(programs,)](tokens.reshape(-1), table, norm_weight, h, scaled, sumsq, hidden, BLOCK=BLOCK,
                                USE_GDC=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return NormedStream(h, scaled, sumsq, norm_weight)

@@ -34,45 +34,24 @@ def _gdc(instr: gl.constexpr):
 
 
 @gluon.jit
-def _stamp(rec_ptr, FIELD: gl.constexpr):
-    """kernels/trace.py's record field FIELD (4: the SM, else the time)."""
-    if FIELD == 4:
-        gl.store(rec_ptr + 4, gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32,
-                                                         is_pure=False, pack=1).to(gl.int64))
-    else:
-        gl.store(rec_ptr + FIELD, gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [],
-                                                             dtype=gl.int64, is_pure=False, pack=1))
-
-
-@gluon.jit
-def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, trace_ptr, K,
+def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, K,
                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGE: gl.constexpr, WARPS_N: gl.constexpr,
-                   WARPS_K: gl.constexpr, HAS_RES: gl.constexpr, NEXT: gl.constexpr, USE_GDC: gl.constexpr,
-                   TRACE: gl.constexpr = False, EARLY: gl.constexpr = False):
+                   WARPS_K: gl.constexpr, HAS_RES: gl.constexpr, NEXT: gl.constexpr, USE_GDC: gl.constexpr):
     """y[n] = (r[n] +) sum_k W[n, k] x[k] for this program's BLOCK_N rows, the weight tiles streamed through
     a ring of STAGE shared-memory slots, the first STAGE requested before the PDL wait. NEXT as in
-    gemv/triton._stream_kernel; TRACE: kernels/trace.py's records; EARLY: the next kernel may launch once
-    every block has started (gemv/triton._stream_open)."""
-    rec = trace_ptr + gl.program_id(0) * 5
-    if TRACE:
-        _stamp(rec, 0)
-        _stamp(rec, 4)
+    gemv/triton._stream_kernel."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS_N, WARPS_K], [1, 0])  # 16-byte chunks
     n = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout))
     k = gl.arange(0, BLOCK_K, gl.SliceLayout(0, layout))
     tiles = w_ptr + n[:, None].to(gl.int64) * K + k[None, :]
     ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGE, BLOCK_N, BLOCK_K],
                                      gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    if USE_GDC and EARLY:
-        _gdc("griddepcontrol.launch_dependents; // dummy $0")
     steps = K // BLOCK_K  # > STAGE (staged_fits)
     for t in gl.static_range(STAGE):  # weights: no earlier kernel writes them. One copy group a tile.
         cp.async_copy_global_to_shared(ring.index(t), tiles + t * BLOCK_K)
         cp.commit_group()
     if USE_GDC:
         _gdc("griddepcontrol.wait; // dummy $0")
-    if TRACE:
-        _stamp(rec, 1)  # WAITED
     acc = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
     x = gl.load(x_ptr + k)
     for i in range(steps):
@@ -86,9 +65,7 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, trace_ptr,
         cp.async_copy_global_to_shared(slot, tiles + (i + STAGE) * BLOCK_K, mask=more)
         cp.commit_group()  # empty past the last tile, so that the count above holds
         x = x_next
-    if TRACE:
-        _stamp(rec, 2)  # STREAMED
-    if USE_GDC and not EARLY:
+    if USE_GDC:
         _gdc("griddepcontrol.launch_dependents; // dummy $0")
     dtype: gl.constexpr = y_ptr.dtype.element_ty
     out = gl.sum(acc, axis=1).to(dtype).to(gl.float32)
@@ -100,8 +77,6 @@ def _staged_kernel(x_ptr, w_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, trace_ptr,
         h = stored.to(gl.float32)
         gl.store(xg_ptr + n, (h * gl.load(g_ptr + n).to(gl.float32)).to(dtype))
         gl.store(sq_ptr + gl.program_id(0), gl.sum(h * h, axis=0))
-    if TRACE:
-        _stamp(rec, 3)  # END
 
 
 def staged_fits(n: int, k: int, config: dict, flags: dict, parts: int, itemsize: int) -> bool:
@@ -114,15 +89,14 @@ def staged_fits(n: int, k: int, config: dict, flags: dict, parts: int, itemsize:
 
 
 def staged_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
-                  handoff: tuple, config: dict, next_norm: bool, pdl: bool,
-                  trace: tuple[torch.Tensor, bool] | None = None) -> None:
+                  handoff: tuple, config: dict, next_norm: bool, pdl: bool) -> None:
     """Launch _staged_kernel over the rows of `weight` (handoff: g, h * g, sums as _stream passes them)."""
     n, k = weight.shape
     warps = config.get("num_warps", 8)
     warps_k = min(warps, config["BLOCK_K"] // 256)  # a warp covers 256 columns of 16-byte chunks
     _staged_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
-        x, weight, residual if residual is not None else y, y, *handoff, trace[0] if trace else y, k,
+        x, weight, residual if residual is not None else y, y, *handoff, k,
         BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"], WARPS_N=warps // warps_k,
         WARPS_K=warps_k, HAS_RES=residual is not None, NEXT=next_norm, USE_GDC=pdl,
-        TRACE=bool(trace and trace[1]), EARLY=bool(config.get("EARLY")), num_warps=warps,
+        num_warps=warps,
         **({"launch_pdl": True} if pdl else {}))

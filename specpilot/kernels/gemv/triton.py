@@ -26,26 +26,14 @@ silu, residual sum each rounded to the dtype), so the fused path computes what t
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from specpilot.kernels.dispatch import pdl_on
-from specpilot.kernels.gemv import (
-    MAX_ROWS,
-    NormedStream,
-    ahead_on,
-    epilogue_early,
-    handoff_on,
-    norm_input,
-    stream_of,
-    weight_eviction,
-)
-from specpilot.kernels.gemv.choice import CANDIDATES, step_config
-from specpilot.kernels.trace import opening, stamp
-from specpilot.kernels.trace import slot as trace_slot
+from specpilot.config.plan import KernelPlan
+from specpilot.kernels.dispatch import interpreting, pdl_on
+from specpilot.kernels.gemv import MAX_ROWS, NormedStream, norm_input, stream_of, weight_eviction
+from specpilot.kernels.tuning.candidates import GEMV
 
 ROWS = tl.constexpr(16)  # rows padded to the smallest tensor-core tile
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
@@ -104,34 +92,29 @@ def _gemv_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, eps, stride
 
 
 @triton.jit
-def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, xg_ptr, sq_ptr, parts_ptr, n_parts,
+def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, g_ptr, xg_ptr, sq_ptr, parts_ptr, n_parts,
                    N, K, eps, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                    GATE_UP: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1, TRACE: tl.constexpr = False,
+                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr = 1,
                    NEXT: tl.constexpr = False, NPARTS: tl.constexpr = 0, AHEAD: tl.constexpr = False,
-                   EARLY: tl.constexpr = False, EVICT: tl.constexpr = "", EPI_EARLY: tl.constexpr = False):
+                   EVICT: tl.constexpr = "", EPI_EARLY: tl.constexpr = False):
     """NEXT: also write, for the norm (weight g) that reads y, y * g (in y's dtype: as an x the loop loads it
     like any other) and this block's sum of y^2 in float32 (the y stored, rounded). NPARTS (a power of
     two >= n_parts, or 0): x is such an h * g, its rstd comes from the n_parts sums at parts_ptr.
-    AHEAD: loads one loop step ahead, EARLY: lets the next kernel launch at once, EVICT: the weights' L2
-    eviction policy (_stream_open). EPI_EARLY: the epilogue's inputs (bias, residual, the next norm's weight)
-    are requested right after the PDL wait, before the weight loop, so that their round trip is not added
-    to the kernel's end (which the next kernel's wait waits for)."""
+    AHEAD: loads one loop step ahead, EVICT: the weights' L2 eviction policy (_stream_open). EPI_EARLY: the
+    epilogue's inputs (bias, residual, the next norm's weight) are requested right after the PDL wait, before
+    the weight loop, so that their round trip is not added to the kernel's end (which the next kernel's wait
+    waits for)."""
     dtype: tl.constexpr = y_ptr.dtype.element_ty
-    rec = trace_ptr + tl.program_id(0) * 5  # this block's record (kernels/trace.py) when TRACE
-    if TRACE:
-        opening(rec)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     w_rows = w_ptr + n[:, None].to(tl.int64) * K
     up_rows = w_rows + N.to(tl.int64) * K  # the up rows sit N rows below the gate rows
-    wp, wp2 = _stream_open(w_rows, up_rows, nmask, K, GATE_UP, USE_GDC, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE,
-                           EARLY, EVICT)
+    wp, wp2 = _stream_open(w_rows, up_rows, nmask, K, GATE_UP, USE_GDC, BLOCK_K, EVEN_N, EVEN_K, PRE, EVICT)
     if EPI_EARLY:
         bias, res, g = _epilogue_inputs(b_ptr, r_ptr, g_ptr, n, nmask, HAS_BIAS, HAS_RES, NEXT)
     out, out_up = _stream_rest(wp, wp2, x_ptr, nw_ptr, w_rows, up_rows, nmask, K, eps, HAS_NORM, GATE_UP, USE_GDC,
-                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, rec, TRACE, parts_ptr, n_parts, NPARTS, AHEAD,
-                               EARLY, EVICT)
+                               BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PRE, parts_ptr, n_parts, NPARTS, AHEAD, EVICT)
     if not EPI_EARLY:
         bias, res, g = _epilogue_inputs(b_ptr, r_ptr, g_ptr, n, nmask, HAS_BIAS, HAS_RES, NEXT)
     if HAS_BIAS:
@@ -147,8 +130,6 @@ def _stream_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, y_ptr, trace_ptr, g_ptr, 
         stored = tl.where(nmask, out.to(dtype).to(tl.float32), 0.0)
         tl.store(xg_ptr + n, (stored * g).to(dtype), mask=nmask)
         tl.store(sq_ptr + tl.program_id(0), tl.sum(stored * stored, axis=0))
-    if TRACE:
-        stamp(rec, 3)  # END
 
 
 @triton.jit
@@ -165,8 +146,7 @@ def _epilogue_inputs(b_ptr, r_ptr, g_ptr, n, nmask, HAS_BIAS: tl.constexpr, HAS_
 
 @triton.jit
 def _stream_open(rows, rows2, nmask, K, TWO: tl.constexpr, USE_GDC: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr,
-                 EARLY: tl.constexpr, EVICT: tl.constexpr):
+                 EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRE: tl.constexpr, EVICT: tl.constexpr):
     """The one-row weight stream, in two halves so that a caller can request its epilogue's inputs in between
     (after the wait, before the loop): this one, then _stream_rest with the tiles it returns.
 
@@ -179,13 +159,8 @@ def _stream_open(rows, rows2, nmask, K, TWO: tl.constexpr, USE_GDC: tl.constexpr
     AHEAD: every step of the loop requests the next step's weight and x tiles before it computes on its
     own, and the loop's first tiles are requested before anything waits on x, so after the PDL wait the
     weight stream resumes at once instead of after x's round trip. Same arithmetic either way.
-    EARLY: the next kernel may launch as soon as every block of this one has started, not after each one's
-    last weight load, so that its blocks take the SM slots this grid's tail frees and stream their own
-    first tiles (or, for the attention, K/V) there. Its wait still holds it until this grid is done.
-    EVICT: the weight loads' L2 eviction policy (kernels/gemv.l2_hints).
+    EVICT: the weight loads' L2 eviction policy (kernels/gemv.weight_eviction).
     Returns the first tiles (the second row set's too: the first's again without TWO)."""
-    if USE_GDC and EARLY:
-        tl.extra.cuda.gdc_launch_dependents()
     kp = tl.arange(0, PRE * BLOCK_K)
     wp = _tile(rows, 0, kp, nmask, K, EVEN_N, EVEN_K, EVICT)
     wp2 = wp
@@ -193,16 +168,14 @@ def _stream_open(rows, rows2, nmask, K, TWO: tl.constexpr, USE_GDC: tl.constexpr
         wp2 = _tile(rows2, 0, kp, nmask, K, EVEN_N, EVEN_K, EVICT)
     if USE_GDC:  # from here on the previous kernel's writes (x, residual, sums) are complete and visible
         tl.extra.cuda.gdc_wait()
-    if TRACE:
-        stamp(rec, 1)  # WAITED
     return wp, wp2
 
 
 @triton.jit
 def _stream_rest(wp, wp2, x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: tl.constexpr, TWO: tl.constexpr,
                  USE_GDC: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, PRE: tl.constexpr, rec, TRACE: tl.constexpr, parts_ptr, n_parts,
-                 NPARTS: tl.constexpr, AHEAD: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr):
+                 EVEN_K: tl.constexpr, PRE: tl.constexpr, parts_ptr, n_parts, NPARTS: tl.constexpr,
+                 AHEAD: tl.constexpr, EVICT: tl.constexpr):
     """The stream's second half (_stream_open), after the wait: the weight loop over the tiles after the
     first PRE (wp, wp2) and the sums."""
     kp = tl.arange(0, PRE * BLOCK_K)
@@ -250,9 +223,7 @@ def _stream_rest(wp, wp2, x_ptr, nw_ptr, rows, rows2, nmask, K, eps, HAS_NORM: t
             if not AHEAD:
                 w2 = _tile(rows2, k0, k, nmask, K, EVEN_N, EVEN_K, EVICT)
             acc2 += w2.to(tl.float32) * x
-    if TRACE:
-        stamp(rec, 2)  # STREAMED
-    if USE_GDC and not EARLY:
+    if USE_GDC:
         tl.extra.cuda.gdc_launch_dependents()
     out = tl.sum(acc, axis=1) + head
     out2 = tl.sum(acc2, axis=1) + head2
@@ -305,17 +276,17 @@ def _tile_if(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, 
 
 @triton.jit
 def _tile(rows, k0, k, nmask, K, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EVICT: tl.constexpr = ""):
-    """A [len(rows), len(k)] weight tile at column k0 (EVICT: its L2 eviction policy, kernels/gemv.l2_hints)."""
+    """A [len(rows), len(k)] weight tile at column k0 (EVICT: its L2 eviction policy, kernels/gemv.weight_eviction)."""
     if EVEN_N and EVEN_K:
         return tl.load(rows + k0 + k[None, :], eviction_policy=EVICT)
     return tl.load(rows + k0 + k[None, :], mask=nmask[:, None] & (k0 + k < K)[None, :], other=0.0,
                    eviction_policy=EVICT)
 
 
-# Triton's autotuner is the fallback when no config was chosen in a captured step (choice.py); same candidates.
+# Triton's autotuner is the fallback when no config was chosen in a captured step (kernels/tuning); same
+# candidates.
 _STREAM_CONFIGS = [triton.Config({"BLOCK_N": c["BLOCK_N"], "BLOCK_K": c["BLOCK_K"]}, num_warps=c["num_warps"],
-                                 num_stages=c["num_stages"]) for c in CANDIDATES["gemv"]
-                   if c["PRE"] == 1 and "STAGE" not in c]
+                                 num_stages=c["num_stages"]) for c in GEMV if c["PRE"] == 1]
 _EVEN = triton.heuristics({"EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
                            "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _STREAM = _EVEN(_stream_kernel)
@@ -325,7 +296,6 @@ _STREAM_TUNED = triton.autotune(configs=_STREAM_CONFIGS, key=["N", "K", "HAS_NOR
 # Tuned per shape on the GPU at the first call (outside graph capture: the engine warms up first).
 # Tests pass tune=False (one fixed config: compiling every config for every test shape takes minutes),
 # and so does Triton's CPU interpreter, which cannot time configs.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _FIXED = {"BLOCK_N": 16, "BLOCK_K": 128, "num_warps": 4}
 _TUNED = triton.autotune(configs=_CONFIGS, key=["N", "K", "M", "HAS_NORM", "GATE_UP"])(_gemv_kernel)
 
@@ -337,15 +307,17 @@ def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *, plan: KernelPlan,
                 norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
                 gate_up: bool = False, tune: bool = True, config: dict | None = None,
                 next_norm: torch.Tensor | None = None):
     """[.., K] -> [.., N] (N = weight rows, or half of them for gate_up); see the module docstring.
     tune: autotune per shape; else `config` (BLOCK_N, BLOCK_K, num_warps, num_stages) or a fixed one.
     x may be a NormedStream (kernels/gemv): when norm_weight is its norm's, its handed-over h * g and sums
-    replace the norm prologue. next_norm: a one-row call returns a NormedStream for that norm (unless
-    SPECPILOT_NORM_HANDOFF=0). The weight must be contiguous: the kernels step K elements a row."""
+    replace the norm prologue. next_norm: a one-row call returns a NormedStream for that norm (unless the
+    plan's `handoff` is off). The plan also gives the launch (PDL), the load schedule (`ahead`,
+    `epilogue_early`), the L2 hints and, from its tuning table, the chosen config of a one-row key. The
+    weight must be contiguous: the kernels step K elements a row."""
     rows_w, k = weight.shape
     n = rows_w // 2 if gate_up else rows_w
     h = stream_of(x)
@@ -362,7 +334,7 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     if x2.shape[0] == 1:
         out = _stream((x2, nw, weight, bias if bias is not None else weight, r2, y), n, k, eps, flags, tune, config,
-                      sumsq, next_norm if handoff_on() else None)
+                      sumsq, next_norm if plan.handoff else None, plan)
         shape = (*h.shape[:-1], n)
         if isinstance(out, tuple):
             return NormedStream(y.view(shape), out[0].view(shape), out[1], next_norm)
@@ -371,21 +343,22 @@ def gemv_triton(x, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
             r2.stride(0), y.stride(0))
     if config is not None:  # PRE and AHEAD belong to the one-row kernel
         _gemv_kernel[grid](*args, **flags, **{key: v for key, v in config.items()
-                                              if key not in ("PRE", "AHEAD", "STAGE", "EARLY")})
-    elif tune and not _INTERPRET:
+                                              if key not in ("PRE", "AHEAD", "STAGE")})
+    elif tune and not interpreting():
         _TUNED[grid](*args, **flags)
     else:
         _gemv_kernel[grid](*args, **flags, **_FIXED)
     return y.view(*h.shape[:-1], n)
 
 
-def ahead_fits(rows: int, config: dict, in_loop_norm: bool) -> bool:
-    """Whether the loop loads one step ahead (ahead_on()) for a program streaming `rows` weight rows (both
-    sets) in tiles of config's BLOCK_K: only where a thread's share of a step's tiles, weights and (with
-    the in-loop norm) norm weights, is at most 64 elements. Holding two steps of larger shares spilled
-    registers in the sm_90 build (gate/up at 4 warps and 512 columns: tests/test_kernels_compile.py)."""
+def ahead_fits(rows: int, config: dict, in_loop_norm: bool, plan: KernelPlan) -> bool:
+    """Whether the loop loads one step ahead (the plan's `ahead`, and the config's AHEAD, the step tuning's
+    choice) for a program streaming `rows` weight rows (both sets) in tiles of config's BLOCK_K: only where a
+    thread's share of a step's tiles, weights and (with the in-loop norm) norm weights, is at most 64
+    elements. Holding two steps of larger shares spilled registers in the sm_90 build (gate/up at 4 warps
+    and 512 columns: tests/test_kernels_compile.py)."""
     share = rows * config["BLOCK_K"] * (2 if in_loop_norm else 1) // (32 * config.get("num_warps", 4))
-    return ahead_on() and config.get("AHEAD", True) and share <= 64
+    return plan.ahead and config.get("AHEAD", True) and share <= 64
 
 
 def launch_config(config: dict) -> dict:
@@ -410,21 +383,22 @@ def parts_args(sumsq: torch.Tensor | None, like: torch.Tensor) -> tuple[tuple, i
 
 
 def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool, config: dict | None,
-            sumsq: torch.Tensor | None, next_norm: torch.Tensor | None):
+            sumsq: torch.Tensor | None, next_norm: torch.Tensor | None, plan: KernelPlan):
     """Launch the one-row kernel; with next_norm also the hand-over to the next norm: returns (h * g, sums)
     then, else None. The hand-over needs the grid, so before the step tuning has chosen a config it runs
     the fixed one, not the autotuner: the step's first eager run then launches the hand-over's readers,
-    whose keys the tuning records (choice.record_keys) and tunes like the rest."""
+    whose keys the tuning records (TuningTable.record) and tunes like the rest."""
     y = tensors[5]
-    pdl = pdl_on(y, default=True)  # the one-row kernel runs only in the `gemv` decode step
+    pdl = pdl_on(y, plan, default=True)  # the one-row kernel runs only in the `gemv` decode step
     parts, nparts = parts_args(sumsq, y)
     key_flags = {**flags, "NEXT": next_norm is not None, "PRENORM": sumsq is not None}
-    config = config or step_config(("gemv", n, k, *sorted(key_flags.items())))
+    config = config or plan.table.config(("gemv", n, k, *sorted(key_flags.items())))
     launch = {"launch_pdl": True} if pdl else {}
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    if config is None and tune and not _INTERPRET and next_norm is None:
-        _STREAM_TUNED[grid](*tensors, y, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts,
-                            EVICT=weight_eviction(), **launch)
+    interpreted = interpreting()
+    if config is None and tune and not interpreted and next_norm is None:
+        _STREAM_TUNED[grid](*tensors, y, y, y, *parts, n, k, eps, **flags, USE_GDC=pdl, NPARTS=nparts,
+                            EVICT=weight_eviction(plan), **launch)
         return None
     config = pre_clamped(config or _FIXED, k)
     blocks = triton.cdiv(n, config["BLOCK_N"])
@@ -432,18 +406,17 @@ def _stream(tensors: tuple, n: int, k: int, eps: float, flags: dict, tune: bool,
     if next_norm is not None:
         handoff = (next_norm, torch.empty(n, dtype=y.dtype, device=y.device),
                    torch.empty(blocks, dtype=torch.float32, device=y.device))
-    kind = f"gemv {n}x{k}{' gate_up' if flags['GATE_UP'] else ''}"
     if config.get("STAGE"):  # weight tiles through a ring in shared memory (gemv/staged.py)
         from specpilot.kernels.gemv.staged import staged_fits, staged_launch
 
-        if staged_fits(n, k, config, flags, nparts, tensors[2].element_size()) and not _INTERPRET:
+        if staged_fits(n, k, config, flags, nparts, tensors[2].element_size()) and not interpreted:
             staged_launch(tensors[0], tensors[2], tensors[4] if flags["HAS_RES"] else None, y, handoff, config,
-                          next_norm is not None, pdl, trace_slot(f"{kind} ring", blocks, y))
+                          next_norm is not None, pdl)
             return handoff[1:] if next_norm is not None else None
         config = {key: v for key, v in config.items() if key != "STAGE"}
-    rec, traced = trace_slot(kind, blocks, y)
-    _STREAM[grid](*tensors, rec, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl, TRACE=traced,
-                  NEXT=next_norm is not None, NPARTS=nparts, EVICT=weight_eviction(), EPI_EARLY=epilogue_early(),
-                  **launch_config(config), **launch,
-                  AHEAD=ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"]))
+    _STREAM[grid](*tensors, *handoff, *parts, n, k, eps, **flags, USE_GDC=pdl,
+                  NEXT=next_norm is not None, NPARTS=nparts, EVICT=weight_eviction(plan),
+                  EPI_EARLY=plan.epilogue_early, **launch_config(config), **launch,
+                  AHEAD=ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"],
+                                   plan))
     return handoff[1:] if next_norm is not None else None

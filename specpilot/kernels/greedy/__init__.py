@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.kernels.dispatch import env_switch, use_triton
+from specpilot.config.plan import KernelPlan
+from specpilot.kernels.dispatch import use_triton
 from specpilot.kernels.greedy.naive import greedy_advance_naive
 
 
-def kernel_on() -> bool:
-    """SPECPILOT_GREEDY_KERNEL=0 keeps PyTorch's argmax, copy and add (three launches) on CUDA too."""
-    return env_switch("SPECPILOT_GREEDY_KERNEL")
-
-
-def greedy_advance(logits: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, pdl_default: bool = False) -> None:
+def greedy_advance(logits: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, plan: KernelPlan) -> None:
     """token[0] = argmax(logits) (the first index of the maximum, as torch.argmax), pos[0] += 1. logits:
-    one row [V]; token, pos: int64 [1]. pdl_default: launch with programmatic dependent launch unless
-    SPECPILOT_PDL says otherwise (the one-row `gemv` step, whose LM head releases it early)."""
-    if use_triton(logits) and kernel_on():
+    one row [V]; token, pos: int64 [1]. One launch where the plan's `greedy_kernel` is on (else PyTorch's
+    argmax, copy and add: three); launched with PDL in the `gemv` step unless the plan's `pdl` says otherwise
+    (its LM head releases it early)."""
+    if use_triton(logits, plan) and plan.greedy_kernel:
         from specpilot.kernels.greedy.triton import greedy_advance_triton
 
-        greedy_advance_triton(logits, token, pos, pdl_default)
+        greedy_advance_triton(logits, token, pos, plan)
         return
     greedy_advance_naive(logits, token, pos)

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.config.plan import KernelPlan
 from specpilot.kernels.dispatch import pdl_on
 
 BLOCK = 16384
@@ -39,11 +40,11 @@ def _greedy_kernel(logits_ptr, token_ptr, pos_ptr, V, BLOCK: tl.constexpr, USE_G
 
 
 def greedy_advance_triton(logits: torch.Tensor, token: torch.Tensor, pos: torch.Tensor,
-                          pdl_default: bool = False) -> None:
+                          plan: KernelPlan) -> None:
     if logits.dim() != 1 or token.numel() != 1 or pos.numel() != 1:
         raise ValueError(f"greedy_advance takes one row of logits and one token / position, got logits "
                          f"{tuple(logits.shape)}, token {tuple(token.shape)}, pos {tuple(pos.shape)}")
     row = logits if logits.stride(0) == 1 else logits.contiguous()
-    pdl = pdl_on(row, default=pdl_default)
+    pdl = pdl_on(row, plan, default=plan.gemv)
     _greedy_kernel[(1,)](row, token, pos, row.numel(), BLOCK=BLOCK, USE_GDC=pdl, num_warps=WARPS,
                          **({"launch_pdl": True} if pdl else {}))

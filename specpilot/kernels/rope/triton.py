@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.config.plan import KernelPlan
 from specpilot.kernels.dispatch import pdl_on
 
 
@@ -64,12 +65,12 @@ def _rope_qkv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
 
 
 def rope_qkv_triton(qkv, positions, cos_table, sin_table, q_norm, k_norm, eps, k_cache, v_cache, slots,
-                    num_heads, num_kv_heads, head_dim, want_q=True, gemv=False):
+                    num_heads, num_kv_heads, head_dim, want_q, plan: KernelPlan):
     b, t, _ = qkv.shape
     qkv = qkv.contiguous()
     q_out = torch.empty(b, t, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     norm = k_norm is not None
-    pdl = pdl_on(qkv, default=gemv and b * t == 1)  # as in attention/triton.py: the one-row gemv step only
+    pdl = pdl_on(qkv, plan, default=plan.gemv and b * t == 1)  # as in attention/triton.py: the one-row gemv step only
     heads = num_heads + num_kv_heads if want_q else num_kv_heads
     _rope_qkv_kernel[(b * t, heads)](
         qkv, positions.contiguous(), slots.contiguous(), cos_table, sin_table, q_norm if norm else qkv,

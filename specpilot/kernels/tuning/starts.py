@@ -1,17 +1,15 @@
-"""Where the step tuning's coordinate descent begins on GPUs it has run on (choice.tune_step's start).
+"""Where the step tuning's coordinate descent begins on GPUs it has run on (descent.tune_step's start).
 
 From the autotuner's fallbacks the descent lands in different config sets from process to process: on the
 H200 8B, nine sets tuned in six processes on four GPUs timed 3.87-4.00 ms a step when timed in turn in one
 process, and that process's own tuning 3.925 ms (bench/results/2026-12-01_config_sets_63fd83c_h200.json).
 The set a tuning found fastest there (plain tiles everywhere, the attention as a cluster of 8) starts the
 descent on that GPU, which then keeps a key's config only where another times faster beside the others.
-A start config no longer among a key's candidates (or one whose option is switched off) is skipped.
-SPECPILOT_TUNE_START=0 starts from the fallbacks, as before.
+A start config no longer among a key's candidates (or one whose option is switched off) is skipped. The
+plan's `tune_start=false` starts from the fallbacks.
 """
 
 from __future__ import annotations
-
-import os
 
 _FLAGS = ("GATE_UP", "HAS_BIAS", "HAS_NORM", "HAS_RES", "NEXT", "PRENORM")
 
@@ -39,7 +37,5 @@ TABLES = {"NVIDIA H200": H200_8B}
 
 
 def start_for(device_name: str) -> dict[tuple, dict]:
-    """The start table for a GPU of this name ({} for one not listed, or with SPECPILOT_TUNE_START=0)."""
-    if os.environ.get("SPECPILOT_TUNE_START", "1") == "0":
-        return {}
+    """The start table for a GPU of this name ({} for one not listed)."""
     return dict(TABLES.get(device_name, {}))

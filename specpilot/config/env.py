@@ -1,0 +1,38 @@
+"""The one place the engine's options may come from the environment: SPECPILOT_OPTIONS.
+
+`SPECPILOT_OPTIONS="pdl=off,l2=weights_kv"` sets options on top of every system a command runs (bench,
+generate, force, the controller's workers): an override for ablations, never a default. Each result records
+which options an override set (System.to_json's `env_overrides`). Nothing else in the engine reads the
+environment for an option; kernels never do.
+"""
+
+from __future__ import annotations
+
+import os
+
+from specpilot.config.options import BASES, OPTIONS
+from specpilot.config.system import System, parse_system, with_options
+
+VARIABLE = "SPECPILOT_OPTIONS"
+
+
+def override_text() -> str:
+    return os.environ.get(VARIABLE, "").strip()
+
+
+def overridden(system: System) -> System:
+    """The system with SPECPILOT_OPTIONS applied (options that do not apply to its base are left out)."""
+    text = override_text()
+    if not text:
+        return system
+    items = [i for i in text.split(",") if i.strip()]
+    for item in items:  # checked once against every base, so a typo fails for AR too
+        if item.partition("=")[0].strip() not in OPTIONS:
+            parse_system(f"{BASES[0]}:{item}")  # raises the usual error
+    kept = ",".join(i for i in items if system.base in OPTIONS[i.partition("=")[0].strip()].bases)
+    return with_options(system, kept, overridden=True) if kept else system
+
+
+def parse(text: str) -> System:
+    """A system as the command line gives it: parsed, then the environment's overrides applied."""
+    return overridden(parse_system(text))

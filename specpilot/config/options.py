@@ -1,0 +1,119 @@
+"""The option registry: every knob a user or the loop may set, with its type, range and default.
+
+Each default reproduces stock (the drafter's released behaviour, run on cuBLAS); a mechanism is added as
+an option here and nowhere else. Groups say where an option acts:
+  engine      the generation loop (graphs, draft block, host lookahead, the controller's idle pad);
+  kernel      which kernel runs and how (the kernel plan, handed to every kernel entry point);
+  tuning      what the `gemv` step tuning times (part of the kernel plan);
+  audit       deliberately lossy variants, for auditing token forcing;
+  diagnostic  timing-only variants whose outputs are wrong: refused by generate, bench, force and compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specpilot.runtime.faults import FAULTS
+
+BASES = ("ar", "stock")
+GROUPS = ("engine", "kernel", "tuning", "audit", "diagnostic")
+PLAN_GROUPS = ("kernel", "tuning", "diagnostic")  # the options a KernelPlan holds
+ATTENTION_ABLATIONS = ("none", "relaxed", "no_merge", "no_partials", "no_kv")
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    kind: type
+    default: Any
+    help: str
+    group: str
+    bases: tuple[str, ...] = BASES
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "type": self.kind.__name__, "default": self.default, "group": self.group,
+                "bases": list(self.bases), "choices": list(self.choices) if self.choices else None,
+                "minimum": self.minimum, "maximum": self.maximum, "help": self.help}
+
+
+def _options(*opts: Option) -> dict[str, Option]:
+    return {o.name: o for o in opts}
+
+
+OPTIONS: dict[str, Option] = _options(
+    # engine
+    Option("graphs", bool, True, "capture decode/verify steps as CUDA graphs (no effect on the CPU)", "engine"),
+    Option("block_size", int, 0, "draft block size: 0 = the drafter's own, else 2..its own", "engine",
+           bases=("stock",), minimum=0),
+    Option("lookahead", int, 1, "steps the host enqueues ahead of the one whose tokens it reads (CUDA graphs)",
+           "engine", minimum=1, maximum=4),
+    Option("pad_us", float, 0.0, "an idle kernel of this many microseconds in every decode step: a known, "
+           "lossless slowdown for testing the controller", "engine", minimum=0),
+    # kernel
+    Option("gemv", bool, False, "few-row target projections through the Triton weight-streaming GEMV with the "
+           "norm, SwiGLU, residual, rope and K/V write fused in, and its step tuning (default: cuBLAS)", "kernel"),
+    Option("kernels", str, "auto", "auto: Triton on CUDA, the PyTorch references elsewhere; naive: always the "
+           "references; triton: always Triton (the CPU needs TRITON_INTERPRET=1)", "kernel",
+           choices=("auto", "naive", "triton")),
+    Option("pdl", str, "auto", "programmatic dependent launch (Hopper): auto = in the one-row gemv step only",
+           "kernel", choices=("auto", "on", "off")),
+    Option("handoff", bool, True, "a one-row GEMV that writes the residual stream hands the next norm its "
+           "inputs (h * g and the sums of squares)", "kernel"),
+    Option("ahead", bool, True, "one-row kernels request each loop step's tiles one step ahead", "kernel"),
+    Option("epilogue_early", bool, True, "one-row kernels request their epilogue's inputs before the weight loop",
+           "kernel"),
+    Option("l2", str, "weights", "L2 hints of the one-row step: off; weights (stream evict-first); weights_kv "
+           "(also the K/V cache evict-last)", "kernel", choices=("off", "weights", "weights_kv")),
+    Option("embed_kernel", bool, True, "the one-row step's embedding gather hands the first norm its inputs",
+           "kernel"),
+    Option("greedy_kernel", bool, True, "the AR step's argmax, token and position in one launch", "kernel"),
+    # tuning (what the gemv step tuning offers and how long it searches)
+    Option("staged", bool, True, "offer the shared-memory weight rings (gemv/staged.py) to the step tuning",
+           "tuning"),
+    Option("attn_late", bool, True, "offer the attention's late release of the next kernel to the step tuning",
+           "tuning"),
+    Option("cluster", bool, True, "offer the thread-block cluster decode attention (Hopper, cuda-bindings)",
+           "tuning"),
+    Option("tune_rounds", int, 2, "rounds of the step tuning's coordinate descent", "tuning", minimum=1, maximum=4),
+    Option("tune_start", bool, True, "begin the step tuning from the measured start table of this GPU, if any",
+           "tuning"),
+    # audit
+    Option("fault", str, "none", "a deliberately lossy variant, for auditing token forcing", "audit",
+           choices=FAULTS),
+    # diagnostic
+    Option("attn_ablate", str, "none", "the one-row attention with a piece of its work left out, to time that "
+           "piece (outputs are wrong)", "diagnostic", choices=ATTENTION_ABLATIONS),
+)
+
+
+def plan_options() -> list[Option]:
+    return [o for o in OPTIONS.values() if o.group in PLAN_GROUPS]
+
+
+def convert(opt: Option, raw: str) -> Any:
+    """A string value (from a system string or an override) as the option's type, checked; ValueError says why."""
+    if opt.kind is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"option {opt.name} takes true or false, got {raw!r}")
+    try:
+        value = opt.kind(raw)
+    except ValueError:
+        raise ValueError(f"option {opt.name} takes a {opt.kind.__name__}, got {raw!r}") from None
+    check(opt, value)
+    return value
+
+
+def check(opt: Option, value: Any) -> None:
+    if opt.choices is not None and value not in opt.choices:
+        raise ValueError(f"option {opt.name} must be one of {', '.join(map(str, opt.choices))}, got {value!r}")
+    if opt.minimum is not None and value < opt.minimum:
+        raise ValueError(f"option {opt.name} must be >= {opt.minimum:g}, got {value!r}")
+    if opt.maximum is not None and value > opt.maximum:
+        raise ValueError(f"option {opt.name} must be <= {opt.maximum:g}, got {value!r}")

@@ -1,0 +1,103 @@
+"""Systems: `base[:key=value,...]`, a base (`ar`: greedy decoding; `stock`: the drafter's own greedy chain
+verified by the target, as the drafter's release runs it) and the options that differ from their defaults.
+
+A System is the engine's whole configuration: its name lists every non-default option (so equal systems
+have equal names), `get` reads any option, `plan()` builds the kernel plan, `to_json()` is what every result
+file and evidence card records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specpilot.config.options import BASES, OPTIONS, convert, plan_options
+from specpilot.config.plan import KernelPlan
+from specpilot.errors import UserError
+
+
+@dataclass(frozen=True)
+class System:
+    base: str
+    options: dict[str, Any] = field(default_factory=dict)  # the non-default ones
+    overridden: tuple[str, ...] = ()  # options set by the SPECPILOT_OPTIONS override (config/env.py)
+
+    @property
+    def name(self) -> str:
+        if not self.options:
+            return self.base
+        return self.base + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in sorted(self.options.items()))
+
+    def get(self, key: str) -> Any:
+        return self.options.get(key, OPTIONS[key].default)
+
+    @property
+    def speculative(self) -> bool:
+        return self.base == "stock"
+
+    def plan(self) -> KernelPlan:
+        """A fresh kernel plan (with an empty tuning table) from this system's kernel options."""
+        return KernelPlan.stock(**{o.name: self.get(o.name) for o in plan_options() if o.name in self.options})
+
+    def diagnostic(self) -> bool:
+        return any(OPTIONS[k].group == "diagnostic" for k in self.options)
+
+    def with_base(self, base: str) -> System:
+        """The same options on another base (those that do not apply to it dropped): AR beside a stock system."""
+        kept = {k: v for k, v in self.options.items() if base in OPTIONS[k].bases}
+        return System(base, kept, tuple(k for k in self.overridden if k in kept))
+
+    def to_json(self) -> dict:
+        """The complete configuration: every option with its value, which ones differ from the defaults and
+        which an environment override set."""
+        values = {name: self.get(name) for name, opt in OPTIONS.items() if self.base in opt.bases}
+        return {"system": self.name, "base": self.base, "options": values, "changed": sorted(self.options),
+                "env_overrides": list(self.overridden)}
+
+
+def _fmt(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def parse_system(text: str, diagnostics: bool = False) -> System:
+    """`stock:block_size=8` -> System('stock', {'block_size': 8}); defaults are dropped. Diagnostic options
+    (outputs wrong, timing only) are refused unless `diagnostics` (the GPU timing scripts)."""
+    base, _, rest = text.strip().partition(":")
+    if base not in BASES:
+        raise UserError(f"unknown system {base!r} (known: {', '.join(BASES)})")
+    return System(base, _options(base, rest, text, diagnostics))
+
+
+def _options(base: str, rest: str, text: str, diagnostics: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if key not in OPTIONS:
+            raise UserError(f"unknown system option {key!r} in {text!r} (see `specpilot options`)")
+        opt = OPTIONS[key]
+        if base not in opt.bases:
+            raise UserError(f"option {key!r} does not apply to system {base!r}")
+        if opt.group == "diagnostic" and not diagnostics:
+            raise UserError(f"option {key!r} is a diagnostic (timing only, its outputs are wrong): refused here")
+        if not eq:
+            raise UserError(f"system option {key!r} in {text!r} needs a value (key=value)")
+        try:
+            value = convert(opt, raw.strip())
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        if value != opt.default:
+            options[key] = value
+        else:
+            options.pop(key, None)
+    return options
+
+
+def with_options(system: System, text: str, diagnostics: bool = False, overridden: bool = False) -> System:
+    """`system` with the options of `text` (key=value,...) set on top; with `overridden`, recorded as overrides."""
+    changes = _options(system.base, text, text, diagnostics)
+    keys = {k.strip().partition("=")[0].strip() for k in text.split(",") if k.strip()}
+    options = {k: v for k, v in system.options.items() if k not in keys}
+    options.update(changes)
+    marked = tuple(sorted(set(system.overridden) | (keys if overridden else set())))
+    return System(system.base, options, marked)

@@ -1,0 +1,78 @@
+"""A model's cache: one state object per layer, made from the config's layer types.
+
+Attention layers keep K/V over a static cache of `length` slots ([B, Hkv, L, D] each, the layout the
+attention kernels read without a copy); a row's slot is where its K/V live. A step writes the K/V of every
+row it verifies (the kernels write in place), then `commit` keeps the accepted path. A recurrent layer's
+state (Gated DeltaNet) is another kind with the same two duties.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class AttentionState:
+    """One attention layer's K and V, [B, Hkv, L, D]."""
+
+    kind = "attention"
+
+    def __init__(self, batch: int, length: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device):
+        shape = (batch, kv_heads, length, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+    def rows(self, first: int, last: int) -> AttentionState:
+        """A view of sequences first..last-1 (writes go to this state)."""
+        view = object.__new__(AttentionState)
+        view.k, view.v = self.k[first:last], self.v[first:last]
+        return view
+
+    def commit(self, rows: torch.Tensor | None, start: torch.Tensor) -> None:
+        """Keep the accepted path: `rows` [B, R] are the verified rows (slot start + r) of the path in order,
+        to sit at slots start, start + 1, ... ; None: the path is already in place (a chain accepts a prefix of
+        its rows, and row r sits at slot start + r), so nothing moves. Rows past the path are overwritten by
+        the next step."""
+        if rows is None:
+            return
+        b, r = rows.shape
+        index = (start[:, None] + rows).view(b, 1, r, 1).expand(-1, self.k.shape[1], -1, self.k.shape[3])
+        dest = (start[:, None] + torch.arange(r, device=rows.device)).view(b, 1, r, 1).expand_as(index)
+        for t in (self.k, self.v):
+            t.scatter_(2, dest, t.gather(2, index))
+
+
+STATES = {"attention": AttentionState}
+
+
+class Cache:
+    """Per-layer states of one model for `batch` sequences of up to `length` slots."""
+
+    def __init__(self, states: list):
+        self.layers = states
+
+    @classmethod
+    def build(cls, layer_types: list[str], batch: int, length: int, kv_heads: int, head_dim: int,
+              dtype: torch.dtype, device) -> Cache:
+        return cls([STATES[kind](batch, length, kv_heads, head_dim, dtype, device) for kind in layer_types])
+
+    def __getitem__(self, i: int):
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def rows(self, first: int, last: int) -> Cache:
+        return Cache([s.rows(first, last) for s in self.layers])
+
+    def commit(self, rows: torch.Tensor | None, start: torch.Tensor) -> None:
+        """Every layer keeps the accepted path (AttentionState.commit)."""
+        for state in self.layers:
+            state.commit(rows, start)

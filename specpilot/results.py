@@ -1,0 +1,67 @@
+"""The one schema of a result file: provenance (when, which code, which machine, how it was run, any
+environment override) and, per system, its complete configuration (every option and the kernel plan with
+its tuning table). `specpilot bench`, `force`, `compare`, drafter training and the GPU scripts write it."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from specpilot.errors import UserError
+
+SCHEMA = 1
+
+
+def environment() -> dict:
+    """Provenance: date, commit (SPECPILOT_COMMIT where the tree was copied without its history, as on the
+    GPU machine), whether the tree had uncommitted changes, the command, device, versions, and the options
+    an environment override set (config/env.py)."""
+    from specpilot.config.env import VARIABLE, override_text
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    if os.environ.get("SPECPILOT_COMMIT"):  # a copied tree (the GPU machine) may carry a stale .git
+        commit, dirty = os.environ["SPECPILOT_COMMIT"], None
+    cuda = torch.cuda.is_available()
+    return {
+        "schema": SCHEMA,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": commit,
+        "dirty": dirty,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "env_overrides": {VARIABLE: override_text()} if override_text() else {},
+    }
+
+
+def system_record(engine) -> dict:
+    """A system as an engine ran it: every option, and the kernel plan with the tuning table it ran under."""
+    return {**engine.system.to_json(), "plan": engine.plan.to_json()}
+
+
+def write_json_atomic(path: str | Path, data: dict) -> None:
+    """Write via a temporary file and rename: a crash never leaves a half-written file behind."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

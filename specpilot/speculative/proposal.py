@@ -1,0 +1,70 @@
+"""What a step proposes for the target to verify, and the stock proposer that makes it.
+
+A Proposal is R rows per sequence: row 0 is the anchor (the last committed token, whose logits the bonus
+comes from), rows 1.. the drafted tokens. Each row has a position, a cache slot for its K/V, a parent row
+and, in `visibility`, the slots it may attend to. A chain is the case where row r's parent is r - 1 and
+slot = position: any accepted path is then a prefix already in place in every cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specpilot.config.plan import KernelPlan
+from specpilot.models.cache import Cache
+from specpilot.models.dflash import DFlashDrafter
+from specpilot.speculative.visibility import Visibility
+from specpilot.weights import DenseWeight
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, R] int64: the anchor, then the drafted tokens
+    positions: torch.Tensor  # [B, R] int64
+    slots: torch.Tensor  # [B, R] int64: where each row's K/V is written
+    visibility: Visibility  # committed slots < cache_len for every row, new rows as `tree` says
+    parents: torch.Tensor  # [B, R] int64: each row's parent row (-1 for the anchor)
+    index: torch.Tensor  # [R] int64: 0 .. R - 1 (made once per engine: a captured step allocates nothing)
+    chain: bool  # static: parents are r - 1 and slots are positions (accepted paths are prefixes, in place)
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def drafts(self) -> torch.Tensor:
+        """[B, R - 1]: the drafted tokens."""
+        return self.tokens[:, 1:]
+
+
+def chain(anchor: torch.Tensor, drafts: torch.Tensor, start: torch.Tensor, index: torch.Tensor,
+          parents: torch.Tensor) -> Proposal:
+    """The chain [anchor, drafts...] at positions start, start + 1, ...: anchor, start [B]; drafts [B, R - 1];
+    index arange(R) and parents index - 1 ([1, R]), made once by the caller."""
+    positions = start[:, None] + index
+    return Proposal(tokens=torch.cat([anchor[:, None], drafts], 1), positions=positions, slots=positions,
+                    visibility=Visibility(cache_len=start, start=start), parents=parents.expand_as(positions),
+                    index=index, chain=True)
+
+
+class ChainProposer:
+    """Stock drafting: one pass of the block drafter conditioned on the target's features, then the
+    drafter's own greedy walk of its lattice (DFlash2: through the selector's edges), [B, block - 1]."""
+
+    def __init__(self, drafter: DFlashDrafter, embed: DenseWeight, head: DenseWeight, block: int, plan: KernelPlan,
+                 device, top_k: int = 16):
+        self.drafter, self.embed, self.head, self.plan, self.top_k = drafter, embed, head, plan, top_k
+        self.masks = torch.full((1, block - 1), drafter.cfg.mask_token_id, dtype=torch.int64, device=device)
+        self.index = torch.arange(block, device=device)
+        self.parents = (self.index - 1)[None]
+
+    def drafts(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> torch.Tensor:
+        block_in = torch.cat([anchor[:, None], self.masks.expand(anchor.shape[0], -1)], 1)
+        hidden = self.drafter.draft_block(self.embed, block_in, start, cache, self.plan)
+        lattice = self.drafter.lattice(hidden, self.head, anchor, self.top_k, self.plan)
+        return lattice.greedy_chain()
+
+    def propose(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> Proposal:
+        return chain(anchor, self.drafts(anchor, start, cache), start, self.index, self.parents)

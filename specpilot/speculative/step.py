@@ -1,0 +1,88 @@
+"""One speculative step, device only (no host sync, so it can be captured as one CUDA graph):
+
+  context  the rows the last step committed become the drafter's context (their target features);
+  propose  the proposer's rows (stock: the drafter's greedy chain, speculative/proposal.py);
+  verify   one target pass over them (its logits and the features the drafter conditions on);
+  accept   the verdict (speculative/accept.py);
+  commit   every cache keeps the accepted path; the bonus token and the next position are the new state.
+
+The step owns its persistent tensors (SpecState) so that a graph replays it as is; the host reads `out`
+([B, 1 + R]: accepted count, then the committed tokens) once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specpilot.config.plan import KernelPlan
+from specpilot.models.cache import Cache
+from specpilot.models.dense import DenseTarget, Mode
+from specpilot.models.dflash import DFlashDrafter
+from specpilot.runtime.faults import distort, force_first_draft
+from specpilot.speculative.accept import Verdict, accept_greedy
+from specpilot.speculative.proposal import ChainProposer, Proposal
+
+
+@dataclass
+class SpecState:
+    """What one step leaves for the next: [B] token and position (shared with the engine's AR state), the
+    last verify's features [B, R, F] of which the first count [B] rows were committed, and `out`."""
+
+    token: torch.Tensor
+    pos: torch.Tensor
+    ctx_feats: torch.Tensor
+    ctx_count: torch.Tensor
+    out: torch.Tensor
+
+
+class SpecStep:
+    """The stock speculative step of one target and drafter over their caches (see the module docstring)."""
+
+    def __init__(self, target: DenseTarget, drafter: DFlashDrafter, cache: Cache, dcache: Cache, state: SpecState,
+                 block: int, plan: KernelPlan, fault: str = "none"):
+        self.target, self.drafter, self.cache, self.dcache, self.state = target, drafter, cache, dcache, state
+        self.plan, self.fault = plan, fault
+        self.drafter_plan = plan.but(gemv=False)  # the drafter's block rows are never a few-row stream
+        self.proposer = ChainProposer(drafter, target.embed, target.head, block, self.drafter_plan, target.device)
+        self.hidden_layers = tuple(drafter.cfg.target_layer_ids)
+        self.trash = dcache.length - 1  # the drafter cache's last slot absorbs context rows not valid this step
+
+    def __call__(self) -> None:
+        s = self.state
+        self.context(s)
+        proposal = self.proposer.propose(s.token, s.pos, self.dcache)
+        logits, feats = self.verify(proposal)
+        self.commit(proposal, self.accept(proposal, logits), feats)
+
+    def context(self, s: SpecState) -> None:
+        """The previous verify's rows 0..count-1 are committed: their features become draft context."""
+        rows = self.proposer.index
+        ctx_pos = (s.pos[:, None] - s.ctx_count[:, None] + rows).clamp(min=0)
+        ctx_slots = torch.where(rows < s.ctx_count[:, None], ctx_pos, self.trash)
+        self.drafter.write_context(s.ctx_feats, ctx_pos, ctx_slots, self.dcache, self.drafter_plan)
+
+    def verify(self, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.target(proposal.tokens, proposal.positions, self.cache, Mode.VERIFY, self.plan,
+                           slots=proposal.slots, vis=proposal.visibility, hidden_layers=self.hidden_layers,
+                           fault=self.fault)
+
+    def accept(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
+        verdict = accept_greedy(proposal, distort(logits, self.fault))
+        if self.fault == "unverified_accept":
+            verdict = force_first_draft(verdict, proposal.drafts)
+        return verdict
+
+    def commit(self, proposal: Proposal, verdict: Verdict, feats: torch.Tensor) -> None:
+        """Every cache keeps the accepted path (a chain's is in place: nothing moves); the committed rows'
+        features become the drafter's next context; the bonus token and the position move on."""
+        s = self.state
+        path = None if proposal.chain else verdict.path
+        self.cache.commit(path, s.pos)
+        s.out[:, 0] = verdict.accepted
+        s.out[:, 1:] = verdict.tokens
+        s.ctx_feats.copy_(feats if path is None else feats.gather(1, path[..., None].expand_as(feats)))
+        s.ctx_count.copy_(verdict.accepted + 1)
+        s.token.copy_(verdict.bonus)
+        s.pos.add_(verdict.accepted + 1)
