@@ -19,11 +19,11 @@ from rich.progress import track
 
 from specpilot.bench.datasets import load_requests
 from specpilot.bench.fidelity import forced_agreement, free_running
-from specpilot.models.smollm2 import fetch_smollm2
+from specpilot.config import parse_system
 from specpilot.models.loading import load_target
+from specpilot.models.smollm2 import fetch_smollm2
 from specpilot.models.tokenizer import HFTokenizer
 from specpilot.runtime.engine import Engine
-from specpilot.config import parse_system
 
 DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mtbench")
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from specpilot.training.distill import build_dataset
 from specpilot.fixtures.random_models import random_target, tiny_target_config
+from specpilot.training.distill import build_dataset
 from specpilot.training.train_drafter import TrainConfig, drafter_config, train
 
 

@@ -17,10 +17,11 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from specpilot.config.plan import KernelPlan  # noqa: E402
 from specpilot.kernels.attention import cluster  # noqa: E402
 from specpilot.kernels.attention import triton as kernel_module  # noqa: E402
 from specpilot.kernels.attention.naive import attend_naive  # noqa: E402
-from specpilot.kernels.gemv import choice  # noqa: E402
+from specpilot.kernels.tuning import candidates  # noqa: E402
 from specpilot.speculative.visibility import Visibility  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -49,16 +50,16 @@ def vis_of(cache_len, start) -> Visibility:
 
 def test_offered_only_where_it_runs(monkeypatch):
     key = ("attention", 1, 8, 4, 128, 1024)
-    monkeypatch.setattr(choice, "_cluster_runs", lambda: False)
-    assert not any("CLUSTER" in c for c in choice.candidates(key))
-    monkeypatch.setattr(choice, "_cluster_runs", lambda: True)
-    offered = [c for c in choice.candidates(key) if "CLUSTER" in c]
-    assert offered == choice.CLUSTER_CANDIDATES and {c["CLUSTER"] for c in offered} <= set(cluster.SPLITS)
-    monkeypatch.setenv("SPECPILOT_ATTN_CLUSTER", "0")
-    assert not any("CLUSTER" in c for c in choice.candidates(key))
-    monkeypatch.setenv("SPECPILOT_ATTN_CLUSTER", "1")
-    monkeypatch.setenv("SPECPILOT_ATTN_LATE", "0")
-    assert [c for c in choice.candidates(key) if "CLUSTER" in c] == [{"CLUSTER": 4}, {"CLUSTER": 8}]
+    plan = KernelPlan.stock()
+    monkeypatch.setattr(candidates, "_cluster_runs", lambda: False)
+    assert not any("CLUSTER" in c for c in candidates.candidates(key, plan))
+    monkeypatch.setattr(candidates, "_cluster_runs", lambda: True)
+    offered = [c for c in candidates.candidates(key, plan) if "CLUSTER" in c]
+    assert offered == candidates.CLUSTER and {c["CLUSTER"] for c in offered} <= set(cluster.SPLITS)
+    assert not any("CLUSTER" in c for c in candidates.candidates(key, plan.but(cluster=False)))
+    no_late = candidates.candidates(key, plan.but(attn_late=False))
+    assert [c for c in no_late if "CLUSTER" in c] == [{"CLUSTER": 4}, {"CLUSTER": 8}]
+    assert not any(c.get("LATE") for c in no_late)
 
 
 def test_eligibility():
@@ -83,12 +84,9 @@ def test_a_cluster_config_falls_back_to_the_triton_kernel_where_it_cannot_run(mo
     asked = []
     real = kernel_module._config
     monkeypatch.setattr(kernel_module, "_config", lambda *a: asked.append(a[-1]) or real(*a))
-    choice.forget()
-    try:
-        choice._CHOSEN[("attention", 1, 2, 4, 64, 200)] = {"CLUSTER": 4, "LATE": True}
-        out = kernel_module.attend_triton(q, k, v, vis, 0.125, fuse_combine=True)
-    finally:
-        choice.forget()
+    plan = KernelPlan.stock(gemv=True)
+    plan.table.chosen[("attention", 1, 2, 4, 64, 200)] = {"CLUSTER": 4, "LATE": True}
+    out = kernel_module.attend_triton(q, k, v, vis, 0.125, plan)
     assert asked == [4]
     assert rel_err(out, ref) <= 1e-4
 
@@ -229,11 +227,8 @@ def test_decode_step_runs_the_cluster_kernel_when_chosen(monkeypatch):
     launched = []
     real = cluster.attend_cluster
     monkeypatch.setattr(cluster, "attend_cluster", lambda *a, **kw: launched.append(a[5]) or real(*a, **kw))
-    choice.forget()
-    try:
-        choice._CHOSEN[("attention", 1, hkv, hq // hkv, d, length)] = {"CLUSTER": 8}
-        out = kernel_module.attend_triton(q, k, v, vis, d**-0.5, fuse_combine=True)
-    finally:
-        choice.forget()
+    plan = KernelPlan.stock(gemv=True)
+    plan.table.chosen[("attention", 1, hkv, hq // hkv, d, length)] = {"CLUSTER": 8}
+    out = kernel_module.attend_triton(q, k, v, vis, d**-0.5, plan)
     assert launched == [8]
     assert rel_err(out, ref) <= 1e-2

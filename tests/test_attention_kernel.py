@@ -19,11 +19,13 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from specpilot.config.plan import KernelPlan  # noqa: E402
 from specpilot.kernels.attention import attend  # noqa: E402
 from specpilot.kernels.attention import triton as kernel_module  # noqa: E402
 from specpilot.kernels.attention.naive import attend_naive  # noqa: E402
 from specpilot.kernels.attention.triton import attend_triton  # noqa: E402
 from specpilot.kernels.dispatch import use_triton  # noqa: E402
+from specpilot.kernels.tuning import candidates  # noqa: E402
 from specpilot.speculative.visibility import Visibility  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -77,7 +79,7 @@ def test_matches_reference(seed, b, t, g, hkv, d, length, tree_kind, window, spl
     gen = torch.Generator().manual_seed(seed)
     q, k, v, vis = make_case(gen, b, t, g * hkv, hkv, d, length, tree_kind, window)
     scale = d**-0.5
-    out = attend_triton(q, k, v, vis, scale, num_splits=splits, fuse_combine=fuse)
+    out = attend_triton(q, k, v, vis, scale, KernelPlan.stock(gemv=fuse), num_splits=splits)
     ref = attend_naive(q, k, v, vis, scale)
     assert out.dtype == q.dtype and out.is_contiguous()
     assert rel_err(out, ref) <= 1e-4
@@ -100,16 +102,15 @@ def test_fused_combine_merges_in_the_split_launch_and_resets_its_counters(monkey
 
     monkeypatch.setattr(kernel_module, "_combine_kernel", NoCombine())
     monkeypatch.setattr(kernel_module.torch, "empty", poisoned_empty)
+    plan = KernelPlan.stock(gemv=True)  # the fused combine
     for _ in range(2):  # the second call finds the counters reset by the first
-        assert rel_err(attend_triton(q, k, v, vis, 0.25, num_splits=4, fuse_combine=True), ref) <= 1e-4
+        assert rel_err(attend_triton(q, k, v, vis, 0.25, plan, num_splits=4), ref) <= 1e-4
         assert int(kernel_module._counters(q.device).abs().sum()) == 0
 
 
 def test_decode_step_runs_the_split_count_chosen_in_the_step(monkeypatch):
-    """In the `gemv` decode step (one row, fused combine) the split count comes from the step tuning
-    (kernels/gemv/choice.py; 0 = the heuristic); other calls keep the heuristic."""
-    from specpilot.kernels.gemv import choice
-
+    """In the `gemv` decode step (one row, fused combine) the split count comes from the plan's tuning table
+    (kernels/tuning; 0 = the heuristic); other calls keep the heuristic."""
     gen = torch.Generator().manual_seed(5)
     q, k, v, vis = make_case(gen, 1, 1, 8, 2, 16, 300, "none")
     ref = attend_naive(q, k, v, vis, 0.25)
@@ -117,30 +118,33 @@ def test_decode_step_runs_the_split_count_chosen_in_the_step(monkeypatch):
     real = kernel_module._config
     monkeypatch.setattr(kernel_module, "_config", lambda *a: asked.append(a[-1]) or real(*a))
     key = ("attention", 1, 2, 4, 16, 300)
-    choice.forget()
-    try:
-        assert [c["NUM_SPLITS"] for c in choice.CANDIDATES["attention"]][0] == 0
-        for splits, want in ((2, 2), (1, 1), (0, None)):
-            choice._CHOSEN[key] = {"NUM_SPLITS": splits}
-            assert rel_err(attend_triton(q, k, v, vis, 0.25, fuse_combine=True), ref) <= 1e-4
-            assert asked[-1] == want
-        attend_triton(q, k, v, vis, 0.25)  # not the gemv step: no lookup
-        assert asked[-1] is None
-        assert choice.record_keys(lambda: attend_triton(q, k, v, vis, 0.25, fuse_combine=True)) == [key]
-        # the first committed block is loaded before the PDL wait unless the tuning chose otherwise
-        preloads, kernel = [], kernel_module._split_kernel
+    plan = KernelPlan.stock(gemv=True)
+    assert [c["NUM_SPLITS"] for c in candidates.ATTENTION][0] == 0
+    for splits, want in ((2, 2), (1, 1), (0, None)):
+        plan.table.chosen[key] = {"NUM_SPLITS": splits}
+        assert rel_err(attend_triton(q, k, v, vis, 0.25, plan), ref) <= 1e-4
+        assert asked[-1] == want
+    plain = KernelPlan.stock()  # not the gemv step: no lookup
+    plain.table.chosen[key] = {"NUM_SPLITS": 2}
+    assert rel_err(attend_triton(q, k, v, vis, 0.25, plain), ref) <= 1e-4
+    assert asked[-1] is None
+    assert plan.table.record(lambda: attend_triton(q, k, v, vis, 0.25, plan)) == [key]
+    # the first committed block is loaded before the PDL wait unless the tuning chose otherwise
+    preloads, kernel = [], kernel_module._split_kernel
 
-        class Spy:
-            def __getitem__(self, grid):
-                return lambda *a, **kw: preloads.append((kw["PRELOAD"], kw["LATE"])) or kernel[grid](*a, **kw)
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: preloads.append((kw["PRELOAD"], kw["LATE"])) or kernel[grid](*a, **kw)
 
-        monkeypatch.setattr(kernel_module, "_split_kernel", Spy())
-        for chosen in ({"NUM_SPLITS": 2}, {"NUM_SPLITS": 2, "AHEAD": False}, {"NUM_SPLITS": 2, "LATE": True}):
-            choice._CHOSEN[key] = chosen
-            assert rel_err(attend_triton(q, k, v, vis, 0.25, fuse_combine=True), ref) <= 1e-4
-        assert preloads == [(True, False), (False, False), (True, True)]  # LATE: released after the wait
-    finally:
-        choice.forget()
+    monkeypatch.setattr(kernel_module, "_split_kernel", Spy())
+    for chosen in ({"NUM_SPLITS": 2}, {"NUM_SPLITS": 2, "AHEAD": False}, {"NUM_SPLITS": 2, "LATE": True}):
+        plan.table.chosen[key] = chosen
+        assert rel_err(attend_triton(q, k, v, vis, 0.25, plan), ref) <= 1e-4
+    assert preloads == [(True, False), (False, False), (True, True)]  # LATE: released after the wait
+    # the plan's ahead=False turns the preload off whatever the tuning chose
+    plan.table.chosen[key] = {"NUM_SPLITS": 2}
+    assert rel_err(attend_triton(q, k, v, vis, 0.25, plan.but(ahead=False)), ref) <= 1e-4
+    assert preloads[-1] == (False, False)
 
 
 @pytest.mark.parametrize("tree_kind", ["none", "rand"])
@@ -153,12 +157,12 @@ def test_noncontiguous_q(tree_kind):
     q = qkv[..., : hq * d].view(b, t, hq, d)
     assert not q.is_contiguous()
     ref = attend_naive(q.contiguous(), k, v, vis, 0.125)
-    assert rel_err(attend_triton(q, k, v, vis, 0.125, num_splits=2), ref) <= 1e-4
+    assert rel_err(attend_triton(q, k, v, vis, 0.125, KernelPlan.stock(), num_splits=2), ref) <= 1e-4
     # A strided head_dim too.
     wide = torch.randn(b, t, hq, 2 * d, generator=gen).to(DEVICE)
     q2 = wide[..., ::2]
     ref2 = attend_naive(q2.contiguous(), k, v, vis, 0.125)
-    assert rel_err(attend_triton(q2, k, v, vis, 0.125), ref2) <= 1e-4
+    assert rel_err(attend_triton(q2, k, v, vis, 0.125, KernelPlan.stock()), ref2) <= 1e-4
 
 
 @pytest.mark.parametrize("splits", [None, 1, 4])
@@ -177,13 +181,13 @@ def test_unreachable_slots_are_not_read(splits, tree_kind):
     dead = (slots[None] >= bound[:, None]) | gap
     dead = dead[:, None, :, None].expand_as(k)
     k_nan, v_nan = k.masked_fill(dead, float("nan")), v.masked_fill(dead, float("nan"))
-    out = attend_triton(q, k_nan, v_nan, vis, 0.25, num_splits=splits)
+    out = attend_triton(q, k_nan, v_nan, vis, 0.25, KernelPlan.stock(), num_splits=splits)
     assert rel_err(out, ref) <= 1e-4
 
 
 @pytest.mark.parametrize("splits", [None, 1, 2, 5])
 @pytest.mark.parametrize("cache_len", [0, 1, 63, 64, 130, 255])
-def test_decode_step_preload_of_committed_slots(monkeypatch, splits, cache_len):
+def test_decode_step_preload_of_committed_slots(splits, cache_len):
     """The `gemv` decode step's attention loads each split's first block of committed slots before the
     PDL wait (a peeled loop step): bit for bit the result without it, equal to the reference, and
     nothing read past the committed slots and the new row (NaN there changes nothing)."""
@@ -195,9 +199,8 @@ def test_decode_step_preload_of_committed_slots(monkeypatch, splits, cache_len):
     k, v = k.masked_fill(dead, float("nan")), v.masked_fill(dead, float("nan"))
     ref = attend_naive(q, k.nan_to_num(), v.nan_to_num(), vis, d**-0.5)
     outs = []
-    for ahead in ("0", "1"):
-        monkeypatch.setenv("SPECPILOT_GEMV_AHEAD", ahead)
-        outs.append(attend_triton(q, k, v, vis, d**-0.5, num_splits=splits, fuse_combine=True))
+    for ahead in (False, True):
+        outs.append(attend_triton(q, k, v, vis, d**-0.5, KernelPlan.stock(ahead=ahead, gemv=True), num_splits=splits))
     assert torch.equal(outs[0], outs[1])
     assert rel_err(outs[1], ref) <= 1e-4
 
@@ -215,7 +218,7 @@ def test_every_output_written_with_poisoned_allocations():
         return out.fill_(float("nan")) if out.is_floating_point() else out
 
     with mock.patch.object(kernel_module.torch, "empty", poisoned_empty):
-        out = attend_triton(q, k, v, vis, 0.25, num_splits=8)
+        out = attend_triton(q, k, v, vis, 0.25, KernelPlan.stock(), num_splits=8)
     assert rel_err(out, attend_naive(q, k, v, vis, 0.25)) <= 1e-4
 
 
@@ -226,7 +229,7 @@ def test_row_that_sees_nothing_is_zero():
     tree[2] = False
     vis = Visibility(torch.tensor([0], device=DEVICE), torch.tensor([8], device=DEVICE), tree.to(DEVICE))
     for splits in (1, 3):
-        out = attend_triton(q, k, v, vis, 0.25, num_splits=splits)
+        out = attend_triton(q, k, v, vis, 0.25, KernelPlan.stock(), num_splits=splits)
         ref = attend_naive(q, k, v, vis, 0.25)
         assert torch.isfinite(out).all() and torch.isfinite(ref).all()
         assert (out[:, 2] == 0).all() and (ref[:, 2] == 0).all()
@@ -259,27 +262,26 @@ def test_naive_window_matches_dense_definition(window):
     assert rel_err(got, want) <= 1e-5
 
 
-def test_dispatch(monkeypatch):
+def test_dispatch():
     x = torch.zeros(1)
-    monkeypatch.setenv("SPECPILOT_KERNELS", "naive")
-    assert not use_triton(x)
-    monkeypatch.setenv("SPECPILOT_KERNELS", "auto")
-    assert use_triton(x) is False  # CPU tensor
-    monkeypatch.setenv("SPECPILOT_KERNELS", "bogus")
+    assert not use_triton(x, KernelPlan.stock(kernels="naive"))
+    assert use_triton(x, KernelPlan.stock(kernels="auto")) is False  # CPU tensor
+    assert use_triton(x, KernelPlan.stock()) is False  # auto is the default
     with pytest.raises(ValueError):
-        use_triton(x)
-    monkeypatch.setenv("SPECPILOT_KERNELS", "triton")
-    assert use_triton(x)
+        KernelPlan.stock(kernels="bogus")
+    triton_plan = KernelPlan.stock(kernels="triton")
+    assert use_triton(x, triton_plan)
     gen = torch.Generator().manual_seed(9)
     q, k, v, vis = make_case(gen, 1, 3, 4, 2, 16, 64)
+    ref = attend_naive(q, k, v, vis, 0.25)
     with mock.patch.object(kernel_module, "attend_triton", wraps=kernel_module.attend_triton) as spy:
-        out = attend(q, k, v, vis, 0.25)
+        out = attend(q, k, v, vis, 0.25, triton_plan)
     assert spy.call_count == 1
-    assert rel_err(out, attend_naive(q, k, v, vis, 0.25)) <= 1e-4
-    monkeypatch.setenv("SPECPILOT_KERNELS", "naive")
+    assert rel_err(out, ref) <= 1e-4
     with mock.patch.object(kernel_module, "attend_triton", side_effect=AssertionError) as spy:
-        attend(q, k, v, vis, 0.25)
+        out = attend(q, k, v, vis, 0.25, KernelPlan.stock(kernels="naive"))
     assert spy.call_count == 0
+    assert torch.equal(out, ref)
 
 
 @pytest.mark.parametrize("length", [1024, 2048, 4096, 8192])
@@ -306,7 +308,7 @@ def test_bf16_realistic(length, t, tree_kind, fuse):
     for cl in (length // 3, length - t):
         vis.cache_len.fill_(cl)
         vis.start.fill_(cl)
-        out = attend_triton(q, k, v, vis, 128**-0.5, fuse_combine=fuse)
+        out = attend_triton(q, k, v, vis, 128**-0.5, KernelPlan.stock(gemv=fuse))
         ref = attend_naive(q.float(), k.float(), v.float(), vis, 128**-0.5)
         assert out.dtype == torch.bfloat16
         assert rel_err(out, ref) <= 2e-2
@@ -321,15 +323,16 @@ def test_cuda_graph_replay_tracks_lengths(t, fuse):
     q, k, v, vis = make_case(gen, 2, t, 32, 8, 128, length, "none", dtype=torch.bfloat16)
     vis.cache_len.copy_(torch.tensor([100, 7]))
     vis.start.copy_(torch.tensor([100, 7]))
+    plan = KernelPlan.stock(gemv=fuse)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
-            attend_triton(q, k, v, vis, 0.1, fuse_combine=fuse)
+            attend_triton(q, k, v, vis, 0.1, plan)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = attend_triton(q, k, v, vis, 0.1, fuse_combine=fuse)
+        out = attend_triton(q, k, v, vis, 0.1, plan)
     for cl, st_ in [((5, 1500), (5, 1500)), ((1800, 0), (1800, 0)), ((64, 1000), (70, 900)), ((0, 2000), (0, 2000))]:
         vis.cache_len.copy_(torch.tensor(cl))
         vis.start.copy_(torch.tensor(st_))

@@ -7,12 +7,12 @@ import sys
 import pytest
 import torch
 
-from specpilot.bench.run import write_json_atomic
 from specpilot.deployment import load_deployment
 from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.models.loading import save_drafter, save_target
 from specpilot.models.pair import build_pair
+from specpilot.results import write_json_atomic
 
 
 def specpilot(*args, cwd=None):
@@ -84,7 +84,7 @@ def test_atomic_json_leaves_nothing_on_failure(tmp_path, monkeypatch):
     def broken(*_):
         raise OSError("disk full")
 
-    monkeypatch.setattr("specpilot.bench.run.os.replace", broken)
+    monkeypatch.setattr("specpilot.results.os.replace", broken)
     with pytest.raises(OSError):
         write_json_atomic(path, {"a": 1})
     assert list(tmp_path.iterdir()) == []

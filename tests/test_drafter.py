@@ -15,10 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
+from specpilot.config import KernelPlan
 from specpilot.fixtures.random_models import random_drafter, tiny_drafter_config, tiny_target_config
 from specpilot.models.config import drafter_config_from_hf
 from specpilot.models.loading import load_drafter, save_drafter
 from specpilot.speculative.lattice import Lattice
+from specpilot.weights import DenseWeight
+
+PLAN = KernelPlan.stock()
 
 VOCAB = 96
 
@@ -49,7 +53,7 @@ def _head(seed: int = 11) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     embed = torch.randn(VOCAB, 32, generator=gen)
     head = torch.randn(VOCAB, 32, generator=gen) / math.sqrt(32) * 3
-    return embed, head
+    return DenseWeight.of(embed), DenseWeight.of(head)
 
 
 def _context(drafter, ctx_len: int, total: int, seed: int = 5):
@@ -57,10 +61,11 @@ def _context(drafter, ctx_len: int, total: int, seed: int = 5):
     gen = torch.Generator().manual_seed(seed)
     feats = torch.randn(1, ctx_len, len(drafter.cfg.target_layer_ids) * 32, generator=gen)
     cache = drafter.new_cache(1, total)
-    cache.k.copy_(torch.randn(cache.k.shape, generator=gen) * 10)
-    cache.v.copy_(torch.randn(cache.v.shape, generator=gen) * 10)
+    for state in cache.layers:
+        state.k.copy_(torch.randn(state.k.shape, generator=gen) * 10)
+        state.v.copy_(torch.randn(state.v.shape, generator=gen) * 10)
     pos = torch.arange(ctx_len)[None]
-    drafter.write_context(feats, pos, pos, cache)
+    drafter.write_context(feats, pos, pos, cache, PLAN)
     return feats, cache
 
 
@@ -68,7 +73,7 @@ def _draft(drafter, embed, ctx_len: int = 9, anchor: int = 7, total: int = 32):
     feats, cache = _context(drafter, ctx_len, total)
     bk = drafter.cfg.block_size
     block = torch.tensor([[anchor] + [drafter.cfg.mask_token_id] * (bk - 1)])
-    return feats, block, drafter.draft_block(embed, block, torch.tensor([ctx_len]), cache)
+    return feats, block, drafter.draft_block(embed, block, torch.tensor([ctx_len]), cache, PLAN)
 
 
 # ----- (a) config round-trip ----------------------------------------------------------------------------
@@ -107,7 +112,7 @@ def test_save_load_round_trip(variant, tmp_path: Path):
     _, _, h2 = _draft(loaded, embed)
     assert torch.equal(h1, h2)
     anchor = torch.tensor([7])
-    l1, l2 = drafter.lattice(h1, head, anchor, 8), loaded.lattice(h2, head, anchor, 8)
+    l1, l2 = drafter.lattice(h1, head, anchor, 8, PLAN), loaded.lattice(h2, head, anchor, 8, PLAN)
     assert torch.equal(l1.tokens, l2.tokens) and torch.equal(l1.logp, l2.logp)
     if cfg.selector_rank:
         assert torch.equal(l1.edges, l2.edges)
@@ -133,7 +138,7 @@ def test_load_dflash2_codebook_names(tmp_path: Path):
     embed, head = _head()
     _, _, h = _draft(loaded, embed)
     anchor = torch.tensor([3])
-    assert torch.equal(loaded.lattice(h, head, anchor, 4).edges, drafter.lattice(h, head, anchor, 4).edges)
+    assert torch.equal(loaded.lattice(h, head, anchor, 4, PLAN).edges, drafter.lattice(h, head, anchor, 4, PLAN).edges)
 
 
 # ----- (c) draft_block against a straightforward re-implementation ----------------------------------------
@@ -176,7 +181,7 @@ def _reference_draft(drafter, embed, feats, block, ctx_len):
     ctx = _rms(feats[0] @ drafter.fc.weight.t(), drafter.hidden_norm, eps)  # [C, H]
     ctx_pos = torch.arange(ctx_len)
     blk_pos = torch.arange(ctx_len, ctx_len + bk)
-    x = embed[block[0]] * cfg.input_embedding_scale  # [Bk, H]
+    x = embed.weight[block[0]] * cfg.input_embedding_scale  # [Bk, H]
     for layer in drafter.layers:
         a = layer.attn
         wq, wk, wv = a.wqkv.weight.split([lc.q_dim, lc.kv_dim, lc.kv_dim], 0)
@@ -215,7 +220,7 @@ def test_draft_block_matches_reference(block_size, layers, ctx_len, kv_heads):
     assert (hidden - ref).abs().max().item() <= 1e-5
     # The context matters: other features give other drafts.
     _, cache = _context(drafter, ctx_len, ctx_len + block_size + 6, seed=99)
-    other = drafter.draft_block(embed, block, torch.tensor([ctx_len]), cache)
+    other = drafter.draft_block(embed, block, torch.tensor([ctx_len]), cache, PLAN)
     assert (other - hidden).abs().max().item() > 1e-3
 
 
@@ -244,7 +249,7 @@ def _lattice(variant: str, seed: int, block_size: int = 6, anchor: int = 7, top_
     hidden = torch.randn(2, block_size, 32, generator=gen)
     _, head = _head(seed)
     a = torch.tensor([anchor, (anchor * 5 + 1) % VOCAB])
-    return drafter, hidden, head, drafter.lattice(hidden, head, a, top_k)
+    return drafter, hidden, head, drafter.lattice(hidden, head, a, top_k, PLAN)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -303,7 +308,7 @@ def test_greedy_chain_follows_the_parent():
 def test_greedy_chain_without_selector_is_argmax(seed):
     drafter, hidden, head, lat = _lattice("plain", seed)
     assert lat.edges is None
-    logits = drafter.draft_logits(hidden[:, 1:], head)
+    logits = drafter.draft_logits(hidden[:, 1:], head, PLAN)
     assert torch.equal(lat.greedy_chain(), logits.argmax(-1))
     assert lat.tokens.shape[-1] == 5  # the caller's top_k
     assert torch.allclose(lat.edge_logp()[:, :, 0], lat.logp)
@@ -324,14 +329,14 @@ def test_lattice_invariants(variant, seed, scale, top_k, batch, anchor):
     drafter = _DRAFTERS[variant]
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(batch, 5, 32, generator=gen) * scale
-    head = torch.randn(VOCAB, 32, generator=gen)
-    lat = drafter.lattice(hidden, head, torch.full((batch,), anchor), top_k)
+    head = DenseWeight.of(torch.randn(VOCAB, 32, generator=gen))
+    lat = drafter.lattice(hidden, head, torch.full((batch,), anchor), top_k, PLAN)
     k = 4 if drafter.selector is not None else top_k
     assert lat.tokens.shape == lat.unary.shape == lat.logp.shape == (batch, 4, k)
     assert bool((lat.unary[..., :-1] >= lat.unary[..., 1:]).all())  # best unary first
     assert bool((lat.logp <= 1e-4).all())
     assert bool(lat.logp.exp().sum(-1).le(1 + 1e-4).all())  # marginals of the top K
-    logits = drafter.draft_logits(hidden[:, 1:], head)
+    logits = drafter.draft_logits(hidden[:, 1:], head, PLAN)
     assert torch.equal(lat.unary, logits.gather(-1, lat.tokens))
     assert lat.tokens.max() < VOCAB and lat.tokens.min() >= 0
     for row in lat.tokens.flatten(0, 1).tolist():

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specpilot.config import parse_system
 from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.models.loading import load_drafter, load_target, save_drafter, save_target
 from specpilot.runtime.engine import Engine
-from specpilot.config import parse_system
 
 VOCAB = 64
 
@@ -160,9 +160,8 @@ def engine(checkpoint) -> Engine:
     return Engine(target, drafter, context=48)
 
 
-@pytest.mark.parametrize("system", ["ar", "stock"])
-def test_request_errors(engine, system):
-    s = parse_system(system)
+@pytest.mark.parametrize("s", ["ar", "stock"])
+def test_request_errors(engine, s):
     _raises(lambda: engine.generate([], 4, (), s), "empty prompt")
     for n in (0, -3):
         _raises(lambda n=n: engine.generate([1, 2], n, (), s), "max_new_tokens", str(n))
@@ -176,13 +175,14 @@ def test_request_errors(engine, system):
 
 def test_stock_needs_a_drafter(engine):
     ar_only = Engine(engine.target, None, context=48)
-    _raises(lambda: ar_only.generate([1, 2], 4, (), parse_system("stock")), "stock", "drafter")
+    _raises(lambda: ar_only.generate([1, 2], 4, (), "stock"), "stock", "drafter")
 
 
 @pytest.mark.parametrize("block_size", [1, 5, 100])
 def test_engine_block_size_out_of_range(engine, block_size):
-    _raises(lambda: Engine(engine.target, engine.drafter, context=48, block_size=block_size), "block_size",
-            str(block_size))
+    system = parse_system(f"stock:block_size={block_size}")
+    _raises(lambda: Engine(engine.target, engine.drafter, system, context=48), "block_size", str(block_size))
+    _raises(lambda: Engine(engine.target, None, system, context=48), "stock", "drafter")
 
 
 # ----- systems -------------------------------------------------------------------------------------------

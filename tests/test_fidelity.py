@@ -5,10 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specpilot.bench.fidelity import forced_agreement, forced_argmax, free_running
+from specpilot.config import parse_system
 from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.models.twin import widen_target
 from specpilot.runtime.engine import Engine
-from specpilot.config import parse_system
 from tests.conftest import prompts
 
 AR = parse_system("ar")
@@ -22,7 +22,7 @@ def test_free_running_counts_equal_tokens_and_first_divergence():
 
 def _greedy(target, batch):
     engine = Engine(target, None, context=96)
-    return [engine.generate(p, 24, (), AR).tokens for p in batch]
+    return [engine.generate(p, 24, (), "ar").tokens for p in batch]
 
 
 def test_forced_argmax_reproduces_the_models_own_greedy_output():

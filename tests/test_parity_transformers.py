@@ -160,8 +160,9 @@ def test_verify_after_prefix(pair):
     seq = tokens.shape[1]
     prefix, n = seq - 9, 7
     cache = ours.new_cache(1, seq + 4)  # longer than used: the slots past the rows must stay invisible
-    cache.k.normal_()
-    cache.v.normal_()  # garbage in unused slots
+    for state in cache.layers:  # garbage in unused slots
+        state.k.normal_()
+        state.v.normal_()
     ours(tokens[:, :prefix], torch.arange(prefix)[None], cache, Mode.PREFILL)
     logits, _ = _verify(ours, tokens[:, prefix : prefix + n], prefix, cache)
     assert _maxdiff(logits, out.logits[:, prefix : prefix + n]) <= TOL

@@ -6,11 +6,10 @@ import torch
 from specpilot.bench.datasets import load_requests
 from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, tiny_drafter_config
-from specpilot.models.smollm2 import fetch_smollm2
 from specpilot.models.loading import load_target
+from specpilot.models.smollm2 import fetch_smollm2
 from specpilot.models.tokenizer import HFTokenizer
 from specpilot.runtime.engine import Engine
-from specpilot.config import parse_system
 from tests.test_lossless import OracleEngine
 
 
@@ -32,8 +31,8 @@ def test_stock_equals_ar_on_smollm2(smol):
     target, drafter, tok, prompts = smol
     engine = Engine(target, drafter, context=512)
     for prompt in prompts:
-        ar = engine.generate(prompt, 24, tok.eos_ids, parse_system("ar"))
-        stock = engine.generate(prompt, 24, tok.eos_ids, parse_system("stock"))
+        ar = engine.generate(prompt, 24, tok.eos_ids, "ar")
+        stock = engine.generate(prompt, 24, tok.eos_ids, "stock")
         assert stock.tokens == ar.tokens
         assert len(tok.decode(ar.tokens).split()) >= 3  # a real model writes words
 
@@ -41,9 +40,9 @@ def test_stock_equals_ar_on_smollm2(smol):
 def test_oracle_drafts_on_smollm2_stay_lossless(smol):
     """Drafts that are mostly right (so whole and partial blocks are accepted) on a real model."""
     target, drafter, tok, prompts = smol
-    ar = Engine(target, None, context=512).generate(prompts[0], 32, (), parse_system("ar")).tokens
+    ar = Engine(target, None, context=512).generate(prompts[0], 32, (), "ar").tokens
     engine = OracleEngine(target, drafter, context=512, sequence=prompts[0] + ar, corrupt_seed=1)
-    gen = engine.generate(prompts[0], 32, (), parse_system("stock"))
+    gen = engine.generate(prompts[0], 32, (), "stock")
     assert gen.tokens == ar
     assert max(gen.accepted) == 8 and min(gen.accepted) < 8
 
@@ -59,8 +58,8 @@ def test_committed_drafter_through_the_preset(smol):
     assert drafter.cfg.block_size == 16 and target.cfg.vocab_size == drafter.cfg.layer.vocab_size
     engine = Engine(target, drafter, context=512)
     prompt = tok.chat_prompt([{"role": "user", "content": "What is 12 times 7? Explain step by step."}])
-    ar = engine.generate(prompt, 48, tok.eos_ids, parse_system("ar"))
-    stock = engine.generate(prompt, 48, tok.eos_ids, parse_system("stock"))
+    ar = engine.generate(prompt, 48, tok.eos_ids, "ar")
+    stock = engine.generate(prompt, 48, tok.eos_ids, "stock")
     assert stock.tokens == ar.tokens
     assert max(stock.accepted) >= 3 and len(stock.accepted) < len(ar.tokens) - 1
 

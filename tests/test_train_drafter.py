@@ -7,10 +7,13 @@ import pytest
 import torch
 
 from specpilot.bench.datasets import DATASETS, UserError, load_requests
+from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
+from specpilot.models.loading import load_drafter, save_drafter
+from specpilot.runtime.engine import Engine
 from specpilot.training.corpus import distill_prompts
 from specpilot.training.distill import Dataset, greedy_batch, target_features
-from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
 from specpilot.training.train_drafter import (
+    NAIVE,
     TrainConfig,
     block_batch,
     draft_hidden,
@@ -18,13 +21,7 @@ from specpilot.training.train_drafter import (
     evaluate,
     train,
 )
-from specpilot.kernels.dispatch import kernels_forced
-from specpilot.models.loading import load_drafter, save_drafter
-from specpilot.runtime.engine import Engine
-from specpilot.config import parse_system
 from tests.conftest import prompts
-
-AR, STOCK = parse_system("ar"), parse_system("stock")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +34,7 @@ def test_greedy_batch_equals_single_request_ar(target):
     answers = greedy_batch(target, batch, 20, ())
     engine = Engine(target, None, context=64)
     for prompt, answer in zip(batch, answers, strict=True):
-        assert answer == engine.generate(prompt, 20, (), AR).tokens
+        assert answer == engine.generate(prompt, 20, (), "ar").tokens
 
 
 def test_greedy_batch_stops_rows_at_their_stop_token(target):
@@ -55,7 +52,7 @@ def test_training_fits_its_data(looping_target, trained):
     this size), so the check is that optimisation works: the drafter then drafts its training data."""
     drafter, metrics, _, tc, train_ds = trained
     assert metrics["ce_end"] < 0.2 * metrics["ce_start"], metrics  # it starts near log(vocab)
-    fit = evaluate(drafter, looping_target.embed.weight, looping_target.head_weight, train_ds, tc.block_size,
+    fit = evaluate(drafter, looping_target.embed, looping_target.head, train_ds, tc.block_size,
                    drafter.cfg.mask_token_id)
     assert fit["tau"] > 3.0 and fit["tau"] <= fit["oracle_tau_top_k"] <= tc.block_size, fit
 
@@ -66,11 +63,14 @@ class RecordingEngine(Engine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.drafted = []
+        proposer, own = self.spec.proposer, self.spec.proposer.drafts
 
-    def _draft_chain(self, start):
-        drafts = super()._draft_chain(start)
-        self.drafted.append((int(start), drafts.tolist()))
-        return drafts
+        def drafts(anchor, start, cache):
+            out = own(anchor, start, cache)
+            self.drafted.append((int(start), out[0].tolist()))
+            return out
+
+        proposer.drafts = drafts
 
 
 def test_training_path_drafts_what_the_engine_drafts(target):
@@ -81,7 +81,7 @@ def test_training_path_drafts_what_the_engine_drafts(target):
     engine = RecordingEngine(target, drafter, context=96)
     taps = tuple(drafter.cfg.target_layer_ids)
     for prompt in prompts(3, seed=4):
-        gen = engine.generate(prompt, 30, (), STOCK)
+        gen = engine.generate(prompt, 30, (), "stock")
         sequence = prompt + gen.tokens
         feats = target_features(target, [sequence], taps)[0]
         ds = Dataset([sequence], [len(prompt)], [feats])
@@ -92,9 +92,9 @@ def test_training_path_drafts_what_the_engine_drafts(target):
 
 def offline_chain(drafter, target, ds, anchor, tc):
     feats, tokens, anchors, _ = block_batch(ds, [(0, [anchor])], tc.block_size, drafter.cfg.mask_token_id, "cpu")
-    with torch.no_grad(), kernels_forced("naive"):
-        hidden = draft_hidden(drafter, target.embed.weight, feats, tokens, anchors, 1)
-    return drafter.lattice(hidden, target.head_weight, tokens[:, 0], top_k=16).greedy_chain()[0].tolist()
+    with torch.no_grad():
+        hidden = draft_hidden(drafter, target.embed, feats, tokens, anchors, 1)
+    return drafter.lattice(hidden, target.head, tokens[:, 0], 16, NAIVE).greedy_chain()[0].tolist()
 
 
 def test_saved_drafter_reloads_identically(tmp_path, looping_target, trained):
@@ -104,8 +104,8 @@ def test_saved_drafter_reloads_identically(tmp_path, looping_target, trained):
     again = load_drafter(tmp_path / "d")
     assert (tmp_path / "d" / "training.json").is_file()
     assert len(list((tmp_path / "d").glob("model-*.safetensors"))) > 1  # sharded, and still loads
-    a = evaluate(drafter, target.embed.weight, target.head_weight, eval_ds, tc.block_size, drafter.cfg.mask_token_id)
-    b = evaluate(again, target.embed.weight, target.head_weight, eval_ds, tc.block_size, again.cfg.mask_token_id)
+    a = evaluate(drafter, target.embed, target.head, eval_ds, tc.block_size, drafter.cfg.mask_token_id)
+    b = evaluate(again, target.embed, target.head, eval_ds, tc.block_size, again.cfg.mask_token_id)
     assert a == b
 
 

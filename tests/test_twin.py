@@ -4,10 +4,9 @@ import pytest
 import torch
 
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
-from specpilot.models.twin import widen_drafter, widen_target
 from specpilot.models.dense import Mode
+from specpilot.models.twin import widen_drafter, widen_target
 from specpilot.runtime.engine import Engine
-from specpilot.config import parse_system
 from tests.conftest import prompts
 
 CASES = {
@@ -62,8 +61,8 @@ def test_widened_pair_drafts_and_decodes_like_the_small_pair(extra):
     twin_t, twin_d = widen_target(small_t, r), widen_drafter(small_d, r)
     for prompt in prompts(3, seed=5):
         prompt = [t % 200 for t in prompt]
-        a = Engine(small_t, small_d, context=80).generate(prompt, 30, (), parse_system("stock"))
-        b = Engine(twin_t, twin_d, context=80).generate(prompt, 30, (), parse_system("stock"))
+        a = Engine(small_t, small_d, context=80).generate(prompt, 30, (), "stock")
+        b = Engine(twin_t, twin_d, context=80).generate(prompt, 30, (), "stock")
         assert a.tokens == b.tokens and a.accepted == b.accepted
 
 
@@ -73,8 +72,8 @@ def test_widened_drafter_lattice_matches(trained, looping_target):
     r = 2
     twin_t, twin_d = widen_target(looping_target, r), widen_drafter(drafter, r)
     for prompt in prompts(3, seed=2):
-        a = Engine(looping_target, drafter, context=80).generate(prompt, 30, (), parse_system("stock"))
-        b = Engine(twin_t, twin_d, context=80).generate(prompt, 30, (), parse_system("stock"))
+        a = Engine(looping_target, drafter, context=80).generate(prompt, 30, (), "stock")
+        b = Engine(twin_t, twin_d, context=80).generate(prompt, 30, (), "stock")
         assert a.tokens == b.tokens and a.accepted == b.accepted
     assert max(a.accepted) > 1
 
@@ -110,9 +109,9 @@ def test_deployment_twin_section_serves_the_widened_pair(tmp_path):
     small_t, small_d, _ = build_pair(load_deployment(path=tmp_path / "small.toml"))
     assert wide_t.cfg.hidden_size == 64 and wide_d.cfg.layer.hidden_size == 64
     prompt = [5, 9, 33, 2, 71]
-    ar = Engine(small_t, None, context=128).generate(prompt, 24, (), parse_system("ar")).tokens
-    small = Engine(small_t, small_d, context=128).generate(prompt, 24, (), parse_system("stock"))
-    wide = Engine(wide_t, wide_d, context=128).generate(prompt, 24, (), parse_system("stock"))
+    ar = Engine(small_t, None, context=128).generate(prompt, 24, (), "ar").tokens
+    small = Engine(small_t, small_d, context=128).generate(prompt, 24, (), "stock")
+    wide = Engine(wide_t, wide_d, context=128).generate(prompt, 24, (), "stock")
     assert wide.tokens == ar == small.tokens
     assert wide.accepted == small.accepted  # the widened drafter drafts what the small one does
 

@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from specpilot.config import parse_system
 from specpilot.fixtures.random_models import (
     dflash_layer_ids,
     random_drafter,
@@ -38,7 +39,6 @@ from specpilot.models.dense import Mode
 from specpilot.models.layers import use_gemv
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.graphs import StepGraph, median_ms
-from specpilot.config import parse_system
 from specpilot.speculative.visibility import Visibility
 
 AR, STOCK = parse_system("ar"), parse_system("stock")

@@ -30,13 +30,13 @@ import torch
 from bench.gpu.engine_core import bandwidth, step_weight_bytes, verify_ms
 from specpilot.bench.datasets import load_requests
 from specpilot.bench.fidelity import forced_agreement, free_running
-from specpilot.fixtures.random_models import random_target
-from specpilot.models.smollm2 import models_dir
-from specpilot.models.twin import widen_drafter, widen_target
-from specpilot.models.loading import load_drafter, load_target
-from specpilot.models.tokenizer import HFTokenizer
-from specpilot.runtime.engine import Engine
 from specpilot.config import parse_system
+from specpilot.fixtures.random_models import random_target
+from specpilot.models.loading import load_drafter, load_target
+from specpilot.models.smollm2 import models_dir
+from specpilot.models.tokenizer import HFTokenizer
+from specpilot.models.twin import widen_drafter, widen_target
+from specpilot.runtime.engine import Engine
 
 AR, STOCK = parse_system("ar"), parse_system("stock")
 DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mtbench")

@@ -111,6 +111,10 @@ def convert(opt: Option, raw: str) -> Any:
 
 
 def check(opt: Option, value: Any) -> None:
+    """ValueError unless value is of the option's type and within its choices or range."""
+    numeric = opt.kind is float and isinstance(value, int) and not isinstance(value, bool)
+    if not (numeric or (isinstance(value, opt.kind) and (opt.kind is bool) == isinstance(value, bool))):
+        raise ValueError(f"option {opt.name} takes a {opt.kind.__name__}, got {value!r}")
     if opt.choices is not None and value not in opt.choices:
         raise ValueError(f"option {opt.name} must be one of {', '.join(map(str, opt.choices))}, got {value!r}")
     if opt.minimum is not None and value < opt.minimum:
