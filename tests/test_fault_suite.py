@@ -24,7 +24,7 @@ def near_tie_target(dtype):
         return target.to(dtype)
     with torch.no_grad():
         g = torch.Generator().manual_seed(0)
-        head = target.lm_head.weight
+        head = target.lm_head
         head[1::2] = head[0::2] * (1 + 1e-3 * torch.randn(head[0::2].shape, generator=g))
     return target.to(dtype)
 

@@ -14,6 +14,7 @@ Usage (repository root): SPECPILOT_COMMIT=<sha> PYTHONPATH=. python bench/gpu/en
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -25,18 +26,18 @@ import time
 
 import torch
 
+from bench.gpu.shapes import MODELS, drafter_for
 from specpilot.config import parse_system
 from specpilot.fixtures.random_models import (
-    dflash_layer_ids,
     random_drafter,
     random_target,
     tiny_drafter_config,
     tiny_target_config,
 )
-from specpilot.kernels.gemv import choice
-from specpilot.models.config import DenseConfig, DrafterConfig
+from specpilot.kernels.tuning.table import TuningTable
+from specpilot.models.config import DenseConfig
 from specpilot.models.dense import Mode
-from specpilot.models.layers import use_gemv
+from specpilot.results import system_record
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.graphs import StepGraph, median_ms
 from specpilot.speculative.visibility import Visibility
@@ -44,14 +45,6 @@ from specpilot.speculative.visibility import Visibility
 AR, STOCK = parse_system("ar"), parse_system("stock")
 AR_EAGER = parse_system("ar:graphs=false")
 
-MODELS = {
-    "dense-8b": DenseConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                            num_heads=32, num_kv_heads=8, head_dim=128, family="llama", rope_theta=500000.0,
-                            max_position_embeddings=8192),
-    "dense-27b": DenseConfig(vocab_size=151936, hidden_size=5120, intermediate_size=21504, num_layers=64,
-                             num_heads=40, num_kv_heads=8, head_dim=128, family="qwen3", qk_norm=True,
-                             rope_theta=1000000.0, max_position_embeddings=8192),
-}
 WIDTHS = (1, 2, 4, 8, 16, 32, 48, 64)
 CONTEXT = 1024
 PROMPT, NEW = 128, 256
@@ -130,7 +123,7 @@ def step_weight_bytes(target) -> int:
 def decode_ms(eng: Engine, prompt: list[int], runs: int = RUNS) -> tuple:
     """The request (PROMPT tokens in, NEW out) `runs` times: (the first generation, the median ms per decoded
     token, every run's)."""
-    gens = [eng.generate(prompt, NEW, (), AR) for _ in range(runs)]
+    gens = [eng.generate(prompt, NEW) for _ in range(runs)]
     per = [1000 * g.decode_s / g.decode_tokens for g in gens]
     return gens[0], statistics.median(per), per
 
@@ -155,25 +148,15 @@ def check_tiny() -> dict:
     cfg = tiny_target_config()
     t = random_target(cfg, seed=0, device="cuda")
     d = random_drafter(tiny_drafter_config(cfg, block_size=8, selector_rank=16, selector_top_k=8), device="cuda")
-    eng = Engine(t, d, context=256)
-    eager = Engine(t, d, context=256, use_graphs=False)
+    eng = Engine(t, d, STOCK, context=256)
+    eager = Engine(t, d, parse_system("stock:graphs=false"), context=256)
     prompt = list(range(3, 40))
-    ar = eng.generate(prompt, 64, (), AR).tokens
-    st = eng.generate(prompt, 64, (), STOCK).tokens
-    st_eager = eager.generate(prompt, 64, (), STOCK).tokens
+    ar = eng.generate(prompt, 64, (), "ar").tokens
+    st = eng.generate(prompt, 64, (), "stock").tokens
+    st_eager = eager.generate(prompt, 64, (), "stock").tokens
     ok = ar == st == st_eager
     print(f"[check] tiny fp32 cuda: stock==ar {ar == st}, graph==eager {st == st_eager}")
     return {"stock_equals_ar": ar == st, "graph_equals_eager": st == st_eager, "ok": ok}
-
-
-def drafter_for(cfg: DenseConfig) -> DrafterConfig:
-    layer = DenseConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                        num_layers=5, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                        family="qwen3", qk_norm=True, rope_theta=cfg.rope_theta,
-                        max_position_embeddings=cfg.max_position_embeddings)
-    return DrafterConfig(layer=layer, target_layer_ids=dflash_layer_ids(cfg.num_layers, 5), block_size=16,
-                         mask_token_id=cfg.vocab_size - 1, num_target_layers=cfg.num_layers, selector_rank=256,
-                         selector_top_k=16)
 
 
 def verify_ms(target, n: int, context: int = CONTEXT) -> float:
@@ -190,70 +173,58 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
     return timed(capture(step).replay)
 
 
-# (name, environment): the first is the step-tuning run and the headline (the kernels' defaults: PDL on, norms
-# handed over by the projection that writes the stream, loads one loop step ahead); no_ahead: each loop step
-# of the one-row kernels loads its own tiles, the attention its first K/V block after the PDL wait
-# (SPECPILOT_GEMV_AHEAD, same arithmetic); no_handoff: every normed projection recomputes its norm in the
-# weight loop (kernels/gemv.NormedStream).
-GEMV_VARIANTS = (("pdl", {}), ("no_pdl", {"SPECPILOT_PDL": "0"}), ("no_handoff", {"SPECPILOT_NORM_HANDOFF": "0"}),
-                 ("no_ahead", {"SPECPILOT_GEMV_AHEAD": "0"}), ("one_round", {"SPECPILOT_TUNE_ROUNDS": "1"}),
-                 ("no_staged", {"SPECPILOT_GEMV_STAGED": "0"}), ("no_late", {"SPECPILOT_ATTN_LATE": "0"}),
-                 ("neither", {"SPECPILOT_GEMV_STAGED": "0", "SPECPILOT_ATTN_LATE": "0"}),
-                 ("three_rounds", {"SPECPILOT_TUNE_ROUNDS": "3"}), ("early", {"SPECPILOT_GEMV_EARLY": "1"}),
-                 ("tail", {"SPECPILOT_QKV_ATTN": "1"}), ("l2_weights", {"SPECPILOT_L2_HINTS": "weights"}),
-                 ("l2_kv", {"SPECPILOT_L2_HINTS": "weights_kv"}), ("l2_off", {"SPECPILOT_L2_HINTS": "off"}),
-                 ("late_epilogue", {"SPECPILOT_EPILOGUE_EARLY": "0"}), ("no_cluster", {"SPECPILOT_ATTN_CLUSTER": "0"}),
-                 ("no_start", {"SPECPILOT_TUNE_START": "0"}), ("lookahead_2", {"SPECPILOT_LOOKAHEAD": "2"}))
+# (name, options on top of `ar:gemv=true`): the first is the step-tuning run and the headline (the kernels'
+# defaults: PDL on, norms handed over by the projection that writes the stream, loads one loop step ahead);
+# no_ahead: each loop step of the one-row kernels loads its own tiles, the attention its first K/V block after
+# the PDL wait (same arithmetic); no_handoff: every normed projection recomputes its norm in the weight loop
+# (kernels/gemv.NormedStream).
+GEMV_VARIANTS = (("pdl", ""), ("no_pdl", "pdl=off"), ("no_handoff", "handoff=false"), ("no_ahead", "ahead=false"),
+                 ("one_round", "tune_rounds=1"), ("no_staged", "staged=false"), ("no_late", "attn_late=false"),
+                 ("neither", "staged=false,attn_late=false"), ("three_rounds", "tune_rounds=3"),
+                 ("l2_kv", "l2=weights_kv"), ("l2_off", "l2=off"), ("late_epilogue", "epilogue_early=false"),
+                 ("no_cluster", "cluster=false"), ("no_start", "tune_start=false"), ("lookahead_2", "lookahead=2"))
 # Loading ahead changes which tiles are fastest (registers, loads in flight): no_ahead gets configs tuned for it,
 # one_round configs from a one-round step tuning, no_staged / no_late / neither configs tuned without the
-# shared-memory ring / the attention's late release / both, three_rounds from a three-round step tuning, early
-# configs tuned with the kernels' early release of their successors offered, tail configs tuned with the
-# attention at q/k/v's tail offered, l2_* configs tuned with those L2 hints (kernels/gemv.l2_hints), no_cluster
-# configs tuned without the cluster attention (kernels/attention/cluster.py; every other variant keeps the
-# headline's), no_start configs tuned from the autotuner's fallbacks, not from kernels/gemv/starts.py's table;
-# lookahead_2 keeps the headline's configs, the host two steps ahead of the one it reads (runtime/graphs.Lookahead).
-RETUNED = ("no_ahead", "one_round", "no_staged", "no_late", "neither", "three_rounds", "early", "tail", "l2_weights",
-           "l2_kv", "l2_off", "no_cluster", "no_start")
-_GEMV_ENV = ("SPECPILOT_PDL", "SPECPILOT_NORM_HANDOFF", "SPECPILOT_GEMV_AHEAD", "SPECPILOT_TUNE_ROUNDS",
-             "SPECPILOT_GEMV_STAGED", "SPECPILOT_ATTN_LATE", "SPECPILOT_GEMV_EARLY", "SPECPILOT_QKV_ATTN",
-             "SPECPILOT_L2_HINTS", "SPECPILOT_EPILOGUE_EARLY", "SPECPILOT_ATTN_CLUSTER", "SPECPILOT_TUNE_START",
-             "SPECPILOT_LOOKAHEAD")
+# shared-memory ring / the attention's late release / both, three_rounds from a three-round step tuning, l2_*
+# configs tuned with those L2 hints, no_cluster configs tuned without the cluster attention, no_start configs
+# tuned from the autotuner's fallbacks, not from kernels/tuning/starts.py's table. Every other variant starts
+# from a copy of the headline's table (keys it adds are tuned); lookahead_2 keeps the headline's configs, the
+# host two steps ahead of the one it reads (runtime/graphs.Lookahead).
+RETUNED = ("no_ahead", "one_round", "no_staged", "no_late", "neither", "three_rounds", "l2_kv", "l2_off",
+           "no_cluster", "no_start")
+
+
+def variant_system(options: str):
+    return parse_system("ar:gemv=true" + (f",{options}" if options else ""))
 
 
 def gemv_ar(target, prompt: list[int], reference: list[int], floor_ms: float, variants=GEMV_VARIANTS) -> dict:
     """AR with the few-row projections through the Triton GEMV, in each of GEMV_VARIANTS. The one-row
     kernels' configs (and the attention's split count) are chosen by timing the captured step in the
-    first variant's warm-up; a later variant keeps them and tunes only kernels it adds (no_handoff's
-    in-loop norms), except the RETUNED ones, tuned afresh. PDL and loading ahead change when kernels run
-    and load, never what they compute (equal tokens under equal configs); without the norm hand-over the
-    squares sum in another order and h * g is not rounded (tokens may differ after a near-tie)."""
+    first variant's warm-up; a later variant starts from a copy of them and tunes only kernels it adds
+    (no_handoff's in-loop norms), except the RETUNED ones, tuned afresh. PDL and loading ahead change when
+    kernels run and load, never what they compute (equal tokens under equal configs); without the norm
+    hand-over the squares sum in another order and h * g is not rounded (tokens may differ after a near-tie)."""
     out, tokens = {}, {}
-    choice.forget()
-    saved = {k: os.environ.get(k) for k in _GEMV_ENV}
-    try:
-        for name, env in variants:
-            for k in _GEMV_ENV:
-                os.environ.pop(k, None)
-            os.environ.update(env)
-            if name in RETUNED:
-                choice.forget()
-            eng = Engine(target, None, context=CONTEXT, gemv=True)
-            t0 = time.perf_counter()
-            eng.warmup(AR)
-            warm_s = time.perf_counter() - t0
-            gen, ms, runs = decode_ms(eng, prompt)
-            out[name] = {"env": env, "ar_ms_per_token": ms, "ar_ms_per_token_runs": runs,
-                         "pct_of_floor_copy_bw": 100 * floor_ms / ms, **replays(eng), "warmup_s": warm_s}
-            if eng.gemv_tuning and "note" not in eng.gemv_tuning:
-                out[name]["configs_chosen_in_the_step"] = eng.gemv_tuning
-            tokens[name] = gen.tokens
-            del eng
-            gc.collect()
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None)
-            if v is not None:
-                os.environ[k] = v
+    headline = None
+    for name, options in variants:
+        system = variant_system(options)
+        plan = system.plan()
+        if headline is not None and name not in RETUNED:
+            plan = dataclasses.replace(plan, table=TuningTable(headline.chosen))
+        eng = Engine(target, None, system, context=CONTEXT, plan=plan)
+        t0 = time.perf_counter()
+        eng.warmup()
+        warm_s = time.perf_counter() - t0
+        headline = headline or eng.plan.table
+        gen, ms, runs = decode_ms(eng, prompt)
+        out[name] = {"system": system_record(eng), "ar_ms_per_token": ms, "ar_ms_per_token_runs": runs,
+                     "pct_of_floor_copy_bw": 100 * floor_ms / ms, **replays(eng), "warmup_s": warm_s}
+        if eng.tuning and "note" not in eng.tuning:
+            out[name]["configs_chosen_in_the_step"] = eng.tuning
+        tokens[name] = gen.tokens
+        del eng
+        gc.collect()
     default = variants[0][0]  # the headline is the default variant, not the fastest
     first = tokens[default]
     same = next((i for i, (a, b) in enumerate(zip(first, reference, strict=False)) if a != b), len(reference))
@@ -304,10 +275,10 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str], variants
     print(f"[{name}] {params / 1e9:.2f}B params, {wbytes / 1e9:.2f} GB read per step, built in "
           f"{time.perf_counter() - t0:.1f}s")
     prompt = torch.randint(0, cfg.vocab_size - 1, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
-    ar = Engine(target, None, context=CONTEXT)
-    ar.warmup(AR)
+    ar = Engine(target, None, AR, context=CONTEXT)
+    ar.warmup()
     gen, ar_ms, ar_runs = decode_ms(ar, prompt)
-    eager = Engine(target, None, context=CONTEXT, use_graphs=False).generate(prompt, 32, (), AR_EAGER)
+    eager = Engine(target, None, AR_EAGER, context=CONTEXT).generate(prompt, 32)
     same = eager.tokens == gen.tokens[:32]
     rep = replays(ar)
     replay_ms = rep["ar_graph_replay_ms"]
@@ -339,7 +310,6 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str], variants
                       f"{r['same_tokens_as_headline']}")
             print(f"[{name}] PDL on / off give the same tokens: {g['pdl_variants_same_tokens']}; same tokens as "
                   f"cuBLAS AR for {g['tokens_equal_to_cublas_ar_before_first_divergence']}")
-    use_gemv(target, False)  # the parts below time the default path; a gemv engine leaves the model switched
     if "ceiling" in parts:
         c = out["projections_only"] = projections_only(target, bw)
         print(f"[{name}] projections alone in one graph: F.linear {c['linear']['tb_s']:.2f} TB/s "
@@ -359,9 +329,9 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str], variants
 def stock_step(target, cfg: DenseConfig, prompt: list[int], reference: list[int], ar_ms: float, name: str) -> dict:
     dcfg = drafter_for(cfg)
     drafter = random_drafter(dcfg, seed=1, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
-    spec = Engine(target, drafter, context=CONTEXT)
-    spec.warmup(STOCK)
-    sgen = spec.generate(prompt, NEW, (), STOCK)
+    spec = Engine(target, drafter, STOCK, context=CONTEXT)
+    spec.warmup()
+    sgen = spec.generate(prompt, NEW)
     step_ms = 1000 * sgen.decode_s / len(sgen.accepted)
     print(f"[{name}] stock step (block 16, 5-layer drafter) {step_ms:.3f} ms = {step_ms / ar_ms:.2f} x AR step; "
           f"mismatch vs AR {sum(a != b for a, b in zip(sgen.tokens, reference, strict=False))}/{len(reference)}")
@@ -375,9 +345,8 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--parts", default="gemv,verify,stock,ceiling", help="what to time beside AR")
     ap.add_argument("--gemv-variants", default="pdl,no_pdl,no_handoff,no_ahead,one_round",
-                    help="which of GEMV_VARIANTS the gemv part runs (the first, pdl, always; also no_staged, "
-                         "no_late, neither, three_rounds, early, tail, l2_weights, l2_kv, l2_off, late_epilogue, "
-                         "no_cluster, no_start, lookahead_2)")
+                    help="which of GEMV_VARIANTS the gemv part runs (the first, pdl, always; also "
+                         + ", ".join(n for n, _ in GEMV_VARIANTS[5:]) + ")")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     report = provenance(" ".join(["PYTHONPATH=. python3 bench/gpu/engine_core.py", *sys.argv[1:]]))

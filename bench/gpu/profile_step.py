@@ -15,10 +15,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.gpu.engine_core import CONTEXT, MODELS
+from specpilot.config import KernelPlan
 from specpilot.fixtures.random_models import random_target
-from specpilot.kernels.gemv import choice
+from specpilot.kernels.tuning.descent import tune_step
+from specpilot.kernels.tuning.starts import start_for
 from specpilot.models.dense import Mode
-from specpilot.models.layers import use_gemv
 from specpilot.runtime.graphs import replay_ms
 from specpilot.speculative.visibility import Visibility
 
@@ -31,7 +32,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = MODELS[args.model]
     target = random_target(cfg, seed=0, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
-    use_gemv(target, args.gemv)
+    plan = KernelPlan.stock(gemv=args.gemv)
     cache = target.new_cache(1, CONTEXT)
     start = torch.tensor([512], device="cuda")
     n = args.rows
@@ -40,13 +41,13 @@ def main() -> None:
     vis = Visibility(cache_len=start, start=start)
 
     def step():
-        target(tokens, positions, cache, Mode.VERIFY, slots=positions, vis=vis)
+        target(tokens, positions, cache, Mode.VERIFY, plan, slots=positions, vis=vis)
 
     with torch.inference_mode():
         for _ in range(3):
             step()
         if args.gemv:  # the configs the engine would run: chosen by timing the captured step
-            choice.tune_step(step, lambda s: replay_ms(s, lambda: None))
+            tune_step(step, lambda s: replay_ms(s, lambda: None), plan, start=start_for(torch.cuda.get_device_name()))
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):

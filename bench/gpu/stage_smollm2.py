@@ -77,10 +77,12 @@ def assemble() -> None:
         raise SystemExit("assembled GGUF does not match its sha256: a part is stale or truncated")
     install_gguf()
     os.environ.setdefault("SPECPILOT_MODELS", ".models")
+    from specpilot.models import smollm2
     from specpilot.models.gguf import convert_gguf
 
     convert_gguf(gguf, out)
-    (out / ".complete").write_text(want + "\n")
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file() and p.name != smollm2.MARKER}
+    smollm2._write_marker(out, {"gguf_sha256": want, "files": files})
     print(f"converted {gguf} -> {out}")
 
 

@@ -49,9 +49,9 @@ def first_turn_prompts(tok, limit: int) -> tuple[list[str], list[list[int]]]:
     return [d for d, _ in pairs], [p for _, p in pairs]
 
 
-def run(engine: Engine, prompts, max_new: int, system, eos) -> list:
-    engine.warmup(system)
-    return [engine.generate(p, max_new, eos, system) for p in prompts]
+def run(engine: Engine, prompts, max_new: int, eos) -> list:
+    engine.warmup()
+    return [engine.generate(p, max_new, eos) for p in prompts]
 
 
 def tau(gens) -> float:
@@ -123,8 +123,8 @@ def fp32_fidelity(report: dict, args) -> None:
     small = load_target(folder, torch.float32, args.device, rope_length=args.context + 1)
     outputs = {}
     for name, model in (("small", small), ("twin", widen_target(small, args.width, args.depth))):
-        outputs[name] = [g.tokens for g in run(Engine(model, None, context=args.context), prompts,
-                                               args.fp32_tokens, AR, tok.eos_ids)]
+        outputs[name] = [g.tokens for g in run(Engine(model, None, AR, context=args.context), prompts,
+                                               args.fp32_tokens, tok.eos_ids)]
         del model
     fid = free_running(outputs["small"], outputs["twin"])
     report["fidelity_fp32"] = {**fid, "max_new_tokens": args.fp32_tokens}
@@ -144,7 +144,7 @@ def fidelity(report: dict, args):
     names, prompts = first_turn_prompts(tok, args.limit)
 
     def gens(target, drafter, system):
-        return run(Engine(target, drafter, context=ctx), prompts, args.max_new, system, tok.eos_ids)
+        return run(Engine(target, drafter, system, context=ctx), prompts, args.max_new, tok.eos_ids)
 
     small_ar, small_st = gens(small_t, None, AR), gens(small_t, small_d, STOCK)
     twin_ar, twin_st = gens(twin_t, None, AR), gens(twin_t, twin_d, STOCK)

@@ -53,8 +53,8 @@ class DenseTarget(nn.Module):
         self.embed = DenseWeight(cfg.hidden_size, cfg.vocab_size)  # the table [V, H]; rows() is the lookup
         self.layers = nn.ModuleList(LAYERS[kind](cfg) for kind in cfg.kinds)
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
-        if not cfg.tie_word_embeddings:
-            self.lm_head = DenseWeight(cfg.hidden_size, cfg.vocab_size)
+        if not cfg.tie_word_embeddings:  # the checkpoint's tensor (registered here: random init order, names)
+            self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.rope = RopeTable(cfg, rope_length or cfg.max_position_embeddings)
 
     def set_rope_length(self, length: int, device=None) -> None:
@@ -63,7 +63,13 @@ class DenseTarget(nn.Module):
     @property
     def head(self) -> DenseWeight:
         """The LM head's weight object (the embedding's when tied)."""
-        return self.embed if self.cfg.tie_word_embeddings else self.lm_head
+        if self.cfg.tie_word_embeddings:
+            return self.embed
+        view = self.__dict__.get("_head")
+        if view is None or view.weight is not self.lm_head:
+            view = DenseWeight.of(self.lm_head)
+            object.__setattr__(self, "_head", view)  # kept beside the module, not registered in it
+        return view
 
     @property
     def head_weight(self) -> torch.Tensor:

@@ -51,7 +51,7 @@ def _layer_sources(hf: str, ours: str, cfg: DenseConfig) -> dict[str, list[str]]
 def target_sources(cfg: DenseConfig) -> dict[str, list[str]]:
     m = {"embed.weight": ["model.embed_tokens.weight"], "norm": ["model.norm.weight"]}
     if not cfg.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+        m["lm_head"] = ["lm_head.weight"]
     for i in range(cfg.num_layers):
         m.update(_layer_sources(f"model.layers.{i}.", f"layers.{i}.", cfg))
     return m
