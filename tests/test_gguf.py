@@ -566,5 +566,7 @@ def test_smollm2_config(smol):
                     rms_norm_eps=1e-5, rope_theta=100000.0, rope_scaling=None, max_position_embeddings=8192,
                     tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
     assert {k: cfg[k] for k in expected} == expected
-    assert (folder / smollm2.MARKER).read_text().strip() == smollm2.SMOLLM2_GGUF_SHA256
+    marker = json.loads((folder / smollm2.MARKER).read_text())
+    assert marker["gguf_sha256"] == smollm2.SMOLLM2_GGUF_SHA256 and smollm2.is_complete(folder)
+    assert marker["files"]["model.safetensors"] == (folder / "model.safetensors").stat().st_size
     assert path.stat().st_size == smollm2.SMOLLM2_GGUF_SIZE

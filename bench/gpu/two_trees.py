@@ -100,6 +100,23 @@ class Tree:
             chosen = choice._CHOSEN
         return [[repr(k), v] for k, v in chosen.items()]
 
+    def profile(self, name: str, steps: int = 5) -> dict:
+        """{kernel: [launches, microseconds] per step} of `steps` eager AR steps (the CUDA profiler)."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        engine = self.engines[name]
+        with torch.inference_mode():
+            engine.pos.fill_(PROMPT)
+            engine._ar_step()
+            torch.cuda.synchronize()  # the profile is of GPU kernels: a CUDA run only
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    engine._ar_step()
+                torch.cuda.synchronize()
+        return {e.key: [e.count / steps, e.self_device_time_total / steps] for e in prof.key_averages()
+                if e.self_device_time_total > 0}
+
     def generate(self, name: str):
         engine = self.engines[name]
         if self.new:
@@ -132,6 +149,9 @@ def worker(spec: dict) -> None:
         cmd = json.loads(line)
         if cmd.get("quit"):
             break
+        if "profile" in cmd:
+            _reply({"kernels": tree.profile(cmd["profile"])})
+            continue
         gens = [tree.generate(cmd["time"]) for _ in range(cmd["runs"])]
         _reply({"ms_per_token": [1000 * g.decode_s / g.decode_tokens for g in gens],
                 "ms_per_step": [1000 * g.decode_s / len(g.accepted) for g in gens],
@@ -159,6 +179,11 @@ class Worker:
             raise SystemExit("a worker died or timed out (its stderr is above)")
         return json.loads(line)
 
+    def profile(self, name: str) -> dict:
+        self.proc.stdin.write(json.dumps({"profile": name}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["kernels"]
+
     def time(self, name: str, runs: int) -> dict:
         self.proc.stdin.write(json.dumps({"time": name, "runs": runs}) + "\n")
         self.proc.stdin.flush()
@@ -175,7 +200,7 @@ class Worker:
 
 
 def compare_model(model: str, base: Path, here: Path, systems: list[str], rounds: int, runs: int,
-                  device: str) -> dict:
+                  device: str, profiled: list[str]) -> dict:
     t0 = time.perf_counter()
     new = Worker(here, {"model": model, "systems": systems, "device": device})
     old = Worker(base, {"model": model, "systems": systems, "table": new.hello["table"], "device": device})
@@ -189,12 +214,25 @@ def compare_model(model: str, base: Path, here: Path, systems: list[str], rounds
                 order = (("base", old), ("new", new)) if r % 2 == 0 else (("new", new), ("base", old))
                 for side, w in order:
                     times[side][name].append(w.time(name, runs))
+        kernels = {name: {"base": old.profile(name), "new": new.profile(name)} for name in profiled}
     finally:
         new.close()
         old.close()
-    return {"tokens_equal": same, "table": new.hello["table"],
+    for name, k in kernels.items():
+        _print_kernel_diff(model, name, k["base"], k["new"])
+    return {"tokens_equal": same, "table": new.hello["table"], "kernels": kernels,
             "api": {"base": old.hello["api"], "new": new.hello["api"]}, "timings": times,
             "summary": _summary(times, systems)}
+
+
+def _print_kernel_diff(model: str, name: str, base: dict, new: dict) -> None:
+    """The kernels whose launches or time per step differ between the trees (> 2 us), and the totals."""
+    total = {side: sum(v[1] for v in k.values()) for side, k in (("base", base), ("new", new))}
+    print(f"[{model}] {name} kernels per step: base {total['base']:.1f} us, new {total['new']:.1f} us")
+    for key in sorted(set(base) | set(new)):
+        b, n = base.get(key, [0, 0.0]), new.get(key, [0, 0.0])
+        if b[0] != n[0] or abs(b[1] - n[1]) > 2.0:
+            print(f"  {key[:90]:90s} launches {b[0]:g} -> {n[0]:g}, us {b[1]:.1f} -> {n[1]:.1f}")
 
 
 def _summary(times: dict, systems: list[str]) -> dict:
@@ -222,6 +260,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself (model tiny)")
+    ap.add_argument("--profile", default="", help="AR systems whose kernels are profiled in both trees (ar,ar_gemv)")
     args = ap.parse_args()
     import torch
 
@@ -236,7 +275,7 @@ def main() -> None:
     systems = args.systems.split(",")
     for model in args.models.split(","):
         result = compare_model(model, Path(args.base), HERE.parents[2], systems, args.rounds, args.runs,
-                               args.device)
+                               args.device, [p for p in args.profile.split(",") if p])
         result.update(report, gpu_state_after=gpu_state() if cuda else None, model=model, rounds=args.rounds,
                       runs=args.runs)
         path = Path(args.out) / f"two_trees_{model}.json"
