@@ -57,7 +57,10 @@ def test_caches_are_per_layer_states_from_the_config():
     cache = target.new_cache(2, 16)
     assert isinstance(cache, Cache) and len(cache) == 3
     assert all(isinstance(s, AttentionState) and s.k.shape == (2, 2, 16, 16) for s in cache.layers)
-    assert len({s.k.data_ptr() for s in cache.layers}) == 3  # each layer its own tensors
+    assert len({s.k.data_ptr() for s in cache.layers}) == 3  # each layer its own slots
+    assert all(s.k.is_contiguous() for s in cache.layers)
+    apart = target.new_cache(2, 16, stacked=False)  # separate tensors (drafter training's autograd)
+    assert all(s.k._base is None for s in apart.layers) and cache[1].k._base is cache[0].k._base
     view = cache.rows(1, 2)
     view[0].k.fill_(1.0)
     assert bool((cache[0].k[1] == 1).all()) and bool((cache[0].k[0] == 0).all())

@@ -106,6 +106,10 @@ class Tree:
         from torch.profiler import ProfilerActivity, profile
 
         engine = self.engines[name]
+        if not self.new:  # the base tree switches its shared model's kernels in generate(); do as it does
+            from specpilot.models.layers import use_gemv
+
+            use_gemv(self.target, engine.gemv)
         with torch.inference_mode():
             engine.pos.fill_(PROMPT)
             engine._ar_step()
@@ -274,6 +278,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     systems = args.systems.split(",")
     for model in args.models.split(","):
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         result = compare_model(model, Path(args.base), HERE.parents[2], systems, args.rounds, args.runs,
                                args.device, [p for p in args.profile.split(",") if p])
         result.update(report, gpu_state_after=gpu_state() if cuda else None, model=model, rounds=args.rounds,

@@ -16,10 +16,11 @@ class AttentionState:
 
     kind = "attention"
 
-    def __init__(self, batch: int, length: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device):
+    def __init__(self, batch: int, length: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device,
+                 k: torch.Tensor | None = None, v: torch.Tensor | None = None):
         shape = (batch, kv_heads, length, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = k if k is not None else torch.zeros(shape, dtype=dtype, device=device)
+        self.v = v if v is not None else torch.zeros(shape, dtype=dtype, device=device)
 
     @property
     def length(self) -> int:
@@ -56,8 +57,17 @@ class Cache:
 
     @classmethod
     def build(cls, layer_types: list[str], batch: int, length: int, kv_heads: int, head_dim: int,
-              dtype: torch.dtype, device) -> Cache:
-        return cls([STATES[kind](batch, length, kv_heads, head_dim, dtype, device) for kind in layer_types])
+              dtype: torch.dtype, device, stacked: bool = True) -> Cache:
+        """stacked: the attention layers' K (and V) are views of one tensor [layers, B, Hkv, L, D], the layout the
+        engine had before its cache was per layer (on the H200 8B, separate tensors made the cuBLAS AR step 1.9%
+        slower: bench/results/2026-12-02_two_trees_dense-8b_*); separate tensors where autograd must see each
+        layer's writes apart (drafter training)."""
+        if not stacked or set(layer_types) != {"attention"}:
+            return cls([STATES[kind](batch, length, kv_heads, head_dim, dtype, device) for kind in layer_types])
+        shape = (len(layer_types), batch, kv_heads, length, head_dim)
+        k, v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+        return cls([AttentionState(batch, length, kv_heads, head_dim, dtype, device, k[i], v[i])
+                    for i in range(len(layer_types))])
 
     def __getitem__(self, i: int):
         return self.layers[i]

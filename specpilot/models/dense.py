@@ -79,10 +79,10 @@ class DenseTarget(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
-    def new_cache(self, batch: int, length: int, dtype=None, device=None) -> Cache:
+    def new_cache(self, batch: int, length: int, dtype=None, device=None, stacked: bool = True) -> Cache:
         cfg = self.cfg
         return Cache.build(cfg.kinds, batch, length, cfg.num_kv_heads, cfg.head_dim,
-                           dtype or self.embed.weight.dtype, device or self.device)
+                           dtype or self.embed.weight.dtype, device or self.device, stacked)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Cache, mode: Mode,
                 plan: KernelPlan | None = None, slots: torch.Tensor | None = None, vis: Visibility | None = None,

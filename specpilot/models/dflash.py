@@ -120,10 +120,10 @@ class DFlashDrafter(nn.Module):
     def set_rope_length(self, length: int, device=None) -> None:
         self.rope.resize(length, device=device)
 
-    def new_cache(self, batch: int, length: int, dtype=None, device=None) -> Cache:
+    def new_cache(self, batch: int, length: int, dtype=None, device=None, stacked: bool = True) -> Cache:
         lc = self.cfg.layer
         return Cache.build(lc.kinds, batch, length, lc.num_kv_heads, lc.head_dim, dtype or self.fc.weight.dtype,
-                           device or self.fc.weight.device)
+                           device or self.fc.weight.device, stacked)
 
     def block_visibility(self, start: torch.Tensor, block: int) -> Visibility:
         """Block rows see the context (slots < start) and the block: all of it (DFlash's bidirectional
