@@ -77,11 +77,13 @@ def _fmt(v, spec: str = ".2f") -> str:
 
 def _table(summaries: dict) -> Table:
     t = Table(title="decode, single request")
-    for col in ("system", "tau", "speedup vs AR", "decode tok/s", "ms/token", "prefill ms", "mismatch vs AR", "req"):
+    for col in ("system", "tau", "speedup vs AR", "decode tok/s", "ms/token", "ms/step", "prefill ms",
+                "mismatch vs AR", "req"):
         t.add_column(col, justify="left" if col == "system" else "right")
     for name, s in summaries.items():
         t.add_row(name, _fmt(s["tau"]), _fmt(s.get("speedup_vs_ar"), ".3f") + "x",
                   _fmt(s["decode_tokens_per_s"], ".1f"), _fmt(s["decode_ms_per_token"], ".3f"),
+                  _fmt(s.get("decode_ms_per_step"), ".3f"),
                   _fmt(s["prefill_ms_mean"], ".1f"),
                   _fmt(100 * s["mismatch_vs_ar"] if s.get("mismatch_vs_ar") is not None else None, ".2f") + "%",
                   str(s["n_requests"]))

@@ -281,7 +281,36 @@ def test_dispatch():
     with mock.patch.object(kernel_module, "attend_triton", side_effect=AssertionError) as spy:
         out = attend(q, k, v, vis, 0.25, KernelPlan.stock(kernels="naive"))
     assert spy.call_count == 0
-    assert torch.equal(out, ref)
+    assert rel_err(out, ref) <= 1e-6  # the CPU's reference path over the live slots (attention/live.py)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    b=st.sampled_from([1, 2, 3]),
+    t=st.sampled_from([1, 4, 16]),
+    g=st.sampled_from([1, 3]),
+    length=st.sampled_from([40, 96]),
+    tree_kind=st.sampled_from(["none", "rand", "ones"]),
+    window=st.sampled_from([None, 5]),
+)
+def test_live_slots_match_the_full_length_reference(seed, b, t, g, length, tree_kind, window):
+    """The CPU attention over the live slots only equals the full-length reference to rounding, never reads a
+    slot past the last visible one (NaN there), and shares one mask across the layers of a forward."""
+    from specpilot.kernels.attention.live import attend_live, live_slots
+
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, vis = make_case(gen, b, t, g * 2, 2, 16, length, tree_kind, window)
+    n = live_slots(vis, t, length)
+    ref = attend_naive(q, k, v, vis, 0.25)
+    k[:, :, n:] = float("nan")
+    v[:, :, n:] = float("nan")
+    out = attend_live(q, k, v, vis, 0.25)
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+    memo = dict(vis.memo)
+    again = attend_live(q * 2, k, v, vis, 0.25)  # a second layer of the same forward: the same mask object
+    assert vis.memo.keys() == memo.keys() and all(vis.memo[key][1] is memo[key][1] for key in memo)
+    assert torch.allclose(again, attend_naive(q * 2, k.nan_to_num(), v.nan_to_num(), vis, 0.25), atol=1e-5)
 
 
 @pytest.mark.parametrize("length", [1024, 2048, 4096, 8192])

@@ -2,7 +2,8 @@
 
 tau: tokens committed per target pass in decode (bonus included), mean over requests of each request's
 mean. Speedup: geometric mean over requests of (system decode rate / AR decode rate) — prefill is
-reported separately. Mismatch: share of AR's output tokens that the system's output does not reproduce
+reported separately. Step cost: decode ms per target pass (for AR a token; for stock draft + verify + accept).
+Mismatch: share of AR's output tokens that the system's output does not reproduce
 at the same position.
 """
 
@@ -59,6 +60,8 @@ def summarize(records: list[TurnRecord], reference: list[TurnRecord] | None) -> 
         "tau_histogram": {str(k): v for k, v in sorted(Counter(steps).items())},
         "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else None,
         "decode_ms_per_token": 1000 * decode_s / decode_tokens if decode_tokens else None,
+        # ms per target pass in decode: AR's is its step, a speculative system's its whole step (draft + verify)
+        "decode_ms_per_step": 1000 * decode_s / len(steps) if steps else None,
         "prefill_ms_mean": 1000 * sum(r.prefill_s for r in records) / len(records) if records else None,
         "output_tokens": sum(len(r.tokens) for r in records),
     }

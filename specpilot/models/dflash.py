@@ -159,7 +159,9 @@ class DFlashDrafter(nn.Module):
         return h
 
     def draft_logits(self, hidden: torch.Tensor, head: DenseWeight, plan: KernelPlan) -> torch.Tensor:
-        logits = head.project(hidden, plan).float() * self.cfg.output_multiplier
+        logits = head.project(hidden, plan).float()
+        if self.cfg.output_multiplier != 1.0:  # x * 1.0 is x: no pass over [rows, vocabulary] floats for it
+            logits = logits * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 

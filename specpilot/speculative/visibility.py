@@ -8,7 +8,7 @@ checked against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,8 @@ class Visibility:
     start: torch.Tensor  # [B] int64
     tree: torch.Tensor | None = None  # [T, T] bool: row t sees new row u iff tree[t, u]; None = causal
     window: int | None = None  # sliding window: row at position start+t sees slot s iff |start+t-s| < window
+    # what an attention path derived from it once, for every layer of the forward to reuse (kernels/attention/live.py)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def dense(self, rows: int, length: int) -> torch.Tensor:
         tree = self.tree if self.tree is not None else chain_visibility(rows, device=self.start.device)

@@ -1,7 +1,8 @@
 """Masked GQA attention over the static KV cache for decode / verify / draft steps.
 
-`attend` runs the Triton split-K kernel (attention/triton.py) when `use_triton` says so, else the plain
-PyTorch reference (attention/naive.py). Both follow `Visibility.dense()` exactly.
+`attend` runs the Triton split-K kernel (attention/triton.py) when the plan's `use_triton` says so, else the
+plain PyTorch reference (attention/naive.py; on the CPU its arithmetic over the live slots only,
+attention/live.py). All follow `Visibility.dense()` exactly.
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ __all__ = ["attend", "attend_naive"]
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility,
            scale: float, plan: KernelPlan) -> torch.Tensor:
     """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D] in q's dtype. With the plan's
-    `gemv` the split-K partials are merged inside the same launch (attention/triton.py)."""
+    `gemv` the split-K partials are merged inside the same launch (attention/triton.py). On the CPU the
+    reference's arithmetic runs over the live slots only (attention/live.py)."""
     if use_triton(q, plan):
         # Imported here so that importing this package never imports triton (TRITON_INTERPRET must
         # be set before the first triton import).
         from specpilot.kernels.attention.triton import attend_triton
 
         return attend_triton(q, k_cache, v_cache, vis, scale, plan)
+    if q.device.type == "cpu":
+        from specpilot.kernels.attention.live import attend_live
+
+        return attend_live(q, k_cache, v_cache, vis, scale)
     return attend_naive(q, k_cache, v_cache, vis, scale)

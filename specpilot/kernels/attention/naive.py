@@ -8,19 +8,25 @@ import torch.nn.functional as F
 from specpilot.speculative.visibility import Visibility
 
 
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+def fold_mask(mask: torch.Tensor, g: int) -> torch.Tensor:
+    """[B, T, L] -> [B, 1, g * T, L]: each row's mask for the g query heads folded with it."""
+    b, t, length = mask.shape
+    return mask[:, None, None].expand(b, 1, g, t, length).reshape(b, 1, g * t, length)
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor | None,
               scale: float) -> torch.Tensor:
     """Masked grouped-query attention over a static cache.
 
-    q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]; mask [B, T, L] bool (True = visible).
-    The query heads that share a KV head are folded into the row axis, so no K/V copy is made.
-    Returns [B, T, Hq, D].
+    q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]; mask [B, T, L] bool (True = visible), or already folded
+    ([B, 1, g * T, L], bool or additive), or None (every slot visible). The query heads that share a KV head
+    are folded into the row axis, so no K/V copy is made. Returns [B, T, Hq, D].
     """
     b, t, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
     qf = q.reshape(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
-    m = mask[:, None, None].expand(b, 1, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1])
+    m = fold_mask(mask, g) if mask is not None and mask.dim() == 3 else mask
     o = F.scaled_dot_product_attention(qf, k_cache, v_cache, attn_mask=m, scale=scale)
     return o.view(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, hq, d)
 
