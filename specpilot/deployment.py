@@ -44,7 +44,7 @@ class Deployment:
     max_new_tokens: int = 256
     limit: int | None = None
     enable_thinking: bool = False
-    twin_width: int = 1  # > 1: serve the function-preserving widening of target and drafter (fixtures/twin.py)
+    twin_width: int = 1  # > 1: serve the function-preserving widening of target and drafter (models/twin.py)
     twin_depth: int | None = None
     source: str = ""
 

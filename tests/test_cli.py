@@ -171,3 +171,48 @@ def test_force_rejects_bad_names_before_loading():
 ])
 def test_compare_bad_input_is_one_line(args, needle):
     assert_one_line_error(specpilot("compare", "--preset", "tiny", "--max-new-tokens", "8", *args), needle)
+
+
+def test_the_pytest_script_collects_what_python_m_pytest_does():
+    """`pytest` (the console script) does not put the repository on sys.path as `python -m pytest` does; the
+    project's pytest config does, so tests that import tests.conftest or bench.gpu collect either way."""
+    import os
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "pytest"
+    if not script.exists():
+        pytest.skip("no pytest console script beside this interpreter")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    files = ["tests/test_smollm2.py", "tests/test_bench_provenance.py"]  # import tests.test_lossless, bench.gpu
+    done = subprocess.run([str(script), "--co", "-q", *files], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "error" not in done.stdout.lower()
+
+
+def test_ctrl_c_in_bench_says_what_was_kept_and_exits_130(tmp_path, monkeypatch, capsys):
+    import specpilot.bench.run as run_mod
+    from specpilot import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_mod, "run_bench", interrupted)
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["specpilot", "bench", "--preset", "tiny", "--limit", "1", "--json", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 130
+    err = " ".join(capsys.readouterr().err.split())
+    assert "interrupted" in err and "nothing was written" in err and str(out.name) in err
+    assert not out.exists()
+
+
+def test_tables_are_not_cut_when_piped():
+    """Piped (not a terminal), the summary table keeps its columns instead of folding them at 80."""
+    proc = subprocess.run([sys.executable, "-m", "specpilot.cli", "bench", "--preset", "tiny", "--limit", "1",
+                           "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    header = next(line for line in proc.stdout.splitlines() if "system" in line and "tau" in line)
+    assert "mismatch vs AR" in header and len(header) > 80

@@ -305,3 +305,31 @@ def test_bench_results_name_the_complete_configuration(tmp_path):
         assert config["system"] == name and config["env_overrides"] == []
         assert set(config["plan"]) >= {"gemv", "l2", "tune_rounds", "tuning"}
     assert report["schema"] == 1 and report["env_overrides"] == {}
+
+
+def test_no_import_cycle_between_modules():
+    """No chain of imports (lazy ones included) leads a module back to itself, but a package's __init__ and
+    the submodules it imports lazily (attention -> attention.triton -> attention)."""
+    modules = {}
+    for path in _python_files(PACKAGE):
+        name = ".".join(("specpilot", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+        modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specpilot"):
+                deps |= {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in modules}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name in modules}
+        graph[name] = deps - {name}
+
+    def reaches(start: str, goal: str, seen: set) -> bool:
+        for dep in graph[start]:
+            if dep == goal or (dep not in seen and not seen.add(dep) and reaches(dep, goal, seen)):
+                return True
+        return False
+
+    cycles = [(a, b) for a in graph for b in graph[a] if reaches(b, a, set())
+              and not (b.startswith(a + ".") or a.startswith(b + "."))]
+    assert not cycles, cycles

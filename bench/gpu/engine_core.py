@@ -67,7 +67,7 @@ def provenance(command: str) -> dict:
 
 
 # What tells the leases' GPUs apart: the same code's 8B step took 3.91 ms on some and 4.00 on others
-# (BENCHMARKS.md, session 12), cuBLAS's alike, so a result should say which physical GPU and in what state.
+# (bench/HISTORY.md, session 12), cuBLAS's alike, so a result should say which physical GPU and in what state.
 GPU_FIELDS = ("serial", "uuid", "pci.bus_id", "clocks.sm", "clocks.max.sm", "clocks.mem", "temperature.gpu",
               "power.draw", "power.limit", "clocks_event_reasons.active")
 

@@ -8,7 +8,7 @@ other config the same). Triton has no way to put the splits of one KV head into 
 kernel is CUDA C++, compiled at run time by NVRTC and launched with cuda-bindings (both in the H200
 image; neither is a runtime dependency of the package: without them the option is simply not offered; the
 dev extras carry them so that the CPU tests build the kernel for sm_90). The step
-tuning offers it as the attention configs {"CLUSTER": splits} (kernels/gemv/choice.py).
+tuning offers it as the attention configs {"CLUSTER": splits} (kernels/tuning/candidates.py).
 
 Scope: one new row (T = 1), causal, no window, bf16 or fp16, head_dim 64 / 128 / 256, sm_90 or newer;
 `eligible` says whether a call fits. The launch is captured into CUDA graphs like any other (the kernel

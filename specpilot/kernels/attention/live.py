@@ -6,7 +6,8 @@ out changes no visible term. On the CPU (never inside a CUDA graph) the host rea
 forward, builds the additive mask once (every layer of the forward shares its Visibility) and drops it where
 every row sees every live slot. Against the full-length reference (attention/naive.py) the outputs agree to
 float rounding (the softmax sums over fewer exact zeros): tests/test_attention_kernel.py. On the smollm2 pair
-it made the CPU's AR step ~20% and its 16-row verify ~40% faster (bench/results/2026-12-02_cpu_step_*).
+(context 2048) it made the CPU's AR step 26-29% and its stock step 29-34% faster, timed in turn against the
+commit before, tokens identical (bench/results/2026-12-02_cpu_step_smollm2_08ab557_cpu.json).
 """
 
 from __future__ import annotations

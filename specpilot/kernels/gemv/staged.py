@@ -5,13 +5,13 @@ hand on shared memory).
 Why: the output projection's blocks are resident through the attention before it (the attention lets the
 next kernel start at once, or with LATE once past its own wait), but the Triton kernel's registers hold
 only its PRE tiles (4 MB of the 8B's 33.5 MB), so the DRAM idles through the attention (0.23 ms of the 8B
-step: BENCHMARKS.md). With a ring of STAGE slots a program has STAGE * BLOCK_N * BLOCK_K weights on the
+step: bench/HISTORY.md). With a ring of STAGE slots a program has STAGE * BLOCK_N * BLOCK_K weights on the
 way before it waits (two programs an SM at STAGE 2 of (16, 512): 64 KB, 8.4 MB of the 8B's output
 projection), and after it keeps STAGE tiles in flight: each step waits for its tile, reads it and refills
 the slot with the tile STAGE steps on. Whether that traffic saves more than it delays the attention's own
 loads depends on the model; the step tuning decides per projection. On the H200 it chose two-tile rings
 for the output projection: 0.30 ms a step on the 27B shapes, 0.04 ms on the 8B's together with the
-attention's late release (BENCHMARKS.md, 2026-12-01).
+attention's late release (bench/HISTORY.md, 2026-12-01).
 
 Scope: the plain projection with the residual epilogue and the norm hand-over (NEXT), the output and
 down projections' flags; no in-loop norm, no gate/up pair, no bias. The tile's sides are powers of two
