@@ -27,10 +27,14 @@ def environment() -> dict:
 
     root = Path(__file__).resolve().parents[1]
     try:
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
         dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                     capture_output=True, text=True, timeout=10).stdout.strip())
+        if not top or Path(top).resolve() != root:  # a tree unpacked inside another checkout is not its commit
+            commit, dirty = None, None
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
     if os.environ.get("SPECPILOT_COMMIT"):  # a copied tree (the GPU machine) may carry a stale .git

@@ -42,11 +42,6 @@ class System:
     def diagnostic(self) -> bool:
         return any(OPTIONS[k].group == "diagnostic" for k in self.options)
 
-    def with_base(self, base: str) -> System:
-        """The same options on another base (those that do not apply to it dropped): AR beside a stock system."""
-        kept = {k: v for k, v in self.options.items() if base in OPTIONS[k].bases}
-        return System(base, kept, tuple(k for k in self.overridden if k in kept))
-
     def to_json(self) -> dict:
         """The complete configuration: every option with its value, which ones differ from the defaults and
         which an environment override set."""

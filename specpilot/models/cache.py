@@ -17,10 +17,23 @@ class AttentionState:
     kind = "attention"
 
     def __init__(self, batch: int, length: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device,
-                 k: torch.Tensor | None = None, v: torch.Tensor | None = None):
+                 stack: tuple[torch.Tensor, torch.Tensor, int] | None = None):
+        """stack: (K of all layers, V of all layers, this layer's index): this layer's K/V are views of them,
+        taken at each use (as indexing a stacked tensor always was: a view kept from before an in-place write
+        to its base would trip autograd where gradients are on)."""
         shape = (batch, kv_heads, length, head_dim)
-        self.k = k if k is not None else torch.zeros(shape, dtype=dtype, device=device)
-        self.v = v if v is not None else torch.zeros(shape, dtype=dtype, device=device)
+        if stack is None:
+            stack = (torch.zeros(shape, dtype=dtype, device=device)[None],
+                     torch.zeros(shape, dtype=dtype, device=device)[None], 0)
+        self._k, self._v, self._i = stack
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self._k[self._i]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self._v[self._i]
 
     @property
     def length(self) -> int:
@@ -28,9 +41,12 @@ class AttentionState:
 
     def rows(self, first: int, last: int) -> AttentionState:
         """A view of sequences first..last-1 (writes go to this state)."""
-        view = object.__new__(AttentionState)
-        view.k, view.v = self.k[first:last], self.v[first:last]
-        return view
+        return AttentionState.of(self.k[first:last], self.v[first:last])
+
+    @classmethod
+    def of(cls, k: torch.Tensor, v: torch.Tensor) -> AttentionState:
+        """A state around K/V tensors [B, Hkv, L, D] that exist already."""
+        return cls(0, 0, 0, 0, k.dtype, k.device, (k[None], v[None], 0))
 
     def commit(self, rows: torch.Tensor | None, start: torch.Tensor) -> None:
         """Keep the accepted path: `rows` [B, R] are the verified rows (slot start + r) of the path in order,
@@ -66,7 +82,7 @@ class Cache:
             return cls([STATES[kind](batch, length, kv_heads, head_dim, dtype, device) for kind in layer_types])
         shape = (len(layer_types), batch, kv_heads, length, head_dim)
         k, v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-        return cls([AttentionState(batch, length, kv_heads, head_dim, dtype, device, k[i], v[i])
+        return cls([AttentionState(batch, length, kv_heads, head_dim, dtype, device, (k, v, i))
                     for i in range(len(layer_types))])
 
     def __getitem__(self, i: int):
