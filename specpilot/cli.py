@@ -348,52 +348,130 @@ def generate(
               f"decode {1000 * gen.decode_s:.1f} ms[/dim]")
 
 
-@app.command("train-drafter")
-def train_drafter(
-    out: Annotated[Path, typer.Option(help="Checkpoint folder to write (Hugging Face layout + training.json).")],
+def _positive(**values) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+@app.command()
+def distill(
+    out: Annotated[Path, typer.Option(help="Data folder to write (token shards, prompts.jsonl.gz, meta.json).")],
     preset: Preset = None,
     deployment: DeploymentFile = None,
-    prompts: Annotated[int, typer.Option(help="Training prompts (stdlib docstrings and pydoc topics).")] = 2000,
-    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for the acceptance figure.")] = 64,
-    max_new_tokens: Annotated[int, typer.Option(help="Length of each distilled answer.")] = 256,
+    templates: Annotated[int, typer.Option(help="Template prompts (training/corpus.py families).")] = 40_000,
+    self_instruct: Annotated[int, typer.Option(help="Meta-prompts the target answers at a temperature to write "
+                                                    "prompts itself (fewer survive parsing and the filters).")] = 0,
+    follow_up_share: Annotated[float, typer.Option(help="Share of first turns given a second turn.")] = 0.2,
+    heldout: Annotated[int, typer.Option(help="Held-out corpus prompts (never trained on).")] = 64,
+    dev_limit: Annotated[int, typer.Option(help="Dev-half requests per benchmark answered for the learning "
+                                                "curve (never trained on; 0: none).")] = 20,
+    max_new_tokens: Annotated[int, typer.Option(help="Length of each answer.")] = 256,
     max_prompt_tokens: Annotated[int, typer.Option(help="Skip longer prompts.")] = 512,
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 2000,
+    batch: Annotated[int, typer.Option(help="Rows generated at once.")] = 512,
+    seed: Annotated[int, typer.Option(help="Seed for the template draws and the sampling.")] = 0,
+    max_minutes: Annotated[float, typer.Option(help="Stop answering new prompts after this long (what is done "
+                                                    "is kept); 0 = answer them all.")] = 0.0,
+    data_dir: DataDir = None,
+) -> None:
+    """Distil the deployment's target: prompts (templates and its own self-instruct ones, no benchmark item of
+    any split), its greedy answers and second turns, and the dev-half answers for the learning curve."""
+    from specpilot.models.pair import build_pair
+    from specpilot.training.make_data import DataRecipe, Job
+
+    dep = _deployment(preset, deployment)
+    _positive(heldout=heldout, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, batch=batch)
+    if templates < 0 or self_instruct < 0 or dev_limit < 0 or max_minutes < 0:
+        raise UserError("--templates, --self-instruct, --dev-limit and --max-minutes must be >= 0")
+    if templates + self_instruct <= heldout:
+        raise UserError(f"--templates + --self-instruct must exceed --heldout ({heldout})")
+    if not 0 <= follow_up_share <= 1:
+        raise UserError(f"--follow-up-share must be in [0, 1], got {follow_up_share}")
+    _check_output(out)
+    recipe = DataRecipe(templates=templates, self_instruct=self_instruct, follow_up_share=follow_up_share,
+                        heldout=heldout, dev_limit=dev_limit, max_new=max_new_tokens, max_prompt=max_prompt_tokens,
+                        batch=batch, seed=seed, max_minutes=max_minutes)
+    with _interruptible(f"distilling interrupted: nothing was written ({out} was not touched)"):
+        target, _, tok = build_pair(dep, with_drafter=False)
+        data = Job(target, tok, recipe, data_dir, say=lambda line: err.print(f"[dim]{line}[/dim]")).run()
+        data.meta["target"] = str(dep.target.path or dep.name)
+        data.save(out)
+    counts = data.counts()["roles"]
+    console.print(", ".join(f"{role}: {c['sequences']} sequences, {c['answer_tokens']} answer tokens"
+                            for role, c in counts.items()) + f"; wrote {out}")
+
+
+@app.command("train-drafter")
+def train_drafter(
+    out: Annotated[Path, typer.Option(help="Checkpoint folder to write (Hugging Face layout + training.json + "
+                                           "prompts.jsonl.gz, the prompts it was trained on).")],
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    data: Annotated[Path | None, typer.Option(help="A folder from `specpilot distill`; without it, template "
+                                                   "prompts are distilled here first (--prompts).")] = None,
+    prompts: Annotated[int, typer.Option(help="Without --data: template prompts to distil.")] = 2000,
+    eval_prompts: Annotated[int, typer.Option(help="Without --data: held-out prompts.")] = 64,
+    max_new_tokens: Annotated[int, typer.Option(help="Without --data: length of each answer.")] = 256,
+    max_prompt_tokens: Annotated[int, typer.Option(help="Without --data: skip longer prompts.")] = 512,
+    batch: Annotated[int, typer.Option(help="Without --data: rows generated at once.")] = 64,
+    steps: Annotated[int, typer.Option(help="Optimizer steps (the learning rate's cosine spans them, or "
+                                            "--max-minutes if that ends first).")] = 2000,
     block_size: Annotated[int, typer.Option(help="Draft block size (anchor + B-1 drafted tokens).")] = 16,
     layers: Annotated[int, typer.Option(help="Drafter layers (and taps of target layers).")] = 4,
     selector_rank: Annotated[int, typer.Option(help="DFlash2 selector rank (0: no selector).")] = 64,
     mask_token_id: Annotated[int | None, typer.Option(help="Mask token (default: the last vocabulary id).")] = None,
-    batch: Annotated[int, typer.Option(help="Prompts generated at once while distilling.")] = 64,
+    seqs_per_step: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 16,
+    blocks_per_seq: Annotated[int, typer.Option(help="Draft blocks (anchors) per sequence and step.")] = 16,
+    amp: Annotated[bool, typer.Option(help="bf16 autocast on CUDA (the float32 reference path otherwise).")
+                   ] = False,
+    eval_every: Annotated[float, typer.Option(help="A learning-curve point (held-out and dev tau) every this "
+                                                   "many seconds; 0 = only at the end.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for data order, init and sampling.")] = 0,
     max_minutes: Annotated[float, typer.Option(help="Stop training after this long (then evaluate and save); "
                                                      "0 = run every step.")] = 0.0,
     resume: Annotated[Path | None, typer.Option(help="Continue training this drafter checkpoint (its block size, "
-                                                     "layers and selector are kept) on freshly distilled data.")
-                      ] = None,
+                                                     "layers and selector are kept).")] = None,
+    baseline: Annotated[Path | None, typer.Option(help="A drafter checkpoint scored on the same held-out and dev "
+                                                       "data first, recorded beside the new one's figures.")] = None,
 ) -> None:
     """Train a DFlash-style drafter for the deployment's target by self-distillation."""
+    from specpilot.models.pair import build_pair
+    from specpilot.training.data import DistilledData
+    from specpilot.training.make_data import DataRecipe, Job
     from specpilot.training.train_drafter import run_training
 
     dep = _deployment(preset, deployment)
-    for name, value in (("prompts", prompts), ("eval-prompts", eval_prompts), ("max-new-tokens", max_new_tokens),
-                        ("steps", steps), ("layers", layers), ("batch", batch)):
-        if value <= 0:
-            raise UserError(f"--{name} must be positive, got {value}")
+    _positive(prompts=prompts, eval_prompts=eval_prompts, max_new_tokens=max_new_tokens, steps=steps, layers=layers,
+              batch=batch, seqs_per_step=seqs_per_step, blocks_per_seq=blocks_per_seq)
     if block_size < 2:
         raise UserError(f"--block-size must be at least 2, got {block_size}")
-    if max_minutes < 0:
-        raise UserError(f"--max-minutes must be >= 0, got {max_minutes}")
+    if max_minutes < 0 or eval_every < 0:
+        raise UserError("--max-minutes and --eval-every must be >= 0")
     if resume is not None and not resume.is_dir():
         raise UserError(f"--resume: drafter checkpoint folder not found: {resume}")
+    for name, folder in (("data", data), ("baseline", baseline)):
+        if folder is not None and not folder.is_dir():
+            raise UserError(f"--{name}: folder not found: {folder}")
     _check_output(out)
     with _interruptible(f"training interrupted: no checkpoint was written ({out} was not touched)"):
-        metrics = run_training(dep, out, console=err, n_prompts=prompts, n_eval=eval_prompts,
-                               max_new=max_new_tokens, max_prompt=max_prompt_tokens, steps=steps,
-                               block_size=block_size, layers=layers, selector_rank=selector_rank,
-                               mask_token_id=mask_token_id, batch=batch, seed=seed, max_minutes=max_minutes,
-                               resume=resume)
+        target, _, tok = build_pair(dep, with_drafter=False)
+        if data is not None:
+            distilled = DistilledData.load(data)
+        else:
+            recipe = DataRecipe(templates=prompts + eval_prompts, self_instruct=0, follow_up_share=0.0,
+                                heldout=eval_prompts, dev_limit=0, max_new=max_new_tokens,
+                                max_prompt=max_prompt_tokens, batch=batch, seed=seed)
+            distilled = Job(target, tok, recipe, say=lambda line: err.print(f"[dim]{line}[/dim]")).run()
+        metrics = run_training(dep, out, console=err, data=distilled, steps=steps, block_size=block_size,
+                               layers=layers, selector_rank=selector_rank, mask_token_id=mask_token_id, seed=seed,
+                               max_minutes=max_minutes, resume=resume, seqs_per_step=seqs_per_step,
+                               blocks_per_seq=blocks_per_seq, amp=amp, eval_every_s=eval_every, target=target,
+                               baseline=baseline)
+    dev = metrics.get("dev")
     console.print(f"held-out tau {metrics['tau']:.3f} (oracle over top-{metrics['top_k']} lattice "
-                  f"{metrics['oracle_tau_top_k']:.3f}) on {metrics['blocks']} blocks after "
-                  f"{metrics['steps_done']} steps; wrote {out}")
+                  f"{metrics['oracle_tau_top_k']:.3f}) on {metrics['blocks']} blocks"
+                  + (f"; dev replay tau {dev['tau']:.3f} (oracle {dev['oracle_tau_top_k']:.3f})" if dev else "")
+                  + f" after {metrics['steps_done']} steps; wrote {out}")
 
 
 @app.command()

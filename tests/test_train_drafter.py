@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specpilot.bench.datasets import DATASETS, UserError, load_requests
+from specpilot.deployment import load_deployment
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
 from specpilot.models.loading import load_drafter, save_drafter
 from specpilot.runtime.engine import Engine
@@ -156,33 +157,22 @@ def test_train_drafter_command_and_resume(tmp_path):
     assert missing.returncode == 2 and "not found" in missing.stderr
 
 
-def test_other_seeds_never_train_on_the_held_out_prompts(monkeypatch):
-    """run_training's split: held-out prompts come from the seed-0 draw whatever the seed."""
-    import specpilot.training.train_drafter as td
+def test_other_seeds_never_train_on_the_held_out_prompts():
+    """The distill job's split: the held-out prompts are the same draw whatever the seed, and no seed's
+    training prompts (first or second turns) hold one of them."""
+    from specpilot.models.pair import build_pair
+    from specpilot.training.make_data import DataRecipe, Job
 
-    seen = {}
-
-    def fake_build(target, ids, *args, **kwargs):
-        seen.setdefault("calls", []).append([tuple(p) for p in ids])
-        return Dataset([], [], [])
-
-    def fake_train(*args, **kwargs):
-        raise StopIteration  # the split is all this test needs
-
-    monkeypatch.setattr("specpilot.training.distill.build_dataset", fake_build)
-    monkeypatch.setattr(td, "train", fake_train)
-    from rich.console import Console
-
-    from specpilot.deployment import load_deployment
-
+    target, _, tok = build_pair(load_deployment("tiny"), with_drafter=False)
     held = {}
     for seed in (0, 1):
-        seen.clear()
-        with pytest.raises(StopIteration):
-            td.run_training(load_deployment("tiny"), None, Console(quiet=True), n_prompts=30, n_eval=5, max_new=4,
-                            max_prompt=512, steps=1, block_size=4, layers=1, selector_rank=0, mask_token_id=None,
-                            batch=8, seed=seed)
-        train_ids, eval_ids = seen["calls"]
-        held[seed] = set(eval_ids)
-        assert not held[seed] & set(train_ids)
+        recipe = DataRecipe(templates=40, self_instruct=0, follow_up_share=0.5, heldout=5, dev_limit=0, max_new=3,
+                            batch=16, seed=seed)
+        data = Job(target, tok, recipe).run()
+        roles = {r.role for r in data.records}
+        assert roles == {"train", "heldout"}
+        held[seed] = {r.turns[0] for r in data.records if r.role == "heldout"}
+        trained = {t for r in data.records if r.role == "train" for t in r.turns}
+        assert len({r.turns[0] for r in data.records if r.role == "heldout" and len(r.turns) == 1}) == 5
+        assert not held[seed] & trained
     assert held[0] == held[1]

@@ -191,12 +191,14 @@ def _field(record: Any, name: str, where: str, kind: type = str) -> Any:
 Items = list[tuple[str, tuple[str, ...]]]  # (item id, turns)
 
 
+# Parsers return the raw texts of the data file; _FORMATS adds the prompt format afterwards, so
+# benchmark_texts can hand out the unwrapped texts that decontamination compares against.
 def _gsm8k(path: Path) -> Items:
-    return [(str(i), (_field(r, "question", w) + _MATH_SUFFIX,)) for i, (w, r) in enumerate(_jsonl(path))]
+    return [(str(i), (_field(r, "question", w),)) for i, (w, r) in enumerate(_jsonl(path))]
 
 
 def _math500(path: Path) -> Items:
-    return [(str(i), (_field(r, "problem", w) + _MATH_SUFFIX,)) for i, (w, r) in enumerate(_jsonl(path))]
+    return [(str(i), (_field(r, "problem", w),)) for i, (w, r) in enumerate(_jsonl(path))]
 
 
 def _humaneval_id(task_id: str, where: str) -> str:
@@ -207,10 +209,7 @@ def _humaneval_id(task_id: str, where: str) -> str:
 
 
 def _humaneval(path: Path) -> Items:
-    return [
-        (_humaneval_id(_field(r, "task_id", w), w), (_CODE_PREFIX + _field(r, "prompt", w) + "\n```",))
-        for w, r in _jsonl(path)
-    ]
+    return [(_humaneval_id(_field(r, "task_id", w), w), (_field(r, "prompt", w),)) for w, r in _jsonl(path)]
 
 
 def _mbpp(path: Path) -> Items:
@@ -225,6 +224,10 @@ def _mbpp(path: Path) -> Items:
         where = f"{path} item {i}"
         items.append((str(_field(r, "task_id", where, int)), (_field(r, "prompt", where),)))
     return items
+
+
+def _mbpp_full(path: Path) -> Items:
+    return [(str(_field(r, "task_id", w, int)), (_field(r, "text", w),)) for w, r in _jsonl(path)]
 
 
 def _mtbench_turns(record: Any, where: str) -> tuple[str, ...]:
@@ -246,18 +249,49 @@ _PARSERS: dict[str, Callable[[Path], Items]] = {
     "mtbench": _mtbench,
 }
 
+_FORMATS: dict[str, Callable[[str], str]] = {
+    "gsm8k": lambda question: question + _MATH_SUFFIX,
+    "math500": lambda problem: problem + _MATH_SUFFIX,
+    "humaneval": lambda stub: _CODE_PREFIX + stub + "\n```",
+}
 
-def _items(dataset: str, data_dir: str | Path | None) -> Items:
-    if dataset == "builtin":
-        return [(str(i), (p,)) for i, p in enumerate(_BUILTIN)]
-    path = _locate(dataset, data_dir)
-    items = _PARSERS[dataset](path)
+
+def _unique(items: Items, path: Path) -> Items:
     seen: set[str] = set()
     for item_id, _ in items:
         # A repeated id would put two prompts under one name and break id stability.
         if item_id in seen:
             raise UserError(f"{path}: duplicate id {item_id!r}")
         seen.add(item_id)
+    return items
+
+
+def _parsed(dataset: str, data_dir: str | Path | None) -> tuple[Path, Items]:
+    path = _locate(dataset, data_dir)
+    return path, _unique(_PARSERS[dataset](path), path)
+
+
+def _items(dataset: str, data_dir: str | Path | None) -> Items:
+    if dataset == "builtin":
+        return [(str(i), (p,)) for i, p in enumerate(_BUILTIN)]
+    _, items = _parsed(dataset, data_dir)
+    fmt = _FORMATS.get(dataset)
+    return items if fmt is None else [(i, tuple(fmt(t) for t in turns)) for i, turns in items]
+
+
+def benchmark_texts(dataset: str, data_dir: str | Path | None = None) -> Items:
+    """(item id, raw texts) of every item of every split, without the prompt format load_requests adds.
+
+    For mbpp, the full mbpp/mbpp.jsonl (its `text` field) is added when it sits beside the sanitized
+    file, under ids "full/<task_id>": its 974 tasks include the sanitized ones, worded differently.
+    """
+    _check_choice("dataset", dataset, DATASETS)
+    if dataset == "builtin":
+        return _items(dataset, data_dir)
+    path, items = _parsed(dataset, data_dir)
+    full = path.parent / "mbpp.jsonl"
+    if dataset == "mbpp" and full.is_file():
+        items += [(f"full/{i}", texts) for i, texts in _unique(_mbpp_full(full), full)]
     return items
 
 

@@ -14,7 +14,7 @@ import torch
 from specpilot.models.dense import DenseTarget
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.training.distill import Dataset, target_features
-from specpilot.training.train_drafter import NAIVE, block_batch, draft_hidden
+from specpilot.training.train_drafter import NAIVE, block_batch, draft_hidden, walk
 
 
 @torch.inference_mode()
@@ -36,15 +36,6 @@ def accept_lengths(target: DenseTarget, drafter: DFlashDrafter, prompt: list[int
     chain = (lattice.greedy_chain() == labels).long().cumprod(1).sum(1) + 1
     oracle = (lattice.tokens == labels[..., None]).any(-1).long().cumprod(1).sum(1) + 1
     return chain.tolist(), oracle.tolist()
-
-
-def walk(lengths: list[int], steps_from: int = 0) -> list[int]:
-    """Tokens committed per step when each step commits lengths[position] and moves on by as much."""
-    out, i = [], steps_from
-    while i < len(lengths):
-        out.append(lengths[i])
-        i += lengths[i]
-    return out
 
 
 def lattice_taus(target: DenseTarget, drafter: DFlashDrafter, prompt: list[int], output: list[int],

@@ -189,8 +189,9 @@ def _shards(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> list[dic
 
 
 def _write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
-                  extra: dict[str, str] | None = None, max_shard_bytes: int | None = None) -> None:
-    """Write config + weights into a fresh folder, atomically: nothing half-written on failure.
+                  extra: dict[str, str | bytes] | None = None, max_shard_bytes: int | None = None) -> None:
+    """Write config + weights (+ extra files: text or bytes) into a fresh folder, atomically: nothing
+    half-written on failure.
     max_shard_bytes splits the weights over several files (the GPU machine returns files of <= 16 MiB)."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".partial")
@@ -203,8 +204,11 @@ def _write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
         for i, shard in enumerate(shards):
             name = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, str(tmp / name), metadata={"format": "pt"})
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text)
+        for name, content in (extra or {}).items():
+            if isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                (tmp / name).write_text(content)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -217,8 +221,8 @@ def save_target(model: DenseTarget, folder: str | Path) -> None:
     _write_folder(Path(folder), model.cfg.to_hf(), _split_state(model, target_sources(model.cfg)))
 
 
-def save_drafter(model: DFlashDrafter, folder: str | Path, extra: dict[str, str] | None = None,
+def save_drafter(model: DFlashDrafter, folder: str | Path, extra: dict[str, str | bytes] | None = None,
                  max_shard_bytes: int | None = None) -> None:
-    """extra: more text files for the folder (e.g. the training record), written in the same atomic step."""
+    """extra: more files for the folder (the training record, its prompts), written in the same atomic step."""
     tensors = _split_state(model, drafter_sources(model.cfg))
     _write_folder(Path(folder), model.cfg.to_hf(), tensors, extra, max_shard_bytes)
