@@ -354,6 +354,19 @@ def _positive(**values) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
 
 
+def _provenance(target) -> dict:
+    """When, where and by which code a file of data was made (results carry the same through results.py)."""
+    import datetime
+
+    import torch
+
+    from specpilot.results import environment
+
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": environment()["commit"], "command": " ".join(["specpilot", *sys.argv[1:]]),
+            "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None}
+
+
 @app.command()
 def distill(
     out: Annotated[Path, typer.Option(help="Data folder to write (token shards, prompts.jsonl.gz, meta.json).")],
@@ -394,7 +407,7 @@ def distill(
     with _interruptible(f"distilling interrupted: nothing was written ({out} was not touched)"):
         target, _, tok = build_pair(dep, with_drafter=False)
         data = Job(target, tok, recipe, data_dir, say=lambda line: err.print(f"[dim]{line}[/dim]")).run()
-        data.meta["target"] = str(dep.target.path or dep.name)
+        data.meta.update(_provenance(target), target=str(dep.target.path or dep.name))
         data.save(out)
     counts = data.counts()["roles"]
     console.print(", ".join(f"{role}: {c['sequences']} sequences, {c['answer_tokens']} answer tokens"

@@ -33,10 +33,15 @@ def assert_one_line_error(proc, *needles):
 def test_bench_writes_every_figure(tmp_path):
     out = tmp_path / "out.json"
     proc = specpilot("bench", "--preset", "tiny", "--system", "ar", "--system", "stock", "--limit", "3",
-                     "--max-new-tokens", "12", "--json", str(out))
+                     "--max-new-tokens", "12", "--oracle", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "stock" in proc.stdout
     report = json.loads(out.read_text())
+    stock = report["systems"]["stock"]  # one benchmark here: its breakdown is the overall figure
+    assert stock["by_dataset"] == {"builtin": {"n_requests": 3, "tau": stock["tau"],
+                                               "speedup_vs_ar": pytest.approx(stock["speedup_vs_ar"])}}
+    assert stock["oracle_by_dataset"]["builtin"] == {"replay_chain_tau": stock["replay_chain_tau"],
+                                                     "oracle_tau_top16": stock["oracle_tau_top16"]}
     for key in ("date", "commit", "device", "command", "systems"):
         assert key in report
     for name in ("ar", "stock"):

@@ -201,3 +201,23 @@ def test_distill_then_train_from_the_folder(tmp_path):
     assert missing.returncode == 2 and "not found" in missing.stderr
     bad = cli("distill", "--preset", "tiny", "--out", str(tmp_path / "y"), "--follow-up-share", "2")
     assert bad.returncode == 2 and "follow-up-share" in bad.stderr and not (tmp_path / "y").exists()
+
+
+def test_the_prompt_stage_keeps_every_template_family():
+    """Templates are distinct by construction and many open alike (every function stub opens with the same
+    instruction): only exact duplicates may go, so each family keeps its share (the first GPU run lost all its
+    function stubs to a first-12-words rule meant for the self-instruct prompts)."""
+    from specpilot.deployment import load_deployment
+    from specpilot.models.pair import build_pair
+    from specpilot.training.corpus import MIX, labelled_prompts
+    from specpilot.training.decontaminate import BenchmarkIndex
+    from specpilot.training.make_data import DataRecipe, Job
+
+    target, _, tok = build_pair(load_deployment("tiny"), with_drafter=False)
+    job = Job(target, tok, DataRecipe(templates=400, self_instruct=0, heldout=8, max_prompt=100_000))
+    out, dropped = job.prompts(BenchmarkIndex({}))
+    assert not dropped and job.heldout == 8
+    drawn = {t for _, t in labelled_prompts(400, 0)} | {t for _, t in labelled_prompts(8, 0)}
+    assert {t for _, t, _ in out} == drawn
+    families = {f for f, _, _ in out}
+    assert families == {f for f, share in MIX if round(400 * share) > 0}

@@ -46,6 +46,20 @@ def _row(rec: TurnRecord, ref: TurnRecord | None) -> dict:
     return row
 
 
+def by_dataset(rows: list[dict]) -> dict:
+    """Per benchmark, as overall: requests, mean per-request tau, geometric-mean speedup over AR."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["dataset"], []).append(row)
+    out = {}
+    for name, group in groups.items():
+        taus = [r["tau"] for r in group if r["tau"] is not None]
+        out[name] = {"n_requests": len(group), "tau": sum(taus) / len(taus) if taus else None}
+        if any("speedup_vs_ar" in r for r in group):
+            out[name]["speedup_vs_ar"] = geomean([r.get("speedup_vs_ar") for r in group])
+    return out
+
+
 def summarize(records: list[TurnRecord], reference: list[TurnRecord] | None) -> dict:
     by_id = {r.id: r for r in reference} if reference is not None else {}
     rows = [_row(r, by_id.get(r.id)) for r in records]
@@ -65,6 +79,7 @@ def summarize(records: list[TurnRecord], reference: list[TurnRecord] | None) -> 
         "prefill_ms_mean": 1000 * sum(r.prefill_s for r in records) / len(records) if records else None,
         "output_tokens": sum(len(r.tokens) for r in records),
     }
+    out["by_dataset"] = by_dataset(rows)
     if reference is not None:
         ref_tokens = sum(len(by_id[r.id].tokens) for r in records if r.id in by_id)
         wrong = sum(mismatches(r.tokens, by_id[r.id].tokens) for r in records if r.id in by_id)

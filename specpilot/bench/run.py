@@ -68,9 +68,20 @@ def oracle_summary(runner: Runner, system: System, ar_records: list[TurnRecord])
     chain = [r["replay_chain_tau"] for r in rows if r["replay_chain_tau"] is not None]
     oracle = [r["oracle_tau"] for r in rows if r["oracle_tau"] is not None]
     steps = [s for r in rows for s in r["oracle_steps"]]
+    per: dict[str, dict[str, list[float]]] = {}
+    for rec, row in zip(ar_records, rows, strict=True):
+        for key in ("replay_chain_tau", "oracle_tau"):
+            if row[key] is not None:
+                per.setdefault(rec.dataset, {}).setdefault(key, []).append(row[key])
     return {"replay_chain_tau": sum(chain) / len(chain) if chain else None,
             "oracle_tau_top16": sum(oracle) / len(oracle) if oracle else None,
-            "oracle_histogram": {str(k): steps.count(k) for k in sorted(set(steps))}}
+            "oracle_histogram": {str(k): steps.count(k) for k in sorted(set(steps))},
+            "oracle_by_dataset": {name: {"replay_chain_tau": _mean(v.get("replay_chain_tau")),
+                                         "oracle_tau_top16": _mean(v.get("oracle_tau"))} for name, v in per.items()}}
+
+
+def _mean(values: list[float] | None) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def bench_report(plan: BenchPlan, summaries: dict) -> dict:

@@ -89,16 +89,15 @@ class Job:
         run's training prompts, so a resumed run is scored on prompts its parent did not see either), then the
         rest shuffled; distinct, no benchmark item, each within max_prompt tokens."""
         from specpilot.training.corpus import labelled_prompts
-        from specpilot.training.decontaminate import dedupe
 
         held = labelled_prompts(self.recipe.heldout, HELDOUT_SEED)
         texts = labelled_prompts(self.recipe.templates, self.recipe.seed) if self.recipe.templates else []
         if self.recipe.self_instruct:
             texts += self.self_instruct()
-        family = {}
-        for f, t in held + texts:
-            family.setdefault(t, f)
-        distinct = dedupe(list(family))
+        family = {}  # exact duplicates go; near-duplicates went inside self_instruct() (templates are distinct by
+        for f, t in held + texts:  # construction, and many share their opening words: a prefix rule would drop
+            family.setdefault(t, f)  # every function stub, all of which open with the same instruction)
+        distinct = list(family)
         clean, dropped = index.filter(distinct)
         clean = set(clean)
         held_texts = [t for _, t in held if t in clean]
@@ -115,7 +114,9 @@ class Job:
         return out, dropped
 
     def self_instruct(self) -> list[tuple[str, str]]:
-        """Prompts written by the target: (\"self:<kind>\", text) for every meta-prompt whose output parses."""
+        """Prompts written by the target: (\"self:<kind>\", text) for every meta-prompt whose output parses, near-
+        duplicates (the same first 12 words) dropped: a small model at a temperature repeats itself."""
+        from specpilot.training.decontaminate import dedupe
         from specpilot.training.self_instruct import SAMPLING, meta_prompts, parse
 
         began = time.monotonic()
@@ -132,8 +133,11 @@ class Job:
                 prompt = parse(metas[i][0], self.tok.decode(answer))
                 if prompt is not None:
                     out.append((f"self:{metas[i][0]}", prompt))
+        parsed = len(out)
+        kept = set(dedupe([p for _, p in out]))
+        out = [(f, p) for f, p in out if p in kept and not kept.discard(p)]  # the first of each kept text
         self.stages.append(Stage("self_instruct", len(out), time.monotonic() - began, tokens))
-        self.say(f"self-instruct: {len(out)} of {len(metas)} outputs kept")
+        self.say(f"self-instruct: {len(out)} of {len(metas)} outputs kept ({parsed} parsed)")
         return out
 
     # 2. answers ------------------------------------------------------------------------------------------
