@@ -372,7 +372,7 @@ def distill(
     out: Annotated[Path, typer.Option(help="Data folder to write (token shards, prompts.jsonl.gz, meta.json).")],
     preset: Preset = None,
     deployment: DeploymentFile = None,
-    templates: Annotated[int, typer.Option(help="Template prompts (training/corpus.py families).")] = 40_000,
+    templates: Annotated[int, typer.Option(help="Template prompts (training/corpus/ families).")] = 40_000,
     self_instruct: Annotated[int, typer.Option(help="Meta-prompts the target answers at a temperature to write "
                                                     "prompts itself (fewer survive parsing and the filters).")] = 0,
     follow_up_share: Annotated[float, typer.Option(help="Share of first turns given a second turn.")] = 0.2,

@@ -17,7 +17,16 @@ from hypothesis import strategies as st
 from specpilot.bench.datasets import _CODE_PREFIX, _MATH_SUFFIX, DATASETS, UserError, load_requests
 from specpilot.training import corpus
 from specpilot.training.corpus import FAMILIES, MIX, distill_prompts, follow_ups, labelled_prompts
-from specpilot.training.self_instruct import KINDS, MAX_CHARS, MIN_CHARS, SAMPLING, TOPICS, meta_prompts, parse
+from specpilot.training.self_instruct import (
+    KINDS,
+    MAX_CHARS,
+    MAX_NEW_TOKENS,
+    MIN_CHARS,
+    SAMPLING,
+    TOPICS,
+    meta_prompts,
+    parse,
+)
 
 MAKERS = {**FAMILIES, "follow_ups": follow_ups}
 
@@ -199,7 +208,7 @@ def test_self_instruct_covers_the_genres_and_samples_sensibly():
                           "extraction", "follow_up"}
     assert all(templates for templates, _ in KINDS.values())
     assert len(set(TOPICS)) >= 150
-    assert 0.8 <= SAMPLING.temperature <= 1.0 and 40 <= SAMPLING.top_k <= 60 and 96 <= SAMPLING.max_new_tokens <= 160
+    assert 0.8 <= SAMPLING.temperature <= 1.0 and 40 <= SAMPLING.top_k <= 60 and 96 <= MAX_NEW_TOKENS <= 160
 
 
 # What SmolLM2-135M-Instruct writes when asked for a prompt (kinds of output seen when sampling it), and what

@@ -1,6 +1,6 @@
 """The `specpilot distill` job: training prompts at scale, the target's answers to them, a folder of data.
 
-1. Prompts: the template families of training/corpus.py, and prompts the target writes itself
+1. Prompts: the template families of training/corpus/, and prompts the target writes itself
    (training/self_instruct.py: meta-prompts sampled at a temperature, parsed, filtered); all of them
    de-duplicated and checked against every benchmark item of every split (training/decontaminate.py), so
    no benchmark prompt is trained on. The first `heldout` of them (shuffled) are held out.
@@ -22,14 +22,14 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specpilot.training.data import DistilledData, Record
-from specpilot.training.distill import Sampling, generate, greedy_batch, length_batches
+from specpilot.training.distill import generate, greedy_batch, length_batches
 
 HELDOUT_SEED = 0  # the held-out draw (the first drafters' held-out prompts were seed 0's too)
 
 
 @dataclass
 class DataRecipe:
-    templates: int = 40_000  # template prompts drawn (training/corpus.py)
+    templates: int = 40_000  # template prompts drawn (training/corpus/)
     self_instruct: int = 20_000  # meta-prompts the target answers at a temperature (fewer survive the filters)
     follow_up_share: float = 0.2  # first turns that get a second turn
     heldout: int = 64
@@ -117,17 +117,16 @@ class Job:
         """Prompts written by the target: (\"self:<kind>\", text) for every meta-prompt whose output parses, near-
         duplicates (the same first 12 words) dropped: a small model at a temperature repeats itself."""
         from specpilot.training.decontaminate import dedupe
-        from specpilot.training.self_instruct import SAMPLING, meta_prompts, parse
+        from specpilot.training.self_instruct import MAX_NEW_TOKENS, SAMPLING, meta_prompts, parse
 
         began = time.monotonic()
         metas = meta_prompts(self.recipe.self_instruct, self.rng)
         ids = [self.tok.chat_prompt([{"role": "user", "content": m}]) for _, m in metas]
         generator = torch.Generator(device=self.target.device).manual_seed(self.recipe.seed)
-        sampling = Sampling(SAMPLING.temperature, SAMPLING.top_k)
         out, tokens = [], 0
         for batch in length_batches(ids, self.recipe.batch):
-            texts = generate(self.target, [ids[i] for i in batch], SAMPLING.max_new_tokens, self.tok.eos_ids,
-                             sampling, generator)
+            texts = generate(self.target, [ids[i] for i in batch], MAX_NEW_TOKENS, self.tok.eos_ids,
+                             SAMPLING, generator)
             for i, answer in zip(batch, texts, strict=True):
                 tokens += len(answer)
                 prompt = parse(metas[i][0], self.tok.decode(answer))

@@ -4,7 +4,8 @@ Templates cover a genre's shape but not its spread of wording; the target's own 
 distribution the drafter will serve. SmolLM2-135M is tiny, so the meta-prompts are short and concrete ("Write one
 math word problem about a bake sale for a third grade student. Write only the problem."), and `parse` is strict:
 the model labels its output, answers its own question, repeats itself, refuses or stops mid-sentence, and most
-of that must be cut or thrown away. Use: `meta_prompts` -> generate each with `SAMPLING` -> `parse(kind, text)`.
+of that must be cut or thrown away. Use: `meta_prompts` -> generate each with `SAMPLING` (at most `MAX_NEW_TOKENS`)
+-> `parse(kind, text)`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import random
 import re
 import zlib
 from collections import Counter
-from dataclasses import dataclass
 
 from specpilot.bench.datasets import _MATH_SUFFIX
 from specpilot.training.corpus import (
@@ -26,16 +26,10 @@ from specpilot.training.corpus import (
     STEM_TOPICS,
     WRITING_TOPICS,
 )
+from specpilot.training.distill import Sampling
 
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.9  # varied enough to not repeat itself, low enough to stay on the task
-    top_k: int = 50
-    max_new_tokens: int = 128  # a prompt, not an answer: a long output is usually a self-answer
-
-
-SAMPLING = Sampling()
+SAMPLING = Sampling(temperature=0.9, top_k=50)  # varied enough not to repeat itself, low enough to stay on task
+MAX_NEW_TOKENS = 128  # a prompt, not an answer: a long output is usually a self-answer
 
 EVERYDAY = ("shopping", "cooking dinner", "a bake sale", "a school trip", "a vegetable garden", "pocket money",
             "a birthday party", "a road trip", "a lemonade stand", "a bus ride", "a farm", "a library",
