@@ -17,15 +17,16 @@ NEW=${DRAFTER:-.models/smollm2-dflash-new}
 case "${1:-}" in
 distill)
     python3 bench/gpu/stage_smollm2.py assemble
+    mkdir -p .cache
     python3 -m specpilot.cli distill --deployment "$TARGET" --out .cache/distill --templates "${TEMPLATES:-60000}" \
-        --self-instruct "${SELF:-24000}" --max-minutes "${MINUTES:-6}" --batch "${BATCH:-768}" --data-dir .stage/data
+        --self-instruct "${SELF:-24000}" --max-minutes "${MINUTES:-7}" --batch "${BATCH:-1024}" --data-dir .stage/data
     mkdir -p "$OUT/distill" && cp .cache/distill/* "$OUT/distill/"
     ;;
 train)
     python3 bench/gpu/stage_smollm2.py assemble
     python3 -m specpilot.cli train-drafter --deployment "$TARGET" --data .cache/distill --out "$NEW" --amp \
         --layers "${LAYERS:-3}" --selector-rank "${RANK:-32}" --block-size 16 --seqs-per-step "${SEQS:-64}" \
-        --blocks-per-seq "${BLOCKS:-16}" --steps 1000000 --max-minutes "${TRAIN_MINUTES:-8}" \
+        --blocks-per-seq "${BLOCKS:-16}" --steps 1000000 --max-minutes "${TRAIN_MINUTES:-7.5}" \
         --eval-every "${EVAL_EVERY:-90}" --baseline checkpoints/smollm2-dflash ${RESUME:+--resume "$RESUME"}
     mkdir -p "$OUT/smollm2-dflash" && cp "$NEW"/* "$OUT/smollm2-dflash/"
     ;;
