@@ -11,6 +11,7 @@ from specpilot.fixtures.random_models import random_drafter, random_target, tiny
 from specpilot.training.data import DistilledData, Record, read_records
 from specpilot.training.distill import Dataset, Sampling, generate, greedy_batch, pick, target_features
 from specpilot.training.train_drafter import (
+    LENGTH_STEP,
     NAIVE,
     Features,
     TrainConfig,
@@ -36,6 +37,20 @@ def test_a_padded_batch_answers_as_each_prompt_alone(target):
     for prompt, answer in zip(batch, together, strict=True):
         assert greedy_batch(target, [prompt], 10, ()) == [answer]
 
+
+def test_finished_rows_leave_the_batch_without_changing_any_answer(target):
+    """With stop tokens that end most rows early, dropping the finished rows (every check, at any share) gives
+    the answers of the full batch run to the end, each ending at its first stop token."""
+    batch = prompts(12, seed=21)
+    full = generate(target, batch, 24, (), check_every=1)
+    stops = tuple(sorted({a[k] for a in full for k in (3, 6, 9)}))[:6]  # tokens the answers do emit, early
+    expected = []
+    for answer in full:
+        cut = next((k for k, t in enumerate(answer) if t in stops), None)
+        expected.append(answer if cut is None else answer[: cut + 1])
+    assert len({len(a) for a in expected}) > 2  # rows stop at different steps
+    for shrink, every in ((0.0, 1), (0.5, 1), (0.9, 2), (1.0, 1)):
+        assert generate(target, batch, 24, stops, check_every=every, shrink=shrink) == expected
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(target):
     batch = prompts(4, seed=12)
@@ -164,7 +179,9 @@ def test_block_batch_labels_and_padding(target):
     ds = Dataset(seqs, [4, 2])
     feats, tokens, anchors, labels = block_batch(ds, [(0, [4, 10]), (1, [3])], 4, 299, "cpu",
                                                  Features(target, (0,)))
-    assert feats.shape[:2] == (2, 12 + 4)
+    assert feats.shape[:2] == (2, LENGTH_STEP + 4)  # the longest (12) rounded up, then room for a block
+    assert feats[0, :12].abs().sum(-1).min() > 0 and feats[1, :6].abs().sum(-1).min() > 0
+    assert feats[0, 12:].abs().sum() == 0 and feats[1, 6:].abs().sum() == 0  # zeros past each sequence
     assert tokens.tolist() == [[14, 299, 299, 299], [20, 299, 299, 299], [33, 299, 299, 299]]
     assert anchors.tolist() == [4, 10, 3]
     assert labels.tolist() == [[15, 16, 17], [21, -100, -100], [34, 35, -100]]
