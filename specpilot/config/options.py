@@ -49,6 +49,16 @@ OPTIONS: dict[str, Option] = _options(
     Option("graphs", bool, True, "capture decode/verify steps as CUDA graphs (no effect on the CPU)", "engine"),
     Option("block_size", int, 0, "draft block size: 0 = the drafter's own, else 2..its own", "engine",
            bases=("stock",), minimum=0),
+    Option("tree", str, "chain", "draft tree builder over the lattice: chain (stock: the drafter's greedy walk), "
+           "ddtree (best paths by marginal log-probs), best_first (best paths by conditional edge scores), "
+           "eagle2 (top tree_k per depth, global rerank), sequoia (static shape from tree_accept)", "engine",
+           bases=("stock",), choices=("chain", "ddtree", "best_first", "eagle2", "sequoia")),
+    Option("nodes", int, 0, "rows verified per step, the anchor included: 0 = the block size; a tree may hold "
+           "more than the block (a chain no more)", "engine", bases=("stock",), minimum=0, maximum=512),
+    Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands", "engine", bases=("stock",),
+           minimum=1, maximum=64),
+    Option("tree_accept", str, "", "sequoia: acceptance by child rank, p0/p1/... (specpilot replay measures it); "
+           "empty = the default profile (speculative/sequoia.py)", "engine", bases=("stock",)),
     Option("lookahead", int, 1, "steps the host enqueues ahead of the one whose tokens it reads (CUDA graphs)",
            "engine", minimum=1, maximum=4),
     Option("pad_us", float, 0.0, "an idle kernel of this many microseconds in every decode step: a known, "

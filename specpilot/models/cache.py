@@ -49,17 +49,23 @@ class AttentionState:
         return cls(0, 0, 0, 0, k.dtype, k.device, (k[None], v[None], 0))
 
     def commit(self, rows: torch.Tensor | None, start: torch.Tensor) -> None:
-        """Keep the accepted path: `rows` [B, R] are the verified rows (slot start + r) of the path in order,
+        """Keep the accepted path: `rows` [B, P] are the verified rows (slot start + r) of the path in order,
         to sit at slots start, start + 1, ... ; None: the path is already in place (a chain accepts a prefix of
         its rows, and row r sits at slot start + r), so nothing moves. Rows past the path are overwritten by
         the next step."""
-        if rows is None:
-            return
-        b, r = rows.shape
-        index = (start[:, None] + rows).view(b, 1, r, 1).expand(-1, self.k.shape[1], -1, self.k.shape[3])
-        dest = (start[:, None] + torch.arange(r, device=rows.device)).view(b, 1, r, 1).expand_as(index)
-        for t in (self.k, self.v):
-            t.scatter_(2, dest, t.gather(2, index))
+        if rows is not None:
+            move_rows((self.k[None], self.v[None]), rows, start)
+
+
+def move_rows(tensors: tuple[torch.Tensor, ...], rows: torch.Tensor, start: torch.Tensor) -> None:
+    """Slots start + rows[b, i] -> start + i of each tensor [layers, B, Hkv, L, D] (gathered first: the ranges
+    may overlap)."""
+    b, r = rows.shape
+    for t in tensors:
+        shape = (t.shape[0], b, t.shape[2], r, t.shape[4])
+        index = (start[:, None] + rows).view(1, b, 1, r, 1).expand(shape)
+        dest = (start[:, None] + torch.arange(r, device=rows.device)).view(1, b, 1, r, 1).expand(shape)
+        t.scatter_(3, dest, t.gather(3, index))
 
 
 STATES = {"attention": AttentionState}
@@ -99,6 +105,21 @@ class Cache:
         return Cache([s.rows(first, last) for s in self.layers])
 
     def commit(self, rows: torch.Tensor | None, start: torch.Tensor) -> None:
-        """Every layer keeps the accepted path (AttentionState.commit)."""
+        """Every layer keeps the accepted path (AttentionState.commit); the layers of one stacked tensor in one
+        gather and one scatter each for K and V, not one per layer."""
+        if rows is None:
+            return
+        stacked = self._stack()
+        if stacked is not None:
+            move_rows(stacked, rows, start)
+            return
         for state in self.layers:
             state.commit(rows, start)
+
+    def _stack(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(K, V) [layers, B, Hkv, L, D] when every layer is a view of one stacked tensor, in order."""
+        first = self.layers[0]
+        if not all(isinstance(s, AttentionState) and s._k is first._k and s._v is first._v and s._i == i
+                   for i, s in enumerate(self.layers)) or first._k.shape[0] != len(self.layers):
+            return None
+        return first._k, first._v

@@ -24,7 +24,10 @@ from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.faults import distort
 from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
 from specpilot.runtime.padding import Pad
+from specpilot.speculative.proposal import TOP_K
+from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
+from specpilot.speculative.tree import TreeBuilder
 
 
 @dataclass
@@ -75,7 +78,8 @@ class Engine:
         self.pos = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.token = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._ar = StepGraph(self._ar_step, self.use_graphs)
-        self.block = 0
+        self.block = self.rows = 0
+        self.builder = None
         if drafter is not None:
             self._init_spec(drafter, self.system.get("block_size") if self.system.speculative else 0)
 
@@ -95,19 +99,34 @@ class Engine:
                                ctx_feats=torch.zeros(1, self.block, feats, dtype=dtype, device=dev),
                                ctx_count=torch.zeros(1, dtype=torch.int64, device=dev),
                                out=torch.zeros(1, 1 + self.block, dtype=torch.int64, device=dev))
+        self.builder = self._builder(drafter)
+        self.rows = self.builder.rows if self.builder is not None else self.block  # slots a step writes past pos
         self.spec = SpecStep(self.target, drafter, self.cache, self.dcache, self.state, self.block, self.plan,
-                             self.fault)
+                             self.fault, self.builder)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
+
+    def _builder(self, drafter: DFlashDrafter) -> TreeBuilder | None:
+        """The system's tree builder (None: stock's chain at the block size, the released behaviour)."""
+        name, nodes = self.system.get("tree"), self.system.get("nodes")
+        if name == "chain" and nodes in (0, self.block):
+            return None
+        width = min(drafter.selector.top_k if drafter.selector is not None else TOP_K, self.target.cfg.vocab_size)
+        try:
+            accept = parse_accept(self.system.get("tree_accept"))
+            return TreeBuilder(name, nodes or self.block, self.block - 1, width, self.system.get("tree_k"), accept)
+        except ValueError as exc:
+            raise UserError(f"system {self.system.name!r}: {exc}") from None
 
     def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
         if not prompt:
             raise UserError("empty prompt: a request needs at least one token")
         if max_new_tokens <= 0:
             raise UserError(f"max_new_tokens must be positive, got {max_new_tokens}")
-        need = len(prompt) + max_new_tokens + self.block
+        rows = self.rows
+        need = len(prompt) + max_new_tokens + rows
         if need > self.context:
             raise UserError(f"prompt longer than the context: {len(prompt)} prompt tokens + {max_new_tokens} "
-                            f"new + {self.block} draft slots > context {self.context}")
+                            f"new + {rows} draft slots > context {self.context}")
         vocab = self.target.cfg.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise UserError(f"prompt token id outside the vocabulary (0..{vocab - 1})")

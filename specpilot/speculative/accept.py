@@ -1,7 +1,9 @@
 """Acceptance of a verified proposal: the verdict.
 
 Greedy: accept the longest path of drafts that equals the target's argmax, plus one bonus token. On a chain
-the path is a prefix. Everything stays on the device (no host sync), so a step can run inside a CUDA
+the path is a prefix; in a tree, a node is accepted when its token is the target's argmax at its parent and
+its parent is accepted (siblings never share a token, so the accepted nodes form one path from the root).
+Everything stays on the device (no host sync), so a step can run inside a CUDA
 graph. A sampling acceptor would take the same inputs plus the drafter's probabilities and return a Verdict.
 """
 
@@ -16,9 +18,10 @@ from specpilot.speculative.proposal import Proposal
 
 @dataclass
 class Verdict:
-    accepted: torch.Tensor  # [B] int64: drafted tokens accepted (0 .. R - 1)
-    path: torch.Tensor  # [B, R] int64: the accepted path's rows, the anchor first (entries past accepted: padding)
-    tokens: torch.Tensor  # [B, R] int64: the target's argmax along the path; 0..accepted are committed
+    accepted: torch.Tensor  # [B] int64: drafted tokens accepted (0 .. P - 1)
+    path: torch.Tensor  # [B, P] int64: the accepted path's rows, the anchor first (entries past accepted: padding)
+    tokens: torch.Tensor  # [B, P] int64: the target's argmax along the path; 0..accepted are committed
+    # P: the longest path a proposal can hold (a chain's rows; a tree's depth + 1)
 
     @property
     def bonus(self) -> torch.Tensor:
@@ -30,7 +33,27 @@ def accept_greedy(proposal: Proposal, logits: torch.Tensor) -> Verdict:
     """logits [B, R, V] of the proposal's rows. On a chain the accepted drafts equal the target's argmax by
     definition, so the committed tokens are the argmax of rows 0..accepted (the last is the bonus)."""
     if not proposal.chain:
-        raise NotImplementedError("greedy acceptance of a tree proposal")
+        return accept_tree(proposal, logits)
     predicted = logits.argmax(-1)  # [B, R]
     matches = (proposal.drafts == predicted[:, :-1]).to(torch.int64)
     return Verdict(accepted=matches.cumprod(1).sum(1), path=proposal.index.expand_as(predicted), tokens=predicted)
+
+
+def accept_tree(proposal: Proposal, logits: torch.Tensor) -> Verdict:
+    """The walk from the root along the target's argmax, as tensor ops over all rows at once: a row is on the
+    accepted path iff every row it sees (itself and its ancestors) drafted its parent's argmax."""
+    predicted = logits.argmax(-1)  # [B, R]
+    drafted_right = proposal.tokens == predicted.gather(1, proposal.parents.clamp(min=0))
+    drafted_right[:, 0] = True  # the root is committed already
+    seen = proposal.visibility.tree  # [B, R, R]: ancestors and self
+    on_path = ~(seen & ~drafted_right[:, None, :]).any(-1)  # [B, R]
+    depth = proposal.positions - proposal.positions[:, :1]
+    accepted, deepest = torch.where(on_path, depth, -1).max(1)
+    # the deepest accepted row's ancestors, each put at its depth (the others into a column that is dropped)
+    lineage = seen.gather(1, deepest[:, None, None].expand(-1, 1, seen.shape[2]))[:, 0]
+    p = proposal.longest
+    spot = torch.where(lineage, depth, p)
+    path = torch.zeros(predicted.shape[0], p + 1, dtype=torch.int64, device=predicted.device)
+    path.scatter_(1, spot, proposal.index.expand_as(spot))
+    path = path[:, :p]
+    return Verdict(accepted=accepted, path=path, tokens=predicted.gather(1, path))

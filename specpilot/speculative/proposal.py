@@ -3,7 +3,8 @@
 A Proposal is R rows per sequence: row 0 is the anchor (the last committed token, whose logits the bonus
 comes from), rows 1.. the drafted tokens. Each row has a position, a cache slot for its K/V, a parent row
 and, in `visibility`, the slots it may attend to. A chain is the case where row r's parent is r - 1 and
-slot = position: any accepted path is then a prefix already in place in every cache.
+slot = position: any accepted path is then a prefix already in place in every cache. A tree's rows sit at
+slots start + r but at positions start + depth, and see their ancestors (speculative/tree.py builds them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 from specpilot.config.plan import KernelPlan
 from specpilot.models.cache import Cache
 from specpilot.models.dflash import DFlashDrafter
+from specpilot.speculative.lattice import Lattice
+from specpilot.speculative.tree import TreeBuilder
 from specpilot.speculative.visibility import Visibility
 from specpilot.weights import DenseWeight
 
@@ -28,10 +31,15 @@ class Proposal:
     parents: torch.Tensor  # [B, R] int64: each row's parent row (-1 for the anchor)
     index: torch.Tensor  # [R] int64: 0 .. R - 1 (made once per engine: a captured step allocates nothing)
     chain: bool  # static: parents are r - 1 and slots are positions (accepted paths are prefixes, in place)
+    path_rows: int = 0  # static: the longest path (0: all R rows, a chain)
 
     @property
     def rows(self) -> int:
         return self.tokens.shape[1]
+
+    @property
+    def longest(self) -> int:
+        return self.path_rows or self.rows
 
     @property
     def drafts(self) -> torch.Tensor:
@@ -49,22 +57,47 @@ def chain(anchor: torch.Tensor, drafts: torch.Tensor, start: torch.Tensor, index
                     index=index, chain=True)
 
 
+TOP_K = 16  # candidates per draft position when the drafter has no selector of its own
+
+
 class ChainProposer:
     """Stock drafting: one pass of the block drafter conditioned on the target's features, then the
     drafter's own greedy walk of its lattice (DFlash2: through the selector's edges), [B, block - 1]."""
 
     def __init__(self, drafter: DFlashDrafter, embed: DenseWeight, head: DenseWeight, block: int, plan: KernelPlan,
-                 device, top_k: int = 16):
+                 device, top_k: int = TOP_K):
         self.drafter, self.embed, self.head, self.plan, self.top_k = drafter, embed, head, plan, top_k
         self.masks = torch.full((1, block - 1), drafter.cfg.mask_token_id, dtype=torch.int64, device=device)
         self.index = torch.arange(block, device=device)
         self.parents = (self.index - 1)[None]
 
-    def drafts(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> torch.Tensor:
+    def lattice(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> Lattice:
         block_in = torch.cat([anchor[:, None], self.masks.expand(anchor.shape[0], -1)], 1)
         hidden = self.drafter.draft_block(self.embed, block_in, start, cache, self.plan)
-        lattice = self.drafter.lattice(hidden, self.head, anchor, self.top_k, self.plan)
-        return lattice.greedy_chain()
+        return self.drafter.lattice(hidden, self.head, anchor, self.top_k, self.plan)
+
+    def drafts(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> torch.Tensor:
+        return self.lattice(anchor, start, cache).greedy_chain()
 
     def propose(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> Proposal:
         return chain(anchor, self.drafts(anchor, start, cache), start, self.index, self.parents)
+
+
+class TreeProposer(ChainProposer):
+    """A tree over the same lattice (the `tree` option): rows at slots start + r, positions start + depth, each
+    seeing its ancestors; `last` keeps the step's lattice for a recording run (speculative/record.py)."""
+
+    def __init__(self, drafter: DFlashDrafter, embed: DenseWeight, head: DenseWeight, block: int, plan: KernelPlan,
+                 device, builder: TreeBuilder, top_k: int = TOP_K):
+        super().__init__(drafter, embed, head, block, plan, device, top_k)
+        self.builder = builder
+        self.rows = torch.arange(builder.rows, device=device)
+        self.last: Lattice | None = None
+
+    def propose(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> Proposal:
+        self.last = lattice = self.lattice(anchor, start, cache)
+        tree = self.builder(lattice)
+        seen = tree.ancestors(lattice.depth)
+        return Proposal(tokens=tree.tokens, positions=start[:, None] + tree.depth, slots=start[:, None] + self.rows,
+                        visibility=Visibility(cache_len=start, start=start, tree=seen), parents=tree.parents,
+                        index=self.rows, chain=False, path_rows=lattice.depth + 1)

@@ -1,7 +1,7 @@
 """One speculative step, device only (no host sync, so it can be captured as one CUDA graph):
 
   context  the rows the last step committed become the drafter's context (their target features);
-  propose  the proposer's rows (stock: the drafter's greedy chain, speculative/proposal.py);
+  propose  the proposer's rows (stock: the drafter's greedy chain; a tree builder's rows: speculative/tree.py);
   verify   one target pass over them (its logits and the features the drafter conditions on);
   accept   the verdict (speculative/accept.py);
   commit   every cache keeps the accepted path; the bonus token and the next position are the new state.
@@ -22,7 +22,8 @@ from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.faults import distort, force_first_draft
 from specpilot.speculative.accept import Verdict, accept_greedy
-from specpilot.speculative.proposal import ChainProposer, Proposal
+from specpilot.speculative.proposal import ChainProposer, Proposal, TreeProposer
+from specpilot.speculative.tree import TreeBuilder
 
 
 @dataclass
@@ -41,11 +42,13 @@ class SpecStep:
     """The stock speculative step of one target and drafter over their caches (see the module docstring)."""
 
     def __init__(self, target: DenseTarget, drafter: DFlashDrafter, cache: Cache, dcache: Cache, state: SpecState,
-                 block: int, plan: KernelPlan, fault: str = "none"):
+                 block: int, plan: KernelPlan, fault: str = "none", builder: TreeBuilder | None = None):
+        """builder: a tree builder (None: stock's chain)."""
         self.target, self.drafter, self.cache, self.dcache, self.state = target, drafter, cache, dcache, state
         self.plan, self.fault = plan, fault
         self.drafter_plan = plan.but(gemv=False)  # the drafter's block rows are never a few-row stream
-        self.proposer = ChainProposer(drafter, target.embed, target.head, block, self.drafter_plan, target.device)
+        args = (drafter, target.embed, target.head, block, self.drafter_plan, target.device)
+        self.proposer = ChainProposer(*args) if builder is None else TreeProposer(*args, builder=builder)
         self.hidden_layers = tuple(drafter.cfg.target_layer_ids)
         self.trash = dcache.length - 1  # the drafter cache's last slot absorbs context rows not valid this step
 
@@ -75,14 +78,15 @@ class SpecStep:
         return verdict
 
     def commit(self, proposal: Proposal, verdict: Verdict, feats: torch.Tensor) -> None:
-        """Every cache keeps the accepted path (a chain's is in place: nothing moves); the committed rows'
-        features become the drafter's next context; the bonus token and the position move on."""
+        """Every cache keeps the accepted path (a chain's is in place: nothing moves; a tree's rows move to
+        consecutive slots); the committed rows' features become the drafter's next context; the bonus token and
+        the position move on."""
         s = self.state
         path = None if proposal.chain else verdict.path
         self.cache.commit(path, s.pos)
         s.out[:, 0] = verdict.accepted
         s.out[:, 1:] = verdict.tokens
-        s.ctx_feats.copy_(feats if path is None else feats.gather(1, path[..., None].expand_as(feats)))
+        s.ctx_feats.copy_(feats if path is None else feats.gather(1, path[..., None].expand(-1, -1, feats.shape[2])))
         s.ctx_count.copy_(verdict.accepted + 1)
         s.token.copy_(verdict.bonus)
         s.pos.add_(verdict.accepted + 1)

@@ -17,7 +17,8 @@ import torch
 class Visibility:
     cache_len: torch.Tensor  # [B] int64
     start: torch.Tensor  # [B] int64
-    tree: torch.Tensor | None = None  # [T, T] bool: row t sees new row u iff tree[t, u]; None = causal
+    tree: torch.Tensor | None = None  # [T, T] or per sequence [B, T, T] bool: row t sees new row u iff tree[t, u];
+    # None = causal
     window: int | None = None  # sliding window: row at position start+t sees slot s iff |start+t-s| < window
     # what an attention path derived from it once, for every layer of the forward to reuse (kernels/attention/live.py)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
@@ -36,12 +37,14 @@ def verify_mask(cache_len: torch.Tensor, start: torch.Tensor, visibility: torch.
                 length: int) -> torch.Tensor:
     """Rows at slots start..start+N-1 see every committed slot < cache_len, and the new rows that
     visibility [N, N] allows (a chain: lower triangle; a tree: each node's ancestors and itself).
-    cache_len, start: [B]. Returns [B, N, length]; built on the device without host syncs."""
-    n = visibility.shape[0]
+    cache_len, start: [B]; visibility [N, N] or per sequence [B, N, N]. Returns [B, N, length]; built on the
+    device without host syncs."""
+    n = visibility.shape[-1]
     slots = torch.arange(length, device=start.device)
     rel = slots[None, :] - start[:, None]  # [B, L]
     inside = (rel >= 0) & (rel < n)
-    tree = visibility[:, rel.clamp(0, n - 1)].permute(1, 0, 2)  # [B, N, L]
+    per_seq = visibility if visibility.dim() == 3 else visibility.expand(start.shape[0], n, n)
+    tree = per_seq.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [B, N, L]
     committed = slots[None, None, :] < cache_len[:, None, None]
     return committed | (tree & inside[:, None, :])
 

@@ -90,7 +90,7 @@ def _split_kernel(
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_h, sk_l,
     sv_b, sv_h, sv_l,
-    so_b, so_t, so_h,
+    so_b, so_t, so_h, tree_sb,
     T, L, window, qk_scale, row_tiles,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -234,7 +234,7 @@ def _split_kernel(
         v = tl.load(v_base + offs_s[:, None] * sv_l + offs_d[None, :], mask=col_ok[:, None], other=0.0,
                     eviction_policy=KV_EVICT)
         vis = col_ok[None, :] & row_ok[:, None]
-        bits = tl.load(tree_ptr + offs_t[:, None] * T + rel[None, :], mask=vis, other=0)
+        bits = tl.load(tree_ptr + b.to(tl.int64) * tree_sb + offs_t[:, None] * T + rel[None, :], mask=vis, other=0)
         vis = vis & (bits != 0)
         if HAS_WINDOW:
             vis = vis & _in_window(offs_t, offs_s, start, window)
@@ -365,7 +365,7 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: V
         raise ValueError(f"dtypes differ: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}")
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("the KV cache's head_dim must be contiguous")
-    if vis.tree is not None and tuple(vis.tree.shape) != (t, t):
+    if vis.tree is not None and tuple(vis.tree.shape) not in ((t, t), (b, t, t)):
         raise ValueError(f"tree {tuple(vis.tree.shape)} does not match {t} rows")
     if vis.cache_len.shape != (b,) or vis.start.shape != (b,):
         raise ValueError("cache_len and start must be [B] tensors")
@@ -458,7 +458,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         *q.stride(),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), t * t if tree.dim() == 3 else 0,
         t, length, window, float(scale) * LOG2E, cfg.row_tiles,
         HKV=hkv, G=g, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         CAUSAL=causal, HAS_WINDOW=has_window,
