@@ -58,8 +58,10 @@ class Runner:
             self._warm.add(system.name)
 
     def run(self, system: System, request: Request, max_new_tokens: int,
-            on_turn: Callable[[], None] | None = None) -> list[TurnRecord]:
+            on_turn: Callable[[], None] | None = None, recorder=None) -> list[TurnRecord]:
+        """recorder (replay/record.Recorder): each turn's lattices are recorded (its steps run one by one)."""
         engine = self.engine(system)
+        engine.recorder = recorder
         messages: list[dict[str, str]] = []
         records = []
         for k, text in enumerate(request.turns):
@@ -70,8 +72,11 @@ class Runner:
             rid = request.id if len(request.turns) == 1 else f"{request.id}#turn{k + 1}"
             records.append(TurnRecord(rid, request.dataset, k + 1, prompt, gen.tokens, gen.prefill_s,
                                       gen.decode_s, gen.accepted))
+            if recorder is not None:
+                recorder.finish(rid, request.dataset, prompt, gen.tokens, gen.accepted)
             if on_turn:
                 on_turn()
+        engine.recorder = None
         return records
 
 

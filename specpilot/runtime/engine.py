@@ -70,6 +70,7 @@ class Engine:
         self.use_graphs = self.system.get("graphs") and self.device.type == "cuda"
         self.lookahead = self.system.get("lookahead")
         self.pad = Pad(self.system.get("pad_us"), self.device)
+        self.recorder = None  # replay/record.Recorder: each speculative step's lattice (steps run one by one)
         self.tuning: dict = {}  # the step tuning's report (kernels/tuning/descent.py), once it ran
         self._ahead: dict[int, Lookahead] = {}  # pinned read-back buffers by step output (CUDA graphs)
         if target.rope.length < context + 1:
@@ -230,12 +231,18 @@ class Engine:
         """The decode loop: one step (graph replay) and one host read per step, `lookahead` steps in flight."""
         out, accepted = [first], []
         step, result = (self._spec, self.state.out) if spec else (self._ar, self.token)
-        ahead = self._lookahead(result) if self.use_graphs else None
+        record = self.recorder if spec else None
+        ahead = self._lookahead(result) if self.use_graphs and record is None else None
+        if record is not None:
+            record.begin()
         k = 0
         while first not in stops and len(out) < max_new_tokens:
             if ahead is None:
+                start = int(self.pos.item()) if record is not None else 0
                 step()
                 values = result.tolist()
+                if record is not None:
+                    record.step(start, self.spec.proposer.last)
             else:
                 if k == 0:
                     ahead.launch(step)

@@ -70,11 +70,13 @@ class ChainProposer:
         self.masks = torch.full((1, block - 1), drafter.cfg.mask_token_id, dtype=torch.int64, device=device)
         self.index = torch.arange(block, device=device)
         self.parents = (self.index - 1)[None]
+        self.last: Lattice | None = None  # the step's lattice (graph-static when captured), for recording runs
 
     def lattice(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> Lattice:
         block_in = torch.cat([anchor[:, None], self.masks.expand(anchor.shape[0], -1)], 1)
         hidden = self.drafter.draft_block(self.embed, block_in, start, cache, self.plan)
-        return self.drafter.lattice(hidden, self.head, anchor, self.top_k, self.plan)
+        self.last = self.drafter.lattice(hidden, self.head, anchor, self.top_k, self.plan)
+        return self.last
 
     def drafts(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> torch.Tensor:
         return self.lattice(anchor, start, cache).greedy_chain()
@@ -85,17 +87,16 @@ class ChainProposer:
 
 class TreeProposer(ChainProposer):
     """A tree over the same lattice (the `tree` option): rows at slots start + r, positions start + depth, each
-    seeing its ancestors; `last` keeps the step's lattice for a recording run (speculative/record.py)."""
+    seeing its ancestors."""
 
     def __init__(self, drafter: DFlashDrafter, embed: DenseWeight, head: DenseWeight, block: int, plan: KernelPlan,
                  device, builder: TreeBuilder, top_k: int = TOP_K):
         super().__init__(drafter, embed, head, block, plan, device, top_k)
         self.builder = builder
         self.rows = torch.arange(builder.rows, device=device)
-        self.last: Lattice | None = None
 
     def propose(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> Proposal:
-        self.last = lattice = self.lattice(anchor, start, cache)
+        lattice = self.lattice(anchor, start, cache)
         tree = self.builder(lattice)
         seen = tree.ancestors(lattice.depth)
         return Proposal(tokens=tree.tokens, positions=start[:, None] + tree.depth, slots=start[:, None] + self.rows,

@@ -36,6 +36,8 @@ def shape(p: tuple[float, ...], nodes: int, max_depth: int) -> tuple[list[int], 
                 g[r, n] = v[m]
                 choice[h, r, n] = m + 1
         f[h, 2:] = g[0, 1:nodes]
+    if not np.isfinite(f[max_depth, nodes]):
+        raise ValueError(f"tree=sequoia cannot place {nodes} nodes within depth {max_depth} using {ranks} child ranks")
     return _unfold(choice, nodes, max_depth)
 
 

@@ -175,7 +175,7 @@ class TreeBuilder:
         if builder == "sequoia":
             from specpilot.speculative import sequoia
 
-            self.shape = sequoia.shape(tuple(accept[:width]), self.nodes, depth)
+            self.shape = sequoia.shape(tuple((accept or sequoia.DEFAULT_ACCEPT)[:width]), self.nodes, depth)
 
     @property
     def rows(self) -> int:
