@@ -151,6 +151,134 @@ def bench(
 
 
 @app.command()
+def replay(
+    run_dir: Annotated[Path, typer.Argument(help="Folder of recorded lattices (written here with --record).")],
+    record: Annotated[bool, typer.Option("--record", help="First run --system on the deployment's requests and "
+                                         "record every step's lattice into RUN_DIR (replaces a recording there).")
+                      ] = False,
+    system: Annotated[str, typer.Option("--system", "-s", help="The speculative system to record (as in bench).")
+                      ] = "stock",
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    dataset: Datasets = None,
+    split: Annotated[str | None, typer.Option(help="dev (default), sealed or all.")] = None,
+    limit: Limit = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation.")] = None,
+    data_dir: DataDir = None,
+    builder: Annotated[list[str] | None, typer.Option(
+        "--builder", help="Tree builders to replay (repeatable; default: all: chain, ddtree, best_first, eagle2, "
+                          "sequoia).")] = None,
+    nodes: Annotated[str, typer.Option(help="Node budgets, comma-separated (rows verified, the anchor included).")
+                     ] = "8,16,24,32,48,64",
+    tree_k: Annotated[int, typer.Option(help="eagle2's k.")] = 4,
+    tree_accept: Annotated[str, typer.Option(help="sequoia's acceptance by rank (p0/p1/...; default: the one "
+                                             "measured in this recording).")] = "",
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the replayed figures here.")] = None,
+) -> None:
+    """Exact replay: the tau every tree builder and node budget would reach on a recorded run's lattices (its
+    own anchors, the recorded output as the target's greedy continuation), without the target; tau_best (the
+    longest output prefix the lattice holds) and the acceptance by rank that a Sequoia tree is shaped from."""
+    from specpilot.replay.record import load
+    from specpilot.replay.run import accept_option, policies
+    from specpilot.replay.walk import replay as run_replay
+    from specpilot.results import environment, write_json_atomic
+    from specpilot.speculative.sequoia import parse_accept
+    from specpilot.speculative.tree import BUILDERS
+
+    unknown = [b for b in builder or [] if b not in BUILDERS]
+    if unknown:
+        raise UserError(f"unknown tree builder {unknown[0]!r} (known: {', '.join(BUILDERS)})")
+    try:
+        budgets = sorted({int(n) for n in nodes.split(",") if n.strip()})
+        accept = parse_accept(tree_accept) if tree_accept else ()
+    except ValueError as exc:
+        raise UserError(f"--nodes takes integers separated by commas, got {nodes!r}" if "accept" not in str(exc)
+                        else str(exc)) from None
+    if not budgets or budgets[0] < 2:
+        raise UserError(f"--nodes needs budgets of at least 2 rows, got {nodes!r}")
+    _check_output(json_path)
+    if record:
+        _record(run_dir, system, preset, deployment, dataset, split, limit, max_new_tokens, data_dir)
+    elif not run_dir.exists():
+        raise UserError(f"{run_dir} does not exist (record into it with --record)")
+    turns, meta = load(run_dir)
+    if not turns:
+        raise UserError(f"{run_dir} holds no speculative steps")
+    block = turns[0].tokens.shape[1] + 1
+    pairs = policies(builder or [], budgets, block)
+    if not accept and any(b == "sequoia" for b, _ in pairs):
+        probe = run_replay(turns, [], tree_k)  # the profile measured in this recording shapes the Sequoia tree
+        accept = parse_accept(accept_option(probe["accept_by_rank"]) or "")
+    with _interruptible("replay interrupted: nothing was written"):
+        try:
+            result = run_replay(turns, pairs, tree_k, accept)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    report = {**environment(), "recording": meta, "run_dir": str(run_dir), "tree_k": tree_k,
+              "tree_accept": "/".join(map(str, accept)), **result}
+    if json_path is not None:
+        write_json_atomic(json_path, report)
+    console.print(_replay_table(result, budgets))
+    console.print(f"[dim]{result['turns']} turns, {result['steps']} steps recorded ({meta.get('system', '?')}: live "
+                  f"tau {result['live_tau']:.3f}); acceptance by rank: tree_accept="
+                  f"{accept_option(result['accept_by_rank'])}[/dim]")
+    if json_path is not None:
+        console.print(f"[dim]wrote {json_path}[/dim]")
+
+
+def _record(run_dir: Path, system: str, preset, deployment, dataset, split, limit, max_new_tokens, data_dir) -> None:
+    from specpilot.bench.harness import Runner
+    from specpilot.bench.run import BenchPlan, collect_requests
+    from specpilot.config.env import parse
+    from specpilot.models.pair import build_pair
+    from specpilot.replay.record import save
+    from specpilot.replay.run import record
+    from specpilot.results import environment
+
+    sys_ = parse(system)
+    if not sys_.speculative:
+        raise UserError(f"--system {system!r} drafts nothing to record: name a stock system")
+    dep = _deployment(preset, deployment)
+    if dep.drafter is None:
+        raise UserError(f"deployment {dep.name} has no drafter")
+    budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
+    if budget <= 0:
+        raise UserError(f"max_new_tokens must be positive, got {budget}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir} is a file, not a folder")
+    plan = BenchPlan(dep, [sys_], dataset or dep.datasets, split or dep.split,
+                     limit if limit is not None else dep.limit, budget, data_dir)
+    requests = collect_requests(plan)
+    err.print(f"[dim]deployment {dep.name}: loading models on {dep.torch_device()} ({dep.torch_dtype()})[/dim]")
+    target, drafter, tok = build_pair(dep, with_drafter=True)
+    runner = Runner(target, drafter, tok, dep.context)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with _interruptible(f"recording interrupted: {run_dir} was not touched"), \
+            Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(f"recording {sys_.name}", total=sum(len(r.turns) for r in requests))
+        turns = record(runner, sys_, requests, budget, lambda: bar.advance(task))
+    meta = {**environment(), "system": sys_.name, "deployment": dep.name, "datasets": plan.datasets,
+            "split": plan.split, "limit": plan.limit, "max_new_tokens": budget,
+            "config": runner.engine(sys_).system.to_json()}
+    save(run_dir, turns, meta)
+    err.print(f"[dim]recorded {len(turns)} turns into {run_dir}[/dim]")
+
+
+def _replay_table(result: dict, budgets: list[int]) -> Table:
+    t = Table(title="replayed tau (recorded anchors)")
+    t.add_column("builder", justify="left")
+    for n in budgets:
+        t.add_column(f"N={n}", justify="right")
+    rows: dict[str, dict[int, float]] = {}
+    for row in result["replayed"].values():
+        rows.setdefault(row["builder"], {})[row["nodes"]] = row["tau"]
+    for name, by_n in rows.items():
+        t.add_row(name, *[_fmt(by_n.get(min(n, max(by_n)) if name == "chain" else n)) for n in budgets])
+    t.add_row("tau_best", *[_fmt(result["tau_best"].get(str(n))) for n in budgets])
+    return t
+
+
+@app.command()
 def force(
     candidate: Annotated[str, typer.Option(help=_system_help("The system under audit,"))],
     reference: Annotated[str, typer.Option(help="The system it must be as faithful as (as --candidate).")

@@ -56,7 +56,9 @@ def make_case(gen, b, t, hq, hkv, d, length, tree_kind="none", window=None, dtyp
     v = torch.randn(b, hkv, length, d, generator=gen)
     cache_len = torch.randint(0, length + 1, (b,), generator=gen)
     start = torch.randint(0, length - t + 1, (b,), generator=gen)
-    tree = {"none": None, "rand": random_tree(t, gen), "ones": torch.ones(t, t, dtype=torch.bool)}[tree_kind]
+    trees = {"none": lambda: None, "rand": lambda: random_tree(t, gen), "ones": lambda: torch.ones(t, t, dtype=torch.bool),
+             "per_seq": lambda: torch.stack([random_tree(t, gen) for _ in range(b)])}  # a tree per sequence
+    tree = trees[tree_kind]()
     vis = Visibility(cache_len.to(DEVICE), start.to(DEVICE), None if tree is None else tree.to(DEVICE), window)
     return q.to(DEVICE, dtype), k.to(DEVICE, dtype), v.to(DEVICE, dtype), vis
 
@@ -70,7 +72,7 @@ def make_case(gen, b, t, hq, hkv, d, length, tree_kind="none", window=None, dtyp
     hkv=st.sampled_from([1, 2]),
     d=st.sampled_from([16, 64]),
     length=st.sampled_from([64, 200]),
-    tree_kind=st.sampled_from(["none", "rand", "ones"]),
+    tree_kind=st.sampled_from(["none", "rand", "ones", "per_seq"]),
     window=st.sampled_from([None, 4, 17]),
     splits=st.sampled_from([None, 1, 3]),
     fuse=st.booleans(),
@@ -147,7 +149,7 @@ def test_decode_step_runs_the_split_count_chosen_in_the_step(monkeypatch):
     assert preloads[-1] == (False, False)
 
 
-@pytest.mark.parametrize("tree_kind", ["none", "rand"])
+@pytest.mark.parametrize("tree_kind", ["none", "rand", "per_seq"])
 def test_noncontiguous_q(tree_kind):
     gen = torch.Generator().manual_seed(11)
     b, t, hq, hkv, d, length = 2, 5, 8, 2, 64, 128
@@ -291,7 +293,7 @@ def test_dispatch():
     t=st.sampled_from([1, 4, 16]),
     g=st.sampled_from([1, 3]),
     length=st.sampled_from([40, 96]),
-    tree_kind=st.sampled_from(["none", "rand", "ones"]),
+    tree_kind=st.sampled_from(["none", "rand", "ones", "per_seq"]),
     window=st.sampled_from([None, 5]),
 )
 def test_live_slots_match_the_full_length_reference(seed, b, t, g, length, tree_kind, window):

@@ -77,19 +77,24 @@ def replay(turns: list[TurnLattices], systems: list[tuple[str, int]], k: int = 4
     rows = {}
     for name, nodes in systems:
         builder = TreeBuilder(name, nodes, depth, width, k, accept)
-        per = [float(committed(t, builder, device).float().mean()) for t in turns]
+        per = [_step_mean(committed(t, builder, device)) for t in turns]
         rows[f"{name}@{nodes}"] = {"builder": name, "nodes": builder.rows, "tau": _mean(per),
                                    "by_dataset": _by_dataset(turns, per)}
     out["replayed"] = rows
     budgets = sorted({n for _, n in systems})
-    out["tau_best"] = {str(n): _mean([float(best(t, n).float().mean()) for t in turns]) for n in budgets}
-    out["tau_best"]["any"] = _mean([float(best(t).float().mean()) for t in turns])
+    out["tau_best"] = {str(n): _mean([_step_mean(best(t, n)) for t in turns]) for n in budgets}
+    out["tau_best"]["any"] = _mean([_step_mean(best(t)) for t in turns])
     hits, reached = torch.zeros(width, dtype=torch.int64), 0
     for t in turns:
         h, r = rank_hits(t, width)
         hits, reached = hits + h, reached + r
     out["accept_by_rank"] = [round(float(h) / max(reached, 1), 4) for h in hits]
     return out
+
+
+def _step_mean(tokens: torch.Tensor) -> float:
+    """Tokens per step of one turn, as the live figure is computed (integer sum over the step count)."""
+    return int(tokens.sum()) / tokens.numel()
 
 
 def _mean(values: list[float]) -> float | None:

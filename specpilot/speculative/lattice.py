@@ -34,14 +34,20 @@ class Lattice:
             return self.logp[:, :, None, :].expand(-1, -1, self.width, -1)
         return torch.log_softmax(self.edges.float(), dim=-1)
 
-    def greedy_chain(self) -> torch.Tensor:
-        """The drafter's own greedy walk [B, D] (stock): argmax child of each chosen parent."""
+    def greedy_picks(self) -> torch.Tensor:
+        """The candidate index [B, D] of the drafter's own greedy walk: argmax child of each chosen parent."""
         if self.edges is None:
-            return self.tokens[..., 0]
+            return torch.zeros(self.tokens.shape[:2], dtype=torch.int64, device=self.tokens.device)
         index = self.edges[:, 0, 0].argmax(-1)  # [B]
         picks = [index]
         for d in range(1, self.depth):
             rows = self.edges[:, d].gather(1, index[:, None, None].expand(-1, 1, self.width))[:, 0]
             index = rows.argmax(-1)
             picks.append(index)
-        return self.tokens.gather(2, torch.stack(picks, 1)[..., None])[..., 0]
+        return torch.stack(picks, 1)
+
+    def greedy_chain(self) -> torch.Tensor:
+        """The drafter's own greedy walk [B, D] (stock)."""
+        if self.edges is None:
+            return self.tokens[..., 0]
+        return self.tokens.gather(2, self.greedy_picks()[..., None])[..., 0]

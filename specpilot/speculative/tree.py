@@ -103,7 +103,7 @@ def _select(lattice: Lattice, pool: list, nodes: int) -> Tree:
     """Root + the best N - 1 pool entries, in score order (stable: the shallower first on ties)."""
     b, dev = lattice.anchor.shape[0], lattice.anchor.device
     zero = torch.zeros(b, 1, device=dev)
-    scores = torch.cat([zero] + [s for s, _, _, _, _ in pool], 1)
+    scores = torch.cat([torch.full_like(zero, float("inf"))] + [s for s, _, _, _, _ in pool], 1)  # the root first
     cands = torch.cat([zero.long()] + [c for _, c, _, _, _ in pool], 1)
     parents = torch.cat([zero.long()] + [p for _, _, p, _, _ in pool], 1)
     depths = torch.cat([zero.long()] + [torch.full_like(c, d + 1) for _, c, _, _, d in pool], 1)
@@ -111,7 +111,7 @@ def _select(lattice: Lattice, pool: list, nodes: int) -> Tree:
     if nodes > total:
         raise ValueError(f"the lattice holds {total} nodes at most here, {nodes} asked")
     _, order = scores.sort(dim=1, descending=True, stable=True)
-    sel = order[:, :nodes]  # [B, N]; sel[:, 0] == 0 (the root scores 0 >= every path)
+    sel = order[:, :nodes]  # [B, N]; sel[:, 0] == 0
     row_of = torch.zeros(b, total, dtype=torch.int64, device=dev)
     row_of.scatter_(1, sel, torch.arange(nodes, device=dev).expand(b, -1))
     parent_rows = row_of.gather(1, parents.gather(1, sel))
@@ -133,8 +133,8 @@ def chain_tree(lattice: Lattice, nodes: int) -> Tree:
     b, dev = lattice.anchor.shape[0], lattice.anchor.device
     n = min(nodes, lattice.depth + 1)
     index = torch.arange(n, device=dev).expand(b, -1)
-    tokens = torch.cat([lattice.anchor[:, None], lattice.greedy_chain()[:, : n - 1]], 1)
-    return Tree(parents=(index - 1).clamp(min=0), depth=index, cand=torch.zeros_like(index), tokens=tokens)
+    cand = torch.cat([torch.zeros_like(index[:, :1]), lattice.greedy_picks()[:, : n - 1]], 1)
+    return Tree(parents=(index - 1).clamp(min=0), depth=index, cand=cand, tokens=_tokens(lattice, index, cand))
 
 
 def static_tree(lattice: Lattice, scores: torch.Tensor, parents: list[int], ranks: list[int],
