@@ -56,7 +56,8 @@ def make_case(gen, b, t, hq, hkv, d, length, tree_kind="none", window=None, dtyp
     v = torch.randn(b, hkv, length, d, generator=gen)
     cache_len = torch.randint(0, length + 1, (b,), generator=gen)
     start = torch.randint(0, length - t + 1, (b,), generator=gen)
-    trees = {"none": lambda: None, "rand": lambda: random_tree(t, gen), "ones": lambda: torch.ones(t, t, dtype=torch.bool),
+    trees = {"none": lambda: None, "rand": lambda: random_tree(t, gen),
+             "ones": lambda: torch.ones(t, t, dtype=torch.bool),
              "per_seq": lambda: torch.stack([random_tree(t, gen) for _ in range(b)])}  # a tree per sequence
     tree = trees[tree_kind]()
     vis = Visibility(cache_len.to(DEVICE), start.to(DEVICE), None if tree is None else tree.to(DEVICE), window)

@@ -234,7 +234,8 @@ def test_tree_acceptance_walks_the_targets_argmax(lattice, name, nodes, seed):
                 predicted[s, r] = tree.tokens[s, kids[int(torch.randint(0, len(kids), (1,), generator=gen))]]
     logits = torch.nn.functional.one_hot(predicted, 60).float()
     start = torch.tensor([5] * b)
-    proposal = Proposal(tokens=tree.tokens, positions=start[:, None] + tree.depth, slots=start[:, None] + torch.arange(n),
+    proposal = Proposal(tokens=tree.tokens, positions=start[:, None] + tree.depth,
+                        slots=start[:, None] + torch.arange(n),
                         visibility=Visibility(start, start, tree.ancestors(lattice.depth)), parents=tree.parents,
                         index=torch.arange(n), chain=False, path_rows=lattice.depth + 1)
     verdict = accept_tree(proposal, logits)
