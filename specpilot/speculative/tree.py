@@ -137,24 +137,30 @@ def chain_tree(lattice: Lattice, nodes: int) -> Tree:
     return Tree(parents=(index - 1).clamp(min=0), depth=index, cand=cand, tokens=_tokens(lattice, index, cand))
 
 
-def static_tree(lattice: Lattice, scores: torch.Tensor, parents: list[int], ranks: list[int],
-                depths: list[int]) -> Tree:
-    """A fixed shape (rows in depth order; row r > 0 is its parent's ranks[r]-th best child by `scores`)."""
-    b, dev = lattice.anchor.shape[0], lattice.anchor.device
+def static_tree(lattice: Lattice, scores: torch.Tensor, levels: list[tuple[int, int, torch.Tensor, torch.Tensor]],
+                parents: torch.Tensor, depths: torch.Tensor) -> Tree:
+    """A fixed shape: rows in depth order, row r > 0 its parent's ranks[r]-th best child by `scores`; levels: per
+    depth (first row, end row, parent rows, ranks) as device tensors (made once: a captured step copies nothing
+    from the host)."""
+    b = lattice.anchor.shape[0]
     order = scores.argsort(dim=-1, descending=True, stable=True)  # [B, D, K, K]
-    n = len(parents)
-    cand = torch.zeros(b, n, dtype=torch.int64, device=dev)
-    for d in range(1, max(depths) + 1):
-        rows = [r for r in range(n) if depths[r] == d]
-        lo, hi = rows[0], rows[-1] + 1  # depth order: one contiguous range
-        par = torch.tensor(parents[lo:hi], device=dev)
-        rank = torch.tensor(ranks[lo:hi], device=dev)
+    cand = torch.zeros(b, parents.shape[0], dtype=torch.int64, device=scores.device)
+    for d, (lo, hi, par, rank) in enumerate(levels, start=1):
         parent_cand = cand[:, par]  # [B, n_d]
         picks = order[:, d - 1].gather(1, parent_cand[:, :, None].expand(-1, -1, order.shape[-1]))
         cand[:, lo:hi] = picks.gather(2, rank.expand(b, -1)[:, :, None])[:, :, 0]
-    depth = torch.tensor(depths, device=dev).expand(b, -1)
-    par_rows = torch.tensor(parents, device=dev).expand(b, -1)
+    depth, par_rows = depths.expand(b, -1), parents.expand(b, -1)
     return Tree(parents=par_rows, depth=depth, cand=cand, tokens=_tokens(lattice, depth, cand))
+
+
+def static_levels(parents: list[int], ranks: list[int], depths: list[int], device) -> tuple:
+    """static_tree's index tensors for a shape (parents, ranks, depths; rows in depth order)."""
+    levels = []
+    for d in range(1, max(depths) + 1):
+        rows = [r for r in range(len(parents)) if depths[r] == d]
+        lo, hi = rows[0], rows[-1] + 1  # depth order: one contiguous range
+        levels.append((lo, hi, torch.tensor(parents[lo:hi], device=device), torch.tensor(ranks[lo:hi], device=device)))
+    return levels, torch.tensor(parents, device=device), torch.tensor(depths, device=device)
 
 
 class TreeBuilder:
@@ -171,7 +177,7 @@ class TreeBuilder:
             raise ValueError(f"tree={builder} holds 2..{most} nodes on a lattice of depth {depth} and width "
                              f"{width}, {nodes} asked")
         self.nodes = min(nodes, depth + 1) if builder == "chain" else nodes
-        self.shape = None
+        self.shape, self._levels = None, {}
         if builder == "sequoia":
             from specpilot.speculative import sequoia
 
@@ -186,7 +192,10 @@ class TreeBuilder:
             return chain_tree(lattice, self.nodes)
         scores = child_scores(lattice, self.builder)
         if self.builder == "sequoia":
-            return static_tree(lattice, scores, *self.shape)
+            dev = lattice.tokens.device
+            if dev not in self._levels:  # the first (eager) call, before any capture
+                self._levels[dev] = static_levels(*self.shape, dev)
+            return static_tree(lattice, scores, *self._levels[dev])
         if self.builder == "eagle2":
             return best_paths(lattice, scores, self.nodes, width=self.k, fanout=self.k)
         return best_paths(lattice, scores, self.nodes)
