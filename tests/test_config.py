@@ -135,7 +135,9 @@ def test_a_system_records_every_option_and_its_plan():
     with pytest.raises(UserError, match="does not apply"):  # no option outside the base's
         parse_system("ar:block_size=0")
     assert parse_system("stock:block_size=0,gemv=false") == parse_system("stock")  # defaults are dropped
-    assert set(parse_system("ar").to_json()["options"]) == set(OPTIONS) - {"block_size"}
+    stock_only = {"block_size", "tree", "nodes", "tree_k", "tree_accept"}
+    assert {o.name for o in OPTIONS.values() if o.bases == ("stock",)} == stock_only
+    assert set(parse_system("ar").to_json()["options"]) == set(OPTIONS) - stock_only
 
 
 def test_plans_are_per_engine_and_equal_plans_share_one_tuning():

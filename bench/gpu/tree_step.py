@@ -68,6 +68,14 @@ def main() -> None:
                 ok = bool((tree.parents[:, 1:] < torch.arange(1, b.rows, device=device)).all())
                 checks.append({"builder": name, "nodes": n, "rows": b.rows, "valid": ok})
                 builders[f"{name}@{n}"] = timed(lambda b=b: b(lattice), device)
+                if name in ("best_first", "ddtree"):  # the one-launch kernel (the engine's path) against the reference
+                    fast = TreeBuilder(name, n, depth, width, plan=engine.plan)
+                    got = fast(lattice)
+                    same = all(torch.equal(getattr(got, f), getattr(tree, f)) for f in ("parents", "depth", "cand",
+                                                                                        "tokens"))
+                    valid = got.seen is not None and same and torch.equal(got.seen, tree.ancestors(depth))
+                    checks.append({"builder": name + "_kernel", "nodes": n, "rows": fast.rows, "valid": valid})
+                    builders[f"{name}_kernel@{n}"] = timed(lambda b=fast: b(lattice), device)
             verify[str(n)] = verify_times(engine, lattice, start, n, device)
     record = {"environment": environment(), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
               "deployment": dep.name, "prompt_tokens": len(prompt), "generated": len(gen.tokens),
@@ -78,10 +86,11 @@ def main() -> None:
     print(f"checks: {sum(c['valid'] for c in checks)}/{len(checks)} valid; "
           f"chain rows == tree logits: {all(v['chain_rows_equal'] for v in verify.values())}")
     print(f"AR step {rows['ar_step_ms']} ms, lattice {rows['lattice_ms']} ms")
-    print("N    verify chain / tree ms   walk+commit ms   " + "  ".join(f"{b:>10s}" for b in BUILDERS))
+    names = list(BUILDERS) + ["best_first_kernel", "ddtree_kernel"]
+    print("N    verify chain / tree ms   walk+commit ms   " + "  ".join(f"{b[:12]:>12s}" for b in names))
     for n, v in verify.items():
         print(f"{n:>3s}  {v['chain_ms']} / {v['tree_ms']}   {v['walk_commit_ms']}   "
-              + "  ".join(f"{builders[f'{b}@{n}']!s:>10s}" for b in BUILDERS))
+              + "  ".join(f"{builders[f'{b}@{n}']!s:>12s}" for b in names))
 
 
 def verify_times(engine: Engine, lattice, start: torch.Tensor, n: int, device) -> dict:

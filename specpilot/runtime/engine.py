@@ -114,7 +114,8 @@ class Engine:
         width = min(drafter.selector.top_k if drafter.selector is not None else TOP_K, self.target.cfg.vocab_size)
         try:
             accept = parse_accept(self.system.get("tree_accept"))
-            return TreeBuilder(name, nodes or self.block, self.block - 1, width, self.system.get("tree_k"), accept)
+            return TreeBuilder(name, nodes or self.block, self.block - 1, width, self.system.get("tree_k"), accept,
+                               self.plan)
         except ValueError as exc:
             raise UserError(f"system {self.system.name!r}: {exc}") from None
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specpilot.config.plan import KernelPlan
+from specpilot.kernels import tree_build
 from specpilot.speculative.lattice import Lattice
 
 BUILDERS = ("chain", "ddtree", "best_first", "eagle2", "sequoia")
@@ -36,6 +38,7 @@ class Tree:
     depth: torch.Tensor
     cand: torch.Tensor
     tokens: torch.Tensor
+    seen: torch.Tensor | None = None  # the ancestor matrix, where the builder made it (kernels/tree_build)
 
     @property
     def rows(self) -> int:
@@ -43,6 +46,8 @@ class Tree:
 
     def ancestors(self, max_depth: int) -> torch.Tensor:
         """[B, N, N] bool: row t sees row u iff u is t or one of its ancestors (the tree's visibility)."""
+        if self.seen is not None:
+            return self.seen
         b, n = self.parents.shape
         seen = torch.eye(n, dtype=torch.bool, device=self.parents.device).expand(b, n, n).clone()
         step = torch.nn.functional.one_hot(self.parents, n).bool()  # [B, N, N]: each row's parent
@@ -168,10 +173,13 @@ class TreeBuilder:
     `tree_accept`); called on each step's lattice. depth D and width K: the lattice's."""
 
     def __init__(self, builder: str, nodes: int, depth: int, width: int, k: int = 4,
-                 accept: tuple[float, ...] = ()):
+                 accept: tuple[float, ...] = (), plan: KernelPlan | None = None):
+        """plan: the kernel plan (best_first and ddtree in one Triton launch where it applies); None: the
+        PyTorch reference (replay, tests)."""
         if builder not in BUILDERS:
             raise ValueError(f"unknown tree builder {builder!r} (known: {', '.join(BUILDERS)})")
         self.builder, self.depth, self.width, self.k = builder, depth, width, min(k, width)
+        self.plan = plan
         most = max_nodes(builder, depth, width, self.k)
         if not 2 <= nodes <= most and builder != "chain":
             raise ValueError(f"tree={builder} holds 2..{most} nodes on a lattice of depth {depth} and width "
@@ -198,6 +206,10 @@ class TreeBuilder:
             return static_tree(lattice, scores, *self._levels[dev])
         if self.builder == "eagle2":
             return best_paths(lattice, scores, self.nodes, width=self.k, fanout=self.k)
+        if tree_build.applies(scores, self.nodes, self.plan):
+            parents, depth, cand, tokens, seen = tree_build.best_first_rows(scores, lattice.tokens, lattice.anchor,
+                                                                            self.nodes)
+            return Tree(parents=parents, depth=depth, cand=cand, tokens=tokens, seen=seen)
         return best_paths(lattice, scores, self.nodes)
 
 
