@@ -47,7 +47,7 @@ QKV_TYPES = {**{n: P for n in ("x_ptr", "nw_ptr", "w_ptr", "b_ptr", "q_out", "k_
              "pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "K": "i32", "L": "i32",
              "eps": "fp32", "parts_ptr": "*fp32", "n_parts": "i32"}  # qkv_rope's
 _ATTN_INTS = ("sq_b", "sq_t", "sq_h", "sq_d", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "so_b", "so_t", "so_h",
-              "T", "L", "window", "row_tiles")
+              "tree_sb", "T", "L", "window", "row_tiles")
 ATTN_TYPES = {"q_ptr": P, "k_ptr": P, "v_ptr": P, "cache_len_ptr": "*i64", "start_ptr": "*i64", "tree_ptr": "*u8",
               "out_ptr": P, "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
               "count_ptr": "*i32", **dict.fromkeys(_ATTN_INTS, "i32"),
@@ -184,6 +184,18 @@ def test_greedy_kernel_builds_waits_and_does_not_spill():
     ptx = build(_greedy_kernel, {"logits_ptr": P, "token_ptr": "*i64", "pos_ptr": "*i64", "V": "i32"},
                 dict(BLOCK=BLOCK, USE_GDC=True), num_warps=WARPS)
     assert "griddepcontrol.wait" in ptx and registers(ptx)[1] == 0
+
+
+@pytest.mark.parametrize("block", [16, 64])
+def test_tree_build_kernel_builds_without_spilling(block):
+    """The best-first search keeps its [N, N] ancestor matrix in registers: no spill at the largest N it takes."""
+    from specpilot.kernels.tree_build.triton import _best_first_kernel
+
+    types = {"top_s_ptr": "*fp32", "top_c_ptr": "*i64", "tokens_ptr": "*i64", "anchor_ptr": "*i64",
+             **dict.fromkeys(("parents_ptr", "depth_ptr", "cand_ptr", "tok_ptr"), "*i64"), "anc_ptr": "*i8",
+             "N": "i32"}
+    ptx = build(_best_first_kernel, types, dict(D=15, K=16, BLOCK=block), num_warps=4)
+    assert registers(ptx)[1] == 0
 
 
 def loop_bodies(ptx: str) -> list[str]:

@@ -78,9 +78,10 @@ def expected(p: tuple[float, ...], parents: list[int], ranks: list[int]) -> floa
     return sum(reach[1:])
 
 
-# The acceptance by rank used when `tree_accept` is empty: a geometric fall-off, to be replaced by a measured
-# profile (`specpilot replay` prints one for the deployment it ran).
-DEFAULT_ACCEPT = (0.55, 0.12, 0.05, 0.03, 0.02, 0.015, 0.01, 0.01)
+# The acceptance by rank used when `tree_accept` is empty: the real pair's (SmolLM2 + its committed drafter, 60
+# dev turns, bench/results/2026-12-03_trees_pair_replay_bf18272_h200.json), first eight ranks. `specpilot replay`
+# measures it for any deployment.
+DEFAULT_ACCEPT = (0.454, 0.105, 0.048, 0.027, 0.020, 0.017, 0.011, 0.009)
 
 
 def parse_accept(text: str) -> tuple[float, ...]:
