@@ -198,6 +198,17 @@ def test_tree_build_kernel_builds_without_spilling(block):
     assert registers(ptx)[1] == 0
 
 
+def test_eagle2_kernel_builds_without_spilling():
+    from specpilot.kernels.tree_build.triton import _eagle2_kernel
+
+    types = {"top_s_ptr": "*fp32", "top_c_ptr": "*i64", "tokens_ptr": "*i64", "anchor_ptr": "*i64",
+             "pool_s_ptr": "*fp32", **dict.fromkeys(("pool_c_ptr", "pool_d_ptr", "pool_p_ptr"), "*i32"),
+             **dict.fromkeys(("parents_ptr", "depth_ptr", "cand_ptr", "tok_ptr"), "*i64"), "anc_ptr": "*i8",
+             "N": "i32"}
+    ptx = build(_eagle2_kernel, types, dict(D=15, K=16, KEEP=4, KPAD=4, POOL=228, BLOCK=64, BLOCK_P=256), num_warps=4)
+    assert registers(ptx)[1] == 0
+
+
 def loop_bodies(ptx: str) -> list[str]:
     """The PTX of each loop: from a label to the backward branch to it."""
     lines = ptx.splitlines()

@@ -78,3 +78,24 @@ def test_smollm2_is_fetched_on_first_use_only(tmp_path, monkeypatch):
     (tmp_path / "smollm2").mkdir()
     _fetch_if_known(tmp_path / "smollm2")  # present (e.g. staged on the GPU machine): left alone
     assert len(calls) == 1
+
+
+def test_every_tree_builder_on_the_real_pair(smol):
+    """The committed drafter against the real target in float32: every builder at a budget above the block (and
+    best_first below it) returns AR's tokens, with drafts accepted (tau well above 1), best_first at 24 nodes at least
+    as many as the stock chain."""
+    from specpilot.config import parse_system
+    from specpilot.deployment import load_deployment
+    from specpilot.models.pair import build_pair
+
+    target, drafter, tok = build_pair(load_deployment("smollm2", None), with_drafter=True)
+    prompt = tok.chat_prompt([{"role": "user", "content": "Write a Python function that reverses a list."}])
+    ar = Engine(target, None, context=512).generate(prompt, 32, tok.eos_ids, "ar").tokens
+    taus = {}
+    for system in ("stock", "stock:tree=best_first,nodes=8", "stock:tree=best_first,nodes=24",
+                   "stock:tree=ddtree,nodes=24", "stock:tree=eagle2,nodes=24", "stock:tree=sequoia,nodes=24"):
+        gen = Engine(target, drafter, parse_system(system), context=512).generate(prompt, 32, tok.eos_ids)
+        assert gen.tokens == ar, system
+        taus[system] = (len(gen.tokens) - 1) / len(gen.accepted)
+    assert taus["stock:tree=best_first,nodes=24"] >= taus["stock"]
+    assert min(taus.values()) > 1.5, taus

@@ -11,6 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
 
+import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -34,15 +35,16 @@ def _lattice(seed: int, b: int, d: int, k: int, selector: bool) -> Lattice:
                    anchor=to(torch.randint(0, 1000, (b,), generator=gen)))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 3), d=st.integers(1, 15), k=st.sampled_from([1, 2, 4, 16]),
-       selector=st.booleans(), name=st.sampled_from(["best_first", "ddtree"]), nodes=st.integers(2, 64))
-def test_kernel_equals_reference(seed, b, d, k, selector, name, nodes):
-    if nodes > max_nodes(name, d, k, 0):
+       selector=st.booleans(), name=st.sampled_from(["best_first", "ddtree", "eagle2"]), nodes=st.integers(2, 64),
+       keep=st.sampled_from([1, 2, 3, 4]))
+def test_kernel_equals_reference(seed, b, d, k, selector, name, nodes, keep):
+    if nodes > max_nodes(name, d, k, min(keep, k)):
         return
     lattice = _lattice(seed, b, d, k, selector)
-    ref = TreeBuilder(name, nodes, d, k)(lattice)
-    fast_builder = TreeBuilder(name, nodes, d, k, plan=TRITON)
+    ref = TreeBuilder(name, nodes, d, k, keep)(lattice)
+    fast_builder = TreeBuilder(name, nodes, d, k, keep, plan=TRITON)
     fast = fast_builder(lattice)
     assert fast.seen is not None  # the kernel ran
     for field in ("parents", "depth", "cand", "tokens"):
@@ -55,3 +57,17 @@ def test_reference_runs_beyond_the_kernels_budget():
     assert not tree_build.applies(lattice.logp, tree_build.MAX_NODES + 1, TRITON)
     tree = TreeBuilder("best_first", tree_build.MAX_NODES + 1, 6, 4, plan=TRITON)(lattice)
     assert tree.seen is None and tree.rows == tree_build.MAX_NODES + 1
+
+
+@pytest.mark.parametrize("name", ["best_first", "ddtree", "eagle2"])
+@pytest.mark.parametrize("d,k,keep,nodes", [(15, 16, 4, 32), (15, 16, 4, 64), (5, 4, 2, 9), (7, 8, 3, 20)])
+def test_kernel_equals_reference_at_serving_shapes(name, d, k, keep, nodes):
+    """The drafter's own shape (15 depths, 16 candidates) and a few smaller ones, two sequences, three seeds."""
+    for seed in range(3):
+        lattice = _lattice(seed, 2, d, k, True)
+        ref = TreeBuilder(name, nodes, d, k, keep)(lattice)
+        fast = TreeBuilder(name, nodes, d, k, keep, plan=TRITON)(lattice)
+        assert fast.seen is not None
+        for field in ("parents", "depth", "cand", "tokens"):
+            assert torch.equal(getattr(fast, field), getattr(ref, field)), (seed, field)
+        assert torch.equal(fast.seen, ref.ancestors(d))

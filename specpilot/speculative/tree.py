@@ -205,11 +205,12 @@ class TreeBuilder:
                 self._levels[dev] = static_levels(*self.shape, dev)
             return static_tree(lattice, scores, *self._levels[dev])
         if self.builder == "eagle2":
+            pool = self.k + (self.depth - 1) * self.k * self.k
+            if tree_build.applies(scores, self.nodes, self.plan, pool):
+                return Tree(*tree_build.eagle2_rows(scores, lattice.tokens, lattice.anchor, self.nodes, self.k))
             return best_paths(lattice, scores, self.nodes, width=self.k, fanout=self.k)
         if tree_build.applies(scores, self.nodes, self.plan):
-            parents, depth, cand, tokens, seen = tree_build.best_first_rows(scores, lattice.tokens, lattice.anchor,
-                                                                            self.nodes)
-            return Tree(parents=parents, depth=depth, cand=cand, tokens=tokens, seen=seen)
+            return Tree(*tree_build.best_first_rows(scores, lattice.tokens, lattice.anchor, self.nodes))
         return best_paths(lattice, scores, self.nodes)
 
 
