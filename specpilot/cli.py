@@ -46,6 +46,7 @@ Datasets = Annotated[list[str] | None, typer.Option(
     "--dataset", help="gsm8k, math500, humaneval, mbpp, mtbench or builtin; repeatable. Default: the deployment's.")]
 Limit = Annotated[int | None, typer.Option(help="At most N requests per dataset.")]
 DataDir = Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")]
+Split = Annotated[str | None, typer.Option(help="dev (default), sealed or all.")]
 
 
 @contextlib.contextmanager
@@ -98,7 +99,7 @@ def bench(
         "--system", "-s", help=_system_help("A system (repeatable; AR always runs, it is the reference; default: "
                                             "ar and stock),"))] = None,
     dataset: Datasets = None,
-    split: Annotated[str | None, typer.Option(help="dev (default), sealed or all.")] = None,
+    split: Split = None,
     limit: Limit = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation.")] = None,
     data_dir: DataDir = None,
@@ -161,7 +162,7 @@ def replay(
     preset: Preset = None,
     deployment: DeploymentFile = None,
     dataset: Datasets = None,
-    split: Annotated[str | None, typer.Option(help="dev (default), sealed or all.")] = None,
+    split: Split = None,
     limit: Limit = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation.")] = None,
     data_dir: DataDir = None,
@@ -286,7 +287,7 @@ def force(
     preset: Preset = None,
     deployment: DeploymentFile = None,
     dataset: Datasets = None,
-    split: Annotated[str | None, typer.Option(help="dev (default), sealed or all.")] = None,
+    split: Split = None,
     limit: Limit = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (up to 4096).")] = None,
     data_dir: DataDir = None,

@@ -26,7 +26,7 @@ N_NEW = 24
 
 def _budgets(block: int, name: str, width: int) -> list[int]:
     most = max_nodes(name, block - 1, width, min(4, width))
-    return sorted({n for n in (2, block, block + 3, 3 * block) if n <= most})
+    return sorted({n for n in (2, block + 3, 3 * block) if n <= most})
 
 
 def _system(name: str, nodes: int) -> str:

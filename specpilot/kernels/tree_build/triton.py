@@ -17,6 +17,21 @@ fix_triton_interpreter()
 
 
 @triton.jit
+def _store_rows(b, offs, par, dep, cnd, anc, tokens_ptr, anchor_ptr, parents_ptr, depth_ptr, cand_ptr, tok_ptr,
+                anc_ptr, N, D: tl.constexpr, K: tl.constexpr):
+    """The rows (parent, depth, candidate, token: the anchor at the root) and the ancestor matrix, [N] / [N, N]."""
+    live = offs < N
+    out = b * N + offs
+    tl.store(parents_ptr + out, par.to(tl.int64), mask=live)
+    tl.store(depth_ptr + out, dep.to(tl.int64), mask=live)
+    tl.store(cand_ptr + out, cnd.to(tl.int64), mask=live)
+    drafted = tl.load(tokens_ptr + b * (D * K) + (dep - 1) * K + cnd, mask=live & (dep > 0), other=0)
+    tl.store(tok_ptr + out, tl.where(dep > 0, drafted, tl.load(anchor_ptr + b)), mask=live)
+    grid = live[:, None] & live[None, :]
+    tl.store(anc_ptr + b * N * N + offs[:, None] * N + offs[None, :], anc.to(tl.int8), mask=grid)
+
+
+@triton.jit
 def _best_first_kernel(top_s_ptr, top_c_ptr, tokens_ptr, anchor_ptr,
                        parents_ptr, depth_ptr, cand_ptr, tok_ptr, anc_ptr,
                        N, D: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
@@ -56,15 +71,8 @@ def _best_first_kernel(top_s_ptr, top_c_ptr, tokens_ptr, anchor_ptr,
         value = tl.where(new, best + first, value)
         mine = tl.max(tl.where(sel[:, None], anc, 0), axis=0)  # row i's ancestors
         anc = tl.where(new[:, None], tl.maximum(mine[None, :], (offs[None, :] == t).to(tl.int32)), anc)
-    live = offs < N
-    out = b * N + offs
-    tl.store(parents_ptr + out, par.to(tl.int64), mask=live)
-    tl.store(depth_ptr + out, dep.to(tl.int64), mask=live)
-    tl.store(cand_ptr + out, cnd.to(tl.int64), mask=live)
-    drafted = tl.load(tokens_ptr + b * (D * K) + (dep - 1) * K + cnd, mask=live & (dep > 0), other=0)
-    tl.store(tok_ptr + out, tl.where(dep > 0, drafted, tl.load(anchor_ptr + b)), mask=live)
-    grid = live[:, None] & live[None, :]
-    tl.store(anc_ptr + b * N * N + offs[:, None] * N + offs[None, :], anc.to(tl.int8), mask=grid)
+    _store_rows(b, offs, par, dep, cnd, anc, tokens_ptr, anchor_ptr, parents_ptr, depth_ptr, cand_ptr, tok_ptr,
+                anc_ptr, N, D, K)
 
 
 def best_first_triton(scores: torch.Tensor, tokens: torch.Tensor, anchor: torch.Tensor, nodes: int):
@@ -153,15 +161,8 @@ def _eagle2_kernel(top_s_ptr, top_c_ptr, tokens_ptr, anchor_ptr,
         ps = tl.where(sel, float("-inf"), ps)
         mine = tl.max(tl.where((offs == parent_row)[:, None], anc, 0), axis=0)
         anc = tl.where(new[:, None], tl.maximum(mine[None, :], (offs[None, :] == t).to(tl.int32)), anc)
-    live = offs < N
-    out = b * N + offs
-    tl.store(parents_ptr + out, par.to(tl.int64), mask=live)
-    tl.store(depth_ptr + out, dep.to(tl.int64), mask=live)
-    tl.store(cand_ptr + out, cnd.to(tl.int64), mask=live)
-    drafted = tl.load(tokens_ptr + b * (D * K) + (dep - 1) * K + cnd, mask=live & (dep > 0), other=0)
-    tl.store(tok_ptr + out, tl.where(dep > 0, drafted, tl.load(anchor_ptr + b)), mask=live)
-    grid = live[:, None] & live[None, :]
-    tl.store(anc_ptr + b * N * N + offs[:, None] * N + offs[None, :], anc.to(tl.int8), mask=grid)
+    _store_rows(b, offs, par, dep, cnd, anc, tokens_ptr, anchor_ptr, parents_ptr, depth_ptr, cand_ptr, tok_ptr,
+                anc_ptr, N, D, K)
 
 
 def eagle2_triton(scores: torch.Tensor, tokens: torch.Tensor, anchor: torch.Tensor, nodes: int, keep: int):
