@@ -186,6 +186,7 @@ def test_greedy_kernel_builds_waits_and_does_not_spill():
     assert "griddepcontrol.wait" in ptx and registers(ptx)[1] == 0
 
 
+@hopper
 @pytest.mark.parametrize("block", [16, 64])
 def test_tree_build_kernel_builds_without_spilling(block):
     """The best-first search keeps its [N, N] ancestor matrix in registers: no spill at the largest N it takes."""
@@ -198,6 +199,7 @@ def test_tree_build_kernel_builds_without_spilling(block):
     assert registers(ptx)[1] == 0
 
 
+@hopper
 def test_eagle2_kernel_builds_without_spilling():
     from specpilot.kernels.tree_build.triton import _eagle2_kernel
 

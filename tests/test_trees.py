@@ -101,6 +101,8 @@ def test_every_builder_makes_a_valid_tree(lattice, name, nodes, k):
         builder = TreeBuilder(name, nodes, lattice.depth, lattice.width, k)
     tree = builder(lattice)
     _check_valid(tree, lattice, min(nodes, lattice.depth + 1) if name == "chain" else nodes)
+    fresh = Tree(parents=tree.parents, depth=tree.depth, cand=tree.cand, tokens=tree.tokens)
+    assert torch.equal(tree.ancestors(lattice.depth), fresh.ancestors(lattice.depth))  # a builder's own matrix too
     if name == "chain":
         assert torch.equal(tree.tokens[:, 1:], lattice.greedy_chain()[:, : tree.rows - 1])
 

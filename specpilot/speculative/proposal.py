@@ -28,7 +28,7 @@ class Proposal:
     positions: torch.Tensor  # [B, R] int64
     slots: torch.Tensor  # [B, R] int64: where each row's K/V is written
     visibility: Visibility  # committed slots < cache_len for every row, new rows as `tree` says
-    parents: torch.Tensor  # [B, R] int64: each row's parent row (-1 for the anchor)
+    parents: torch.Tensor  # [B, R] int64: each row's parent row (the anchor's: -1 in a chain, 0 in a tree)
     index: torch.Tensor  # [R] int64: 0 .. R - 1 (made once per engine: a captured step allocates nothing)
     chain: bool  # static: parents are r - 1 and slots are positions (accepted paths are prefixes, in place)
     path_rows: int = 0  # static: the longest path (0: all R rows, a chain)

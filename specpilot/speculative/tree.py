@@ -143,7 +143,7 @@ def chain_tree(lattice: Lattice, nodes: int) -> Tree:
 
 
 def static_tree(lattice: Lattice, scores: torch.Tensor, levels: list[tuple[int, int, torch.Tensor, torch.Tensor]],
-                parents: torch.Tensor, depths: torch.Tensor) -> Tree:
+                parents: torch.Tensor, depths: torch.Tensor, seen: torch.Tensor) -> Tree:
     """A fixed shape: rows in depth order, row r > 0 its parent's ranks[r]-th best child by `scores`; levels: per
     depth (first row, end row, parent rows, ranks) as device tensors (made once: a captured step copies nothing
     from the host)."""
@@ -155,17 +155,23 @@ def static_tree(lattice: Lattice, scores: torch.Tensor, levels: list[tuple[int, 
         picks = order[:, d - 1].gather(1, parent_cand[:, :, None].expand(-1, -1, order.shape[-1]))
         cand[:, lo:hi] = picks.gather(2, rank.expand(b, -1)[:, :, None])[:, :, 0]
     depth, par_rows = depths.expand(b, -1), parents.expand(b, -1)
-    return Tree(parents=par_rows, depth=depth, cand=cand, tokens=_tokens(lattice, depth, cand))
+    return Tree(parents=par_rows, depth=depth, cand=cand, tokens=_tokens(lattice, depth, cand),
+                seen=seen.expand(b, -1, -1))
 
 
 def static_levels(parents: list[int], ranks: list[int], depths: list[int], device) -> tuple:
-    """static_tree's index tensors for a shape (parents, ranks, depths; rows in depth order)."""
+    """static_tree's index tensors for a shape (parents, ranks, depths; rows in depth order), and its ancestor
+    matrix (as fixed as the shape)."""
+    n = len(parents)
+    seen = torch.eye(n, dtype=torch.bool)
+    for r in range(1, n):
+        seen[r] |= seen[parents[r]]
     levels = []
     for d in range(1, max(depths) + 1):
         rows = [r for r in range(len(parents)) if depths[r] == d]
         lo, hi = rows[0], rows[-1] + 1  # depth order: one contiguous range
         levels.append((lo, hi, torch.tensor(parents[lo:hi], device=device), torch.tensor(ranks[lo:hi], device=device)))
-    return levels, torch.tensor(parents, device=device), torch.tensor(depths, device=device)
+    return levels, torch.tensor(parents, device=device), torch.tensor(depths, device=device), seen.to(device)
 
 
 class TreeBuilder:
