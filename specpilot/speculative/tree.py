@@ -38,7 +38,7 @@ class Tree:
     depth: torch.Tensor
     cand: torch.Tensor
     tokens: torch.Tensor
-    seen: torch.Tensor | None = None  # the ancestor matrix, where the builder made it (kernels/tree_build)
+    seen: torch.Tensor | None = None  # the ancestor matrix where the builder made it (the kernels; Sequoia)
 
     @property
     def rows(self) -> int:
