@@ -181,6 +181,7 @@ def replay(
     longest output prefix the lattice holds) and the acceptance by rank that a Sequoia tree is shaped from."""
     from specpilot.replay.record import load
     from specpilot.replay.run import accept_option, policies
+    from specpilot.replay.walk import accept_profile
     from specpilot.replay.walk import replay as run_replay
     from specpilot.results import environment, write_json_atomic
     from specpilot.speculative.sequoia import parse_accept
@@ -191,10 +192,12 @@ def replay(
         raise UserError(f"unknown tree builder {unknown[0]!r} (known: {', '.join(BUILDERS)})")
     try:
         budgets = sorted({int(n) for n in nodes.split(",") if n.strip()})
+    except ValueError:
+        raise UserError(f"--nodes takes integers separated by commas, got {nodes!r}") from None
+    try:
         accept = parse_accept(tree_accept) if tree_accept else ()
     except ValueError as exc:
-        raise UserError(f"--nodes takes integers separated by commas, got {nodes!r}" if "accept" not in str(exc)
-                        else str(exc)) from None
+        raise UserError(str(exc)) from None
     if not budgets or budgets[0] < 2:
         raise UserError(f"--nodes needs budgets of at least 2 rows, got {nodes!r}")
     _check_output(json_path)
@@ -207,9 +210,8 @@ def replay(
         raise UserError(f"{run_dir} holds no speculative steps")
     block = turns[0].tokens.shape[1] + 1
     pairs = policies(builder or [], budgets, block)
-    if not accept and any(b == "sequoia" for b, _ in pairs):
-        probe = run_replay(turns, [], tree_k)  # the profile measured in this recording shapes the Sequoia tree
-        accept = parse_accept(accept_option(probe["accept_by_rank"]) or "")
+    if not accept and any(b == "sequoia" for b, _ in pairs):  # the profile measured here shapes Sequoia's tree
+        accept = parse_accept(accept_option(accept_profile(turns)))
     with _interruptible("replay interrupted: nothing was written"):
         try:
             result = run_replay(turns, pairs, tree_k, accept)

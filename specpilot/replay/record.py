@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from specpilot.errors import UserError
+from specpilot.results import write_json_atomic
 from specpilot.speculative.lattice import Lattice
 
 FORMAT = 1
@@ -87,15 +88,13 @@ class Recorder:
 
 
 def save(folder: Path, turns: list[TurnLattices], meta: dict) -> Path:
-    """folder/lattices.pt and folder/meta.json, each written to a temporary name first."""
+    """folder/lattices.pt and folder/meta.json, each written under a temporary name first."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "lattices.pt"
     tmp = path.with_suffix(".tmp")
     torch.save({"format": FORMAT, "turns": [t.__dict__ for t in turns]}, tmp)
     os.replace(tmp, path)
-    tmp = folder / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, folder / "meta.json")
+    write_json_atomic(folder / "meta.json", meta)
     return path
 
 

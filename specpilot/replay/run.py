@@ -11,8 +11,6 @@ from specpilot.config import System
 from specpilot.replay.record import Recorder, TurnLattices
 from specpilot.speculative.tree import BUILDERS
 
-BUDGETS = (8, 16, 24, 32, 48, 64)
-
 
 def record(runner: Runner, system: System, requests: list[Request], max_new_tokens: int,
            progress: Callable[[], None] | None = None) -> list[TurnLattices]:

@@ -65,6 +65,16 @@ def rank_hits(turn: TurnLattices, width: int) -> tuple[torch.Tensor, int]:
     return hits, int(reached.sum())
 
 
+def accept_profile(turns: list[TurnLattices]) -> list[float]:
+    """Sequoia's acceptance by rank over every recorded step: hits at each rank over the parents reached."""
+    width = turns[0].tokens.shape[2]
+    hits, reached = torch.zeros(width, dtype=torch.int64), 0
+    for t in turns:
+        h, r = rank_hits(t, width)
+        hits, reached = hits + h, reached + r
+    return [round(float(h) / max(reached, 1), 4) for h in hits]
+
+
 def replay(turns: list[TurnLattices], systems: list[tuple[str, int]], k: int = 4,
            accept: tuple[float, ...] = (), device=None) -> dict:
     """tau per (builder, nodes), tau_best per node budget and unbounded, the live tau and Sequoia's profile;
@@ -84,11 +94,7 @@ def replay(turns: list[TurnLattices], systems: list[tuple[str, int]], k: int = 4
     budgets = sorted({n for _, n in systems})
     out["tau_best"] = {str(n): _mean([_step_mean(best(t, n)) for t in turns]) for n in budgets}
     out["tau_best"]["any"] = _mean([_step_mean(best(t)) for t in turns])
-    hits, reached = torch.zeros(width, dtype=torch.int64), 0
-    for t in turns:
-        h, r = rank_hits(t, width)
-        hits, reached = hits + h, reached + r
-    out["accept_by_rank"] = [round(float(h) / max(reached, 1), 4) for h in hits]
+    out["accept_by_rank"] = accept_profile(turns)
     return out
 
 

@@ -124,11 +124,9 @@ class Engine:
             raise UserError("empty prompt: a request needs at least one token")
         if max_new_tokens <= 0:
             raise UserError(f"max_new_tokens must be positive, got {max_new_tokens}")
-        rows = self.rows
-        need = len(prompt) + max_new_tokens + rows
-        if need > self.context:
+        if len(prompt) + max_new_tokens + self.rows > self.context:
             raise UserError(f"prompt longer than the context: {len(prompt)} prompt tokens + {max_new_tokens} "
-                            f"new + {rows} draft slots > context {self.context}")
+                            f"new + {self.rows} draft slots > context {self.context}")
         vocab = self.target.cfg.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise UserError(f"prompt token id outside the vocabulary (0..{vocab - 1})")
