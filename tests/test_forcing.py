@@ -99,3 +99,19 @@ def test_logit_bias_system_is_rejected_and_ar_passes():
     assert ref.mismatches == 0 and bad.mismatches > 0
     assert verdict(ref, ref)[0] == "pass"
     assert verdict(ref, bad)[0] == "reject"
+
+
+def test_no_fault_outlives_its_generation():
+    """A model-level fault reaches the forward as an argument of that generation only: AR on the same target
+    object gives the same tokens before and after each faulty generation (issue 27)."""
+    from specpilot.config import parse_system
+    from specpilot.runtime.faults import MODEL_FAULTS
+
+    prompt = prompts(1, seed=33)[0]
+    before = ar(prompt)
+    changed = 0
+    for fault in MODEL_FAULTS:
+        faulty = Engine(TARGET, None, parse_system(f"ar:fault={fault}"), context=64).generate(prompt, 24, ())
+        changed += faulty.tokens != before
+        assert ar(prompt) == before, fault
+    assert changed  # the faults did act on those generations

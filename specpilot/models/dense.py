@@ -22,6 +22,7 @@ from specpilot.models.cache import Cache
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
 from specpilot.runtime.faults import NORM_EPS
+from specpilot.runtime.regions import region
 from specpilot.speculative.visibility import Visibility
 from specpilot.weights import DenseWeight
 
@@ -104,7 +105,8 @@ class DenseTarget(nn.Module):
         if fault == "fp16_head":
             normed = rms_norm(stream_of(h), self.norm, eps, plan) if fused else h
             return (normed.half() @ self.head_weight.half().t()).to(h.dtype), hidden
-        return self.head.project(h, plan, norm_weight=final, eps=eps), hidden
+        with region("head"):
+            return self.head.project(h, plan, norm_weight=final, eps=eps), hidden
 
     def _trunk(self, tokens, positions, cache, mode, slots, vis, hidden_layers, plan: KernelPlan, fault: str):
         """-> (hidden after the last layer: final-normed, or the raw stream when fused, possibly as a

@@ -18,6 +18,7 @@ from specpilot.kernels.norm import rms_norm
 from specpilot.models.cache import Cache
 from specpilot.models.config import DrafterConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
+from specpilot.runtime.regions import region
 from specpilot.speculative.lattice import Lattice
 from specpilot.speculative.visibility import Visibility
 from specpilot.weights import DenseWeight
@@ -159,7 +160,8 @@ class DFlashDrafter(nn.Module):
         return h
 
     def draft_logits(self, hidden: torch.Tensor, head: DenseWeight, plan: KernelPlan) -> torch.Tensor:
-        logits = head.project(hidden, plan).float()
+        with region("head"):
+            logits = head.project(hidden, plan).float()
         if self.cfg.output_multiplier != 1.0:  # x * 1.0 is x: no pass over [rows, vocabulary] floats for it
             logits = logits * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping

@@ -24,6 +24,7 @@ from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.faults import distort
 from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
 from specpilot.runtime.padding import Pad
+from specpilot.runtime.regions import region
 from specpilot.speculative.proposal import TOP_K
 from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
@@ -207,16 +208,18 @@ class Engine:
         self._prepare(self._spec if spec else self._ar)
         _sync(self.device)
         t0 = time.perf_counter()
-        hidden = self._prefill(prompt, with_hidden=spec)
-        if spec:
-            n = len(prompt)
-            pos = torch.arange(n, device=self.device)[None]
-            self.drafter.write_context(hidden.to(self.dcache[0].k.dtype), pos, pos, self.dcache,
-                                       self.spec.drafter_plan)
-            self.state.ctx_count.zero_()
+        with region("prefill"):
+            hidden = self._prefill(prompt, with_hidden=spec)
+            if spec:
+                n = len(prompt)
+                pos = torch.arange(n, device=self.device)[None]
+                self.drafter.write_context(hidden.to(self.dcache[0].k.dtype), pos, pos, self.dcache,
+                                           self.spec.drafter_plan)
+                self.state.ctx_count.zero_()
         first = int(self.token.item())
         t1 = time.perf_counter()
-        out, accepted = self._decode(first, spec, max_new_tokens, set(stop_ids))
+        with region("decode"):  # every decode kernel inside a range: the profile links each launch to one
+            out, accepted = self._decode(first, spec, max_new_tokens, set(stop_ids))
         # The last token is on the host now; a step launched ahead past a stop is not waited for here
         # (its writes lie past this request's positions and the next request's prefill resets the state).
         t2 = time.perf_counter()

@@ -2,7 +2,7 @@
 
 Each one is a shortcut a speed-rewarded optimiser might take; none is ever a default. Engine-level
 faults change how the target's logits become tokens or how drafts are accepted; model-level ones
-change the target's forward (set on the model for the duration of a request, like the GEMV switch).
+change the target's forward (an argument of each forward call, so none outlives the generation that used it).
 """
 
 from __future__ import annotations

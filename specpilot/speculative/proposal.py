@@ -16,6 +16,7 @@ import torch
 from specpilot.config.plan import KernelPlan
 from specpilot.models.cache import Cache
 from specpilot.models.dflash import DFlashDrafter
+from specpilot.runtime.regions import region
 from specpilot.speculative.lattice import Lattice
 from specpilot.speculative.tree import TreeBuilder
 from specpilot.speculative.visibility import Visibility
@@ -73,13 +74,16 @@ class ChainProposer:
         self.last: Lattice | None = None  # the step's lattice (graph-static when captured), for recording runs
 
     def lattice(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> Lattice:
-        block_in = torch.cat([anchor[:, None], self.masks.expand(anchor.shape[0], -1)], 1)
-        hidden = self.drafter.draft_block(self.embed, block_in, start, cache, self.plan)
-        self.last = self.drafter.lattice(hidden, self.head, anchor, self.top_k, self.plan)
+        with region("drafter"):
+            block_in = torch.cat([anchor[:, None], self.masks.expand(anchor.shape[0], -1)], 1)
+            hidden = self.drafter.draft_block(self.embed, block_in, start, cache, self.plan)
+            self.last = self.drafter.lattice(hidden, self.head, anchor, self.top_k, self.plan)
         return self.last
 
     def drafts(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> torch.Tensor:
-        return self.lattice(anchor, start, cache).greedy_chain()
+        lattice = self.lattice(anchor, start, cache)
+        with region("tree"):  # the chain's build: the drafter's greedy walk of its lattice (like a tree's build)
+            return lattice.greedy_chain()
 
     def propose(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> Proposal:
         return chain(anchor, self.drafts(anchor, start, cache), start, self.index, self.parents)
@@ -97,8 +101,9 @@ class TreeProposer(ChainProposer):
 
     def propose(self, anchor: torch.Tensor, start: torch.Tensor, cache: Cache) -> Proposal:
         lattice = self.lattice(anchor, start, cache)
-        tree = self.builder(lattice)
-        seen = tree.ancestors(lattice.depth)
+        with region("tree"):
+            tree = self.builder(lattice)
+            seen = tree.ancestors(lattice.depth)
         return Proposal(tokens=tree.tokens, positions=start[:, None] + tree.depth, slots=start[:, None] + self.rows,
                         visibility=Visibility(cache_len=start, start=start, tree=seen), parents=tree.parents,
                         index=self.rows, chain=False, path_rows=lattice.depth + 1)

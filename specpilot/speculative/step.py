@@ -21,6 +21,7 @@ from specpilot.models.cache import Cache
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.faults import distort, force_first_draft
+from specpilot.runtime.regions import region
 from specpilot.speculative.accept import Verdict, accept_greedy
 from specpilot.speculative.proposal import ChainProposer, Proposal, TreeProposer
 from specpilot.speculative.tree import TreeBuilder
@@ -54,10 +55,12 @@ class SpecStep:
 
     def __call__(self) -> None:
         s = self.state
-        self.context(s)
+        with region("drafter"):
+            self.context(s)
         proposal = self.proposer.propose(s.token, s.pos, self.dcache)
         logits, feats = self.verify(proposal)
-        self.commit(proposal, self.accept(proposal, logits), feats)
+        with region("tree"):  # accept and commit (a tree's build is inside propose)
+            self.commit(proposal, self.accept(proposal, logits), feats)
 
     def context(self, s: SpecState) -> None:
         """The previous verify's rows 0..count-1 are committed: their features become draft context."""

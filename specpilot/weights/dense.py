@@ -19,6 +19,7 @@ from specpilot.kernels.gemv.naive import gemv_naive
 from specpilot.kernels.norm import rms_norm
 from specpilot.kernels.qkv_rope import qkv_rope, qkv_rope_applies
 from specpilot.kernels.swiglu import silu_mul
+from specpilot.runtime.regions import region
 
 
 class DenseWeight(nn.Module):
@@ -50,11 +51,13 @@ class DenseWeight(nn.Module):
         if gemv_applies(x, plan):
             from specpilot.kernels.gemv.triton import gemv_triton
 
-            return gemv_triton(x, self.weight, self.bias, plan=plan, norm_weight=norm_weight, eps=eps,
-                               residual=stream_of(residual), gate_up=gate_up, next_norm=next_norm)
+            with region("gemm"):
+                return gemv_triton(x, self.weight, self.bias, plan=plan, norm_weight=norm_weight, eps=eps,
+                                   residual=stream_of(residual), gate_up=gate_up, next_norm=next_norm)
         x, residual = stream_of(x), stream_of(residual)
         h = rms_norm(x, norm_weight, eps, plan) if norm_weight is not None else x
-        y = F.linear(h, self.weight, self.bias)
+        with region("gemm"):
+            y = F.linear(h, self.weight, self.bias)
         if gate_up:
             y = silu_mul(y, plan)
         return y if residual is None else residual + y
@@ -71,8 +74,9 @@ class DenseWeight(nn.Module):
     def qkv_rope(self, x, plan: KernelPlan, norm_weight, eps, positions, rope, k_cache, v_cache, slots,
                  num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
         """One row: q [1, 1, Hq, D], this row's K/V written at its slot, in one launch."""
-        return qkv_rope(x, self.weight, self.bias, norm_weight, eps, positions, rope.cos, rope.sin, k_cache, v_cache,
-                        slots, num_heads, num_kv_heads, head_dim, plan=plan)
+        with region("gemm"):  # the weight's read dominates the fused launch
+            return qkv_rope(x, self.weight, self.bias, norm_weight, eps, positions, rope.cos, rope.sin, k_cache,
+                            v_cache, slots, num_heads, num_kv_heads, head_dim, plan=plan)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows `ids` selects (an embedding lookup)."""

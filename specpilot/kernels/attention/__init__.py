@@ -12,6 +12,7 @@ import torch
 from specpilot.config.plan import KernelPlan
 from specpilot.kernels.attention.naive import attend_naive
 from specpilot.kernels.dispatch import use_triton
+from specpilot.runtime.regions import region
 from specpilot.speculative.visibility import Visibility
 
 __all__ = ["attend", "attend_naive"]
@@ -22,6 +23,11 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: V
     """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D]. Returns [B, T, Hq, D] in q's dtype. With the plan's
     `gemv` the split-K partials are merged inside the same launch (attention/triton.py). On the CPU the
     reference's arithmetic runs over the live slots only (attention/live.py)."""
+    with region("attention"):
+        return _attend(q, k_cache, v_cache, vis, scale, plan)
+
+
+def _attend(q, k_cache, v_cache, vis: Visibility, scale: float, plan: KernelPlan) -> torch.Tensor:
     if use_triton(q, plan):
         # Imported here so that importing this package never imports triton (TRITON_INTERPRET must
         # be set before the first triton import).
