@@ -398,12 +398,22 @@ def force(
     limit: Limit = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (up to 4096).")] = None,
     data_dir: DataDir = None,
+    power_bound: Annotated[float, typer.Option(help="Add requests (doubling, up to --max-limit per dataset) until an "
+                                               "excess mismatch rate this small (a fraction: 0.001 = 0.1 points) "
+                                               "would be detected with 80% power; a pass short of it is "
+                                               "'inconclusive'. 0: judge the --limit requests as they are.")
+                           ] = 0.001,
+    max_limit: Annotated[int | None, typer.Option(help="Requests per dataset the power bound may reach (default: "
+                                                  "4 x --limit).")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the verdict and its evidence here.")
                          ] = None,
 ) -> None:
     """Token forcing: score every output token of reference, candidate and AR under the exact target
-    (float32 LM head); reject the candidate if it mismatches or makes unexplained large-margin
-    choices more often than the reference. Exit 0 on pass, 1 on reject."""
+    (float32 LM head); delta from the deployment's measured noise; reject the candidate if it mismatches, makes
+    large-margin choices or mismatches by larger margins more often than the reference, or if the reference
+    itself does so against AR (the exact target). Exit 0 on pass, 1 otherwise (reject, or inconclusive: too few
+    tokens to reach --power-bound)."""
+    from specpilot.bench.datasets import round_robin
     from specpilot.bench.harness import Runner
     from specpilot.bench.run import BenchPlan, collect_requests
     from specpilot.config.env import parse
@@ -417,28 +427,37 @@ def force(
     if not 0 < budget <= 4096:
         raise UserError(f"max_new_tokens must be in 1..4096, got {budget}")
     _check_output(json_path)
-    plan = BenchPlan(dep, [], dataset or dep.datasets, split or dep.split,
-                     limit if limit is not None else dep.limit, budget, data_dir)
-    requests = collect_requests(plan)
+    if not 0 <= power_bound < 1:
+        raise UserError(f"--power-bound is a fraction in [0, 1), got {power_bound}")
+    first = limit if limit is not None else dep.limit
+    most = max_limit if max_limit is not None else (4 * first if first and power_bound else first)
+    _positive(**{k: v for k, v in (("limit", first), ("max_limit", most)) if v is not None})
+    plan = BenchPlan(dep, [], dataset or dep.datasets, split or dep.split, first, budget, data_dir)
+    start = len(collect_requests(plan))
+    pool = round_robin(collect_requests(BenchPlan(dep, [], plan.datasets, plan.split, most, budget, data_dir)))
     target, drafter, tok = build_pair(dep)
     runner = Runner(target, drafter, tok, dep.context)
-    turns = sum(len(r.turns) for r in requests) * 3
+    turns = sum(len(r.turns) for r in pool) * 3
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     kept = "no verdict; nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
     with _interruptible(f"token forcing interrupted: {kept}"), Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task(f"{len(requests)} requests x 3 systems", total=turns)
-        report = run_force(runner, reference, candidate, requests, budget, lambda: bar.advance(task))
+        task = bar.add_task(f"{start} requests (up to {len(pool)}) x 3 systems", total=turns)
+        report = run_force(runner, reference, candidate, pool, budget, lambda: bar.advance(task),
+                           bound=power_bound or None, start=start)
     report = {**environment(), "deployment": dep.name, **report}
     if json_path is not None:
         write_json_atomic(json_path, report)
-    t = Table(title=f"token forcing (delta {report['delta']:.3f} nats"
-                    f"{'' if report['delta_calibrated'] else ', default: reference never diverged from AR'})")
-    for col in ("role", "system", "tokens", "mismatch", "95% CI", "large-margin", "unexplained"):
+    cal = report["calibration"]
+    t = Table(title=f"token forcing (delta {report['delta']:.3g} nats: {len(cal['near_tie_gaps'])} reference-vs-AR "
+                    f"near-ties, reduction-order noise {cal['noise']['max']:.3g} over {cal['noise']['positions']} "
+                    "positions)")
+    for col in ("role", "system", "tokens", "mismatch", "95% CI", "large-margin", "worst margin"):
         t.add_column(col, justify="left" if col in ("role", "system") else "right")
     for role, s in report["systems"].items():
         low, high = s["mismatch_ci95"]
         t.add_row(role, s["system"], str(s["tokens"]), f"{100 * s['mismatch_rate']:.2f}%",
-                  f"{100 * low:.2f}-{100 * high:.2f}%", str(s["large_margin_events"]), str(s["unexplained_events"]))
+                  f"{100 * low:.2f}-{100 * high:.2f}%", str(s["large_margin_events"]),
+                  f"{s['margins'][0]:.3g}" if s["margins"] else "-")
     console.print(t)
     _verdict(report["verdict"], report["reason"], good="pass")
 

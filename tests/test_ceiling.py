@@ -128,7 +128,7 @@ def test_class_table_orders_by_excess():
 def test_ceiling_end_to_end(tmp_path):
     run, out, png = tmp_path / "run", tmp_path / "ceiling.json", tmp_path / "ceiling.png"
     proc = specpilot("ceiling", str(run), "--measure", "--preset", "tiny", "--limit", "1", "--max-new-tokens", "16",
-                     "--profile-tokens", "12", "--nodes", "4,8", "--system", "stock",
+                     "--profile-tokens", "12", "--profile-requests", "1", "--nodes", "4,8", "--system", "stock",
                      "--system", "stock:tree=best_first,nodes=6", "--json", str(out), "--png", str(png))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())

@@ -149,16 +149,23 @@ def test_tiny_preset_builds_on_cpu():
     assert tok.decode(tok.chat_prompt([{"role": "user", "content": "hi"}])).count("hi") == 1
 
 
-@pytest.mark.parametrize("candidate,code,verdict", [("stock:fault=logit_bias", 1, "reject"), ("stock", 0, "pass")])
-def test_force_exit_code_and_evidence(tmp_path, candidate, code, verdict):
+@pytest.mark.parametrize("candidate,bound,code,verdict", [
+    ("stock:fault=logit_bias", "0.001", 1, "reject"), ("stock", "0", 0, "pass"), ("stock", "0.001", 1, "inconclusive")])
+def test_force_exit_code_and_evidence(tmp_path, candidate, bound, code, verdict):
     out = tmp_path / "force.json"
-    proc = specpilot("force", "--preset", "tiny", "--reference", "stock", "--candidate", candidate, "--limit", "3",
-                     "--max-new-tokens", "16", "--json", str(out))
+    proc = specpilot("force", "--preset", "tiny", "--reference", "stock", "--candidate", candidate, "--limit", "2",
+                     "--max-limit", "3", "--power-bound", bound, "--max-new-tokens", "16", "--json", str(out))
     assert proc.returncode == code, proc.stderr
     report = json.loads(out.read_text())
     assert report["verdict"] == verdict and verdict in proc.stdout
     for role in ("reference", "candidate", "ar"):
-        assert {"mismatch_rate", "large_margin_events"} <= set(report["systems"][role])
+        assert {"mismatch_rate", "large_margin_events", "margins"} <= set(report["systems"][role])
+    # the evidence: the noise calibration, the three comparisons (with the margin test), the power
+    assert report["calibration"]["noise"]["positions"] > 0 and report["delta"] > 0
+    assert set(report["tests"]) == {"candidate_vs_reference", "reference_vs_exact", "candidate_vs_exact"}
+    assert "margins_p" in report["tests"]["candidate_vs_reference"] and report["detectable_rate"] > 0
+    if verdict == "inconclusive":  # a pass short of the bound: it doubled to every request it may use
+        assert report["power"] == {"bound": 0.001, "requests": 3, "met": False}
 
 
 def test_force_rejects_bad_names_before_loading():

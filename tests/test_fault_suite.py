@@ -1,5 +1,6 @@
-"""The fault suite: every deliberately lossy system is rejected by token forcing, every lossless
-variant passes (CPU; float32, and bf16 where the fault is a loss at that precision)."""
+"""The fault suite: every deliberately lossy system is rejected by token forcing (or, where the suite's tokens
+are too few to see it, called inconclusive, never passed), every lossless variant passes, and a reference that
+shares a fault cannot vouch (CPU; float32, and bf16 where the fault is a loss at that precision)."""
 
 import pytest
 import torch
@@ -10,8 +11,10 @@ from specpilot.fixtures.random_models import random_drafter, random_target, tiny
 from specpilot.forcing.run import force
 from specpilot.models.tokenizer import ByteTokenizer
 
-FAULTS = ["logit_bias", "fp16_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept"]
-LOSSLESS = ["stock", "ar", "stock:block_size=4", "stock:graphs=false"]
+FAULTS = ["logit_bias", "fp16_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept", "near_tie",
+          "kv_low", "rare_unverified", "vocab_hole"]
+LOSSLESS = ["stock", "ar", "stock:block_size=4", "stock:graphs=false", "stock:tree=best_first,nodes=12",
+            "stock:tree=eagle2,nodes=6"]
 
 
 def near_tie_target(dtype):
@@ -34,7 +37,7 @@ def runner(request):
     dtype = request.param
     target = near_tie_target(dtype)
     drafter = random_drafter(tiny_drafter_config(target.cfg, block_size=8), seed=5).to(dtype)
-    return Runner(target, drafter, ByteTokenizer(512), context=256), dtype
+    return Runner(target, drafter, ByteTokenizer(512), context=256), dtype, {}  # the reference's and AR's runs
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +47,31 @@ def requests():
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_faults_are_rejected(runner, requests, fault):
-    runner, dtype = runner
+    runner, dtype, reuse = runner
     if fault == "fp16_head" and dtype is torch.bfloat16:
         pytest.skip("a float16 head is more precise than a bfloat16 one: no loss to detect there")
-    report = force(runner, "stock", f"stock:fault={fault}", requests, 48)
+    report = force(runner, "stock", f"stock:fault={fault}", requests, 48, reuse=reuse, bound=0.001)
+    if fault == "kv_low" and dtype is torch.bfloat16:
+        # An FP8 K/V cache under bf16 moves ~1.3 points of this tiny model's tokens, all at near-ties (measured on
+        # all 16 builtin requests: 3.26% vs 1.95%, p = 0.07); 288 tokens cannot see that, and the judge says so
+        # instead of passing it.
+        assert report["verdict"] == "inconclusive" and report["detectable_rate"] > 0.01, report["reason"]
+        return
     assert report["verdict"] == "reject", report["reason"]
 
 
 @pytest.mark.parametrize("candidate", LOSSLESS)
 def test_lossless_variants_pass(runner, requests, candidate):
-    runner, _ = runner
-    report = force(runner, "stock", candidate, requests, 48)
+    runner, _, reuse = runner
+    report = force(runner, "stock", candidate, requests, 48, reuse=reuse)
     assert report["verdict"] == "pass", report["reason"]
     assert set(report["systems"]) == {"reference", "candidate", "ar"}
+
+
+def test_a_reference_sharing_the_flaw_cannot_vouch(runner, requests):
+    """The candidate equals a lossy reference: against the reference alone it would pass; against the exact
+    target the reference fails, so the verdict rejects and says why."""
+    runner, _, reuse = runner
+    report = force(runner, "stock:fault=logit_bias", "stock:fault=logit_bias", requests, 48, reuse=reuse)
+    assert report["verdict"] == "reject" and "cannot vouch" in report["reason"]
+    assert not report["tests"]["candidate_vs_reference"]["failed"]

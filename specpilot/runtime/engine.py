@@ -66,8 +66,8 @@ class Engine:
         if plan is not None and plan.features() != self.system.plan().features():
             raise ValueError("the plan given to the engine is not its system's")
         self.fault = self.system.get("fault")
-        if self.fault == "unverified_accept" and drafter is None:
-            raise UserError("fault unverified_accept needs a drafter (system stock)")
+        if self.fault in ("unverified_accept", "rare_unverified") and drafter is None:
+            raise UserError(f"fault {self.fault} needs a drafter (system stock)")
         self.use_graphs = self.system.get("graphs") and self.device.type == "cuda"
         self.lookahead = self.system.get("lookahead")
         self.pad = Pad(self.system.get("pad_us"), self.device)

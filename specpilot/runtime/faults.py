@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import torch
 
-FAULTS = ("none", "logit_bias", "fp16_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept")
-MODEL_FAULTS = ("fp16_head", "skip_layer", "norm_eps")
+FAULTS = ("none", "logit_bias", "fp16_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept",
+          "near_tie", "kv_low", "rare_unverified", "vocab_hole")
+MODEL_FAULTS = ("fp16_head", "skip_layer", "norm_eps", "kv_low")
 BIAS = 3.0  # logit_bias: added to every tenth token id
 KEEP = 7 / 8  # topk_truncate: the argmax only ever sees the first 7/8 of the vocabulary
 NORM_EPS = 1.0  # norm_eps: the RMSNorm epsilon used instead of the config's
+NEAR_TIE = 0.5  # near_tie: where the top two logits are closer than this, the runner-up is taken
+HOLE = 16  # vocab_hole: every 16th token id can never be the argmax
+EVERY = 4  # rare_unverified: the first draft is forced only at positions that are multiples of this
 
 
 def distort(logits: torch.Tensor, fault: str) -> torch.Tensor:
@@ -25,13 +29,32 @@ def distort(logits: torch.Tensor, fault: str) -> torch.Tensor:
     if fault == "topk_truncate":
         cut = int(logits.shape[-1] * KEEP)
         return torch.cat([logits[..., :cut], torch.full_like(logits[..., cut:], float("-inf"))], -1)
+    if fault == "vocab_hole":
+        hole = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        hole[HOLE - 1 :: HOLE] = True
+        return logits.masked_fill(hole, float("-inf"))
+    if fault == "near_tie":  # a shortcut that only acts where the choice looks arbitrary
+        top = logits.topk(2, dim=-1)
+        gap = top.values[..., 0] - top.values[..., 1]
+        lift = torch.where(gap < NEAR_TIE, 2 * gap + 0.05, torch.zeros_like(gap))
+        return logits.scatter_add(-1, top.indices[..., 1:], lift[..., None].to(logits.dtype))
     return logits
 
 
-def force_first_draft(verdict, drafts: torch.Tensor):
+def lower_state(k: torch.Tensor, v: torch.Tensor) -> None:
+    """kv_low: the cached K/V kept in float8 (e4m3, an FP8 KV cache) whatever the model's dtype, in place; what a
+    step wrote is rounded before the next one reads it."""
+    for t in (k, v):
+        t.copy_(t.to(torch.float8_e4m3fn).to(t.dtype))
+
+
+def force_first_draft(verdict, drafts: torch.Tensor, pos: torch.Tensor | None = None):
     """unverified_accept: the first draft is committed even when the target disagrees (verdict: a
-    speculative/accept.Verdict of a chain; drafts [B, R - 1])."""
+    speculative/accept.Verdict of a chain; drafts [B, R - 1]); with pos [B] (rare_unverified), only at positions
+    that are multiples of EVERY."""
     forced = verdict.accepted == 0
+    if pos is not None:
+        forced &= pos % EVERY == 0
     tokens = verdict.tokens.clone()
     tokens[:, 0] = torch.where(forced, drafts[:, 0], tokens[:, 0])
     return type(verdict)(accepted=verdict.accepted + forced.to(verdict.accepted.dtype), path=verdict.path,

@@ -76,8 +76,9 @@ class SpecStep:
 
     def accept(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
         verdict = accept_greedy(proposal, distort(logits, self.fault))
-        if self.fault == "unverified_accept":
-            verdict = force_first_draft(verdict, proposal.drafts)
+        if self.fault in ("unverified_accept", "rare_unverified"):
+            verdict = force_first_draft(verdict, proposal.drafts, self.state.pos if self.fault == "rare_unverified"
+                                        else None)
         return verdict
 
     def commit(self, proposal: Proposal, verdict: Verdict, feats: torch.Tensor) -> None:

@@ -1,0 +1,82 @@
+"""The judge against the whole fault suite on one deployment: every `fault=` variant, the lossless variants and a
+reference that shares a fault, each through `force` against stock (the reference's and AR's runs made once).
+
+Usage: PYTHONPATH=. python bench/force_suite.py --preset smollm2 [--deployment D.toml] [--limit 2]
+       [--max-new-tokens 64] [--lossless-rounds R] --out RESULT.json
+Each case starts on --limit requests per dataset and may double twice toward the power bound (0.1 points).
+--lossless-rounds R: also judge R lossless variants on R further disjoint request sets (the false-reject sample).
+Prints a table last; the JSON holds every verdict with its evidence summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+from specpilot.bench.datasets import load_requests, round_robin
+from specpilot.bench.harness import Runner
+from specpilot.deployment import load_deployment
+from specpilot.forcing.run import force
+from specpilot.models.pair import build_pair
+from specpilot.results import environment, write_json_atomic
+from specpilot.runtime.faults import FAULTS
+
+LOSSLESS = ["stock:block_size=4", "stock:block_size=8", "stock:graphs=false", "stock:tree=best_first,nodes=32",
+            "stock:tree=eagle2,nodes=16", "stock:tree=ddtree,nodes=24", "stock:tree=sequoia,nodes=16", "ar"]
+
+
+def summary(report: dict) -> dict:
+    t = report["tests"]
+    return {"verdict": report["verdict"], "reason": report["reason"], "delta": report["delta"],
+            "noise_max": report["calibration"]["noise"]["max"], "detectable_rate": report["detectable_rate"],
+            "power": report["power"], "failed": {k: v["failed"] for k, v in t.items()},
+            "mismatch": {r: s["mismatch_rate"] for r, s in report["systems"].items()},
+            "events": {r: s["large_margin_events"] for r, s in report["systems"].items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset")
+    ap.add_argument("--deployment")
+    ap.add_argument("--limit", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--lossless-rounds", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    dep = load_deployment(args.preset, args.deployment)
+    target, drafter, tok = build_pair(dep)
+    runner = Runner(target, drafter, tok, dep.context)
+    start = len([r for name in dep.datasets for r in load_requests(name, dep.split, None, args.limit)])
+    pool = round_robin([r for name in dep.datasets for r in load_requests(name, dep.split, None, None)])
+    requests, rest = pool[: 4 * start], pool[4 * start :]  # the power bound may double the start twice
+    reuse: dict = {}
+    rows = {}
+    cases = [("stock", f"stock:fault={f}") for f in FAULTS if f != "none"] + [("stock", c) for c in LOSSLESS]
+    cases.append(("stock:fault=logit_bias", "stock:fault=logit_bias"))  # a reference sharing the flaw
+    for ref, cand in cases:
+        t0 = time.perf_counter()
+        report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse, bound=0.001, start=start)
+        rows[f"{ref} vs {cand}"] = {**summary(report), "seconds": time.perf_counter() - t0}
+        print(f"{ref:24s} {cand:34s} {rows[f'{ref} vs {cand}']['verdict']}", flush=True)
+    lossless = []
+    for i, cand in zip(range(args.lossless_rounds), itertools.cycle(LOSSLESS), strict=False):
+        chunk = rest[i * start : (i + 1) * start]
+        if len(chunk) < start:
+            break
+        lossless.append({"candidate": cand, **summary(force(runner, "stock", cand, chunk, args.max_new_tokens))})
+    record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "requests": start,
+              "max_new_tokens": args.max_new_tokens, "cases": rows, "lossless_rounds": lossless,
+              "false_rejects": sum(r["verdict"] == "reject" for r in lossless)}
+    write_json_atomic(args.out, record)
+    print(f"\n{'case':70s} verdict       mismatch cand/ref/ar        events  detectable")
+    for name, r in rows.items():
+        m = r["mismatch"]
+        print(f"{name:70s} {r['verdict']:12s} {100 * m['candidate']:.2f}/{100 * m['reference']:.2f}/"
+              f"{100 * m['ar']:.2f}%  {r['events']['candidate']:4d}  {100 * r['detectable_rate']:.2f} pts")
+    if lossless:
+        print(f"lossless rounds: {len(lossless)}, false rejects {record['false_rejects']}")
+
+
+if __name__ == "__main__":
+    main()
