@@ -6,9 +6,9 @@ from __future__ import annotations
 from specpilot.ceiling.floors import Floor
 from specpilot.ceiling.model import CANDIDATES, class_table, factors, node_curve, validation, what_if
 from specpilot.replay.record import TurnLattices
-from specpilot.replay.walk import best, committed
+from specpilot.replay.run import policies
+from specpilot.replay.walk import replay
 from specpilot.speculative.sequoia import parse_accept
-from specpilot.speculative.tree import TreeBuilder
 
 SCHEMA = 1
 
@@ -38,10 +38,9 @@ def system_report(name: str, s: dict, bench: dict, t_ar: float, ar_step_s: float
     t_prof = sum(r["prof_s"] for r in table)
     t_floor = sum(r["floor_s"] for r in table)
     t_step = bench["decode_ms_per_step"] / 1000
-    tau_best = _tau_best(turns, s["rows"])
+    taus, tau_best = replay_curve(turns, s, sorted(int(n) for n in s["step_s"]))
     f = factors(tau=bench["tau"], tau_best=tau_best, tau_ideal=s["ideal"]["tau_ideal"], t_step=t_step, t_ar=t_ar,
                 t_prof=t_prof, t_floor=t_floor)
-    taus = replay_curve(turns, s["builder"], sorted(int(n) for n in s["step_s"]), s["config"]["options"])
     curve = node_curve(taus, {int(n): v for n, v in s["step_s"].items()}, ar_step_s)
     own = next((p for p in curve if p["nodes"] == s["rows"]), None)
     checks = {"this_run": validation(own["speedup"], bench.get("speedup_vs_ar")) if own else None}
@@ -71,11 +70,6 @@ def _floors(d: dict) -> dict[str, Floor]:
     return {k: Floor(**v) for k, v in d.items()}
 
 
-def _tau_best(turns: list[TurnLattices], nodes: int) -> float:
-    per = [int(b.sum()) / b.numel() for b in (best(t, nodes) for t in turns)]
-    return sum(per) / len(per) if per else float("nan")
-
-
 def full_share(turns: list[TurnLattices]) -> float:
     """Share of recorded steps that accepted every drafted position (committed depth + 1 tokens)."""
     full = sum(sum(1 for n in t.live if n == t.tokens.shape[1] + 1) for t in turns)
@@ -83,21 +77,15 @@ def full_share(turns: list[TurnLattices]) -> float:
     return full / steps if steps else 0.0
 
 
-def replay_curve(turns: list[TurnLattices], builder: str, budgets: list[int], options: dict) -> dict[int, float]:
-    """tau(N) of the system's builder at each budget, replayed at the recorded anchors (a chain's budget beyond the
-    block is its block)."""
+def replay_curve(turns: list[TurnLattices], s: dict, budgets: list[int]) -> tuple[dict[int, float], float]:
+    """tau(N) of the system's builder at each budget replayed at the recorded anchors (replay/walk.py; a chain's
+    budgets stop at its block), and tau_best at the system's own rows."""
     if not turns:
-        return {}
-    depth, width = turns[0].tokens.shape[1], turns[0].tokens.shape[2]
-    accept = parse_accept(options.get("tree_accept", ""))
-    out = {}
-    for n in budgets:
-        if builder == "chain" and n > depth + 1:
-            continue
-        tb = TreeBuilder(builder, n, depth, width, options.get("tree_k", 4), accept)
-        per = [int(c.sum()) / c.numel() for c in (committed(t, tb) for t in turns)]
-        out[n] = sum(per) / len(per)
-    return out
+        return {}, float("nan")
+    opts = s["config"]["options"]
+    result = replay(turns, policies([s["builder"]], budgets, s["block"]), opts.get("tree_k", 4),
+                    parse_accept(opts.get("tree_accept", "")))
+    return {row["nodes"]: row["tau"] for row in result["replayed"].values()}, result["tau_best"][str(s["rows"])]
 
 
 def sweep_check(sweep: dict, builder: str, curve: list[dict], block: int) -> list[dict]:
