@@ -2,10 +2,10 @@
 reference that shares a fault, each through `force` against stock (the reference's and AR's runs made once).
 
 Usage: PYTHONPATH=. python bench/force_suite.py --preset smollm2 [--deployment D.toml] [--limit 2]
-       [--max-new-tokens 64] [--lossless-rounds R] --out RESULT.json
+       [--max-new-tokens 64] [--lossless-rounds R] [--no-cases] --out RESULT.json
 Each case starts on --limit requests per dataset and may double twice toward the power bound (0.1 points).
 --lossless-rounds R: also judge R lossless variants on R further disjoint request sets (the false-reject sample).
-Prints a table last; the JSON holds every verdict with its evidence summary.
+Prints a table last; the JSON (rewritten after every verdict) holds each verdict with its evidence summary.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--lossless-rounds", type=int, default=0)
+    ap.add_argument("--cases", action=argparse.BooleanOptionalAction, default=True,
+                    help="judge the fault suite and the lossless variants (--no-cases: only the lossless rounds)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dep = load_deployment(args.preset, args.deployment)
@@ -54,20 +56,26 @@ def main() -> None:
     rows = {}
     cases = [("stock", f"stock:fault={f}") for f in FAULTS if f != "none"] + [("stock", c) for c in LOSSLESS]
     cases.append(("stock:fault=logit_bias", "stock:fault=logit_bias"))  # a reference sharing the flaw
+    lossless: list = []
+    record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "requests": start,
+              "max_new_tokens": args.max_new_tokens, "cases": rows, "lossless_rounds": lossless}
+    if not args.cases:
+        cases = []
     for ref, cand in cases:
         t0 = time.perf_counter()
         report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse, bound=0.001, start=start)
         rows[f"{ref} vs {cand}"] = {**summary(report), "seconds": time.perf_counter() - t0}
         print(f"{ref:24s} {cand:34s} {rows[f'{ref} vs {cand}']['verdict']}", flush=True)
-    lossless = []
+        write_json_atomic(args.out, record)  # after every case: a run cut short still leaves its verdicts
     for i, cand in zip(range(args.lossless_rounds), itertools.cycle(LOSSLESS), strict=False):
         chunk = rest[i * start : (i + 1) * start]
         if len(chunk) < start:
             break
         lossless.append({"candidate": cand, **summary(force(runner, "stock", cand, chunk, args.max_new_tokens))})
-    record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "requests": start,
-              "max_new_tokens": args.max_new_tokens, "cases": rows, "lossless_rounds": lossless,
-              "false_rejects": sum(r["verdict"] == "reject" for r in lossless)}
+        print(f"round {i + 1}: stock vs {cand:34s} {lossless[-1]['verdict']}", flush=True)
+        record["false_rejects"] = sum(r["verdict"] == "reject" for r in lossless)
+        write_json_atomic(args.out, record)
+    record["false_rejects"] = sum(r["verdict"] == "reject" for r in lossless)
     write_json_atomic(args.out, record)
     print(f"\n{'case':70s} verdict       mismatch cand/ref/ar        events  detectable")
     for name, r in rows.items():
