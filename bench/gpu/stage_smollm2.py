@@ -4,10 +4,11 @@ Here (CPU):   python3 bench/gpu/stage_smollm2.py split && python3 bench/gpu/stag
               -> .stage/smollm2.part0 and .stage/smollm2.part1 (each <= 50 MB, both ignored by git),
                  .stage/gguf-0.19.0-py3-none-any.whl, .stage/smollm2.sha256, and .stage/data/ (the benchmark
                  files from ../shared/datasets, which does not travel to the GPU machine)
-GPU run 1:    carry [".stage/smollm2.part0", ".stage/gguf-0.19.0-py3-none-any.whl", ".stage/smollm2.sha256",
-              ".stage/data"], command: python3 bench/gpu/stage_smollm2.py status
+GPU run 1:    carry [".stage/smollm2.part0", ".stage/gguf-0.19.0-py3-none-any.whl", ".stage/smollm2.sha256"],
+              command: python3 bench/gpu/stage_smollm2.py status
 GPU run 2 (within ~30 s, while the machine is still held; files left by run 1 stay):
-              carry [".stage/smollm2.part1"], command: python3 bench/gpu/stage_smollm2.py assemble && <job>
+              carry [".stage/smollm2.part1", ".stage/data"], command: python3 bench/gpu/stage_smollm2.py assemble
+(the data rides with the smaller part: with the tree's ~15 MiB each run stays under 64 MiB)
 `assemble` joins the parts, checks the sha256, installs the carried gguf wheel into /tmp/site and converts
 the GGUF into .models/smollm2 (Hugging Face layout); it does nothing when that folder is already complete.
 Here, after run 2: python3 bench/gpu/stage_smollm2.py release (later runs may bring the checkpoints).
