@@ -2,7 +2,7 @@
 reference that shares a fault, each through `force` against stock (the reference's and AR's runs made once).
 
 Usage: PYTHONPATH=. python bench/force_suite.py --preset smollm2 [--deployment D.toml] [--limit 2]
-       [--max-new-tokens 64] [--lossless-rounds R] [--no-cases] --out RESULT.json
+       [--max-new-tokens 64] [--lossless-rounds R] [--no-cases] [--exact float32] --out RESULT.json
 Each case starts on --limit requests per dataset and may double twice toward the power bound (0.1 points).
 --lossless-rounds R: also judge R lossless variants on R further disjoint request sets (the false-reject sample).
 Prints a table last; the JSON (rewritten after every verdict) holds each verdict with its evidence summary.
@@ -17,13 +17,14 @@ import time
 from specpilot.bench.datasets import load_requests, round_robin
 from specpilot.bench.harness import Runner
 from specpilot.deployment import load_deployment
-from specpilot.forcing.run import force
+from specpilot.forcing.run import exact_target, force
 from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic
 from specpilot.runtime.faults import FAULTS
 
-LOSSLESS = ["stock:block_size=4", "stock:block_size=8", "stock:graphs=false", "stock:tree=best_first,nodes=32",
-            "stock:tree=eagle2,nodes=16", "stock:tree=ddtree,nodes=24", "stock:tree=sequoia,nodes=16", "ar"]
+LOSSLESS = ["stock:block_size=2", "stock:block_size=4", "stock:block_size=8", "stock:graphs=false", "stock:gemv=true",
+            "stock:tree=best_first,nodes=32", "stock:tree=eagle2,nodes=16", "stock:tree=ddtree,nodes=24",
+            "stock:tree=sequoia,nodes=16", "ar"]
 
 
 def summary(report: dict) -> dict:
@@ -44,11 +45,14 @@ def main() -> None:
     ap.add_argument("--lossless-rounds", type=int, default=0)
     ap.add_argument("--cases", action=argparse.BooleanOptionalAction, default=True,
                     help="judge the fault suite and the lossless variants (--no-cases: only the lossless rounds)")
+    ap.add_argument("--exact", choices=("deployment", "float32"), default="deployment",
+                    help="the exact target that scores every token (float32: the FP32-reference mode)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dep = load_deployment(args.preset, args.deployment)
     target, drafter, tok = build_pair(dep)
     runner = Runner(target, drafter, tok, dep.context)
+    exact = exact_target(dep) if args.exact == "float32" else None
     start = len([r for name in dep.datasets for r in load_requests(name, dep.split, None, args.limit)])
     pool = round_robin([r for name in dep.datasets for r in load_requests(name, dep.split, None, None)])
     requests, rest = pool[: 4 * start], pool[4 * start :]  # the power bound may double the start twice
@@ -57,13 +61,15 @@ def main() -> None:
     cases = [("stock", f"stock:fault={f}") for f in FAULTS if f != "none"] + [("stock", c) for c in LOSSLESS]
     cases.append(("stock:fault=logit_bias", "stock:fault=logit_bias"))  # a reference sharing the flaw
     lossless: list = []
-    record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "requests": start,
+    record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "exact": args.exact,
+              "requests": start,
               "max_new_tokens": args.max_new_tokens, "cases": rows, "lossless_rounds": lossless}
     if not args.cases:
         cases = []
     for ref, cand in cases:
         t0 = time.perf_counter()
-        report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse, bound=0.001, start=start)
+        report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse, bound=0.001, start=start,
+                       exact=exact)
         rows[f"{ref} vs {cand}"] = {**summary(report), "seconds": time.perf_counter() - t0}
         print(f"{ref:24s} {cand:34s} {rows[f'{ref} vs {cand}']['verdict']}", flush=True)
         write_json_atomic(args.out, record)  # after every case: a run cut short still leaves its verdicts
@@ -71,7 +77,8 @@ def main() -> None:
         chunk = rest[i * start : (i + 1) * start]
         if len(chunk) < start:
             break
-        lossless.append({"candidate": cand, **summary(force(runner, "stock", cand, chunk, args.max_new_tokens))})
+        lossless.append({"candidate": cand, **summary(force(runner, "stock", cand, chunk, args.max_new_tokens,
+                                                                     exact=exact))})
         print(f"round {i + 1}: stock vs {cand:34s} {lossless[-1]['verdict']}", flush=True)
         record["false_rejects"] = sum(r["verdict"] == "reject" for r in lossless)
         write_json_atomic(args.out, record)

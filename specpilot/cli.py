@@ -405,6 +405,9 @@ def force(
                            ] = 0.001,
     max_limit: Annotated[int | None, typer.Option(help="Requests per dataset the power bound may reach (default: "
                                                   "4 x --limit).")] = None,
+    exact: Annotated[str, typer.Option(help="The exact target that scores every token: 'deployment' (its dtype, "
+                                       "float32 LM head) or 'float32' (a float32 model of the same function; AR "
+                                       "in float32 is reported beside the verdict).")] = "deployment",
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the verdict and its evidence here.")
                          ] = None,
 ) -> None:
@@ -417,6 +420,7 @@ def force(
     from specpilot.bench.harness import Runner
     from specpilot.bench.run import BenchPlan, collect_requests
     from specpilot.config.env import parse
+    from specpilot.forcing.run import exact_target
     from specpilot.forcing.run import force as run_force
     from specpilot.models.pair import build_pair
     from specpilot.results import environment, write_json_atomic
@@ -429,6 +433,8 @@ def force(
     _check_output(json_path)
     if not 0 <= power_bound < 1:
         raise UserError(f"--power-bound is a fraction in [0, 1), got {power_bound}")
+    if exact not in ("deployment", "float32"):
+        raise UserError(f"--exact is 'deployment' or 'float32', got {exact!r}")
     first = limit if limit is not None else dep.limit
     most = max_limit if max_limit is not None else (4 * first if first and power_bound else first)
     _positive(**{k: v for k, v in (("limit", first), ("max_limit", most)) if v is not None})
@@ -437,18 +443,21 @@ def force(
     pool = round_robin(collect_requests(BenchPlan(dep, [], plan.datasets, plan.split, most, budget, data_dir)))
     target, drafter, tok = build_pair(dep)
     runner = Runner(target, drafter, tok, dep.context)
-    turns = sum(len(r.turns) for r in pool) * 3
+    scorer = exact_target(dep) if exact == "float32" else None
+    roles = 3 if scorer is None else 4
+    turns = sum(len(r.turns) for r in pool) * roles
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     kept = "no verdict; nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
     with _interruptible(f"token forcing interrupted: {kept}"), Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task(f"{start} requests (up to {len(pool)}) x 3 systems", total=turns)
+        task = bar.add_task(f"{start} requests (up to {len(pool)}) x {roles} systems", total=turns)
         report = run_force(runner, reference, candidate, pool, budget, lambda: bar.advance(task),
-                           bound=power_bound or None, start=start)
+                           bound=power_bound or None, start=start, exact=scorer)
     report = {**environment(), "deployment": dep.name, **report}
     if json_path is not None:
         write_json_atomic(json_path, report)
     cal = report["calibration"]
-    t = Table(title=f"token forcing (delta {report['delta']:.3g} nats: {len(cal['near_tie_gaps'])} reference-vs-AR "
+    t = Table(title=f"token forcing, scored by the {report['exact']} target (delta {report['delta']:.3g} nats: "
+                    f"{len(cal['near_tie_gaps'])} reference-vs-AR "
                     f"near-ties, reduction-order noise {cal['noise']['max']:.3g} over {cal['noise']['positions']} "
                     "positions)")
     for col in ("role", "system", "tokens", "mismatch", "95% CI", "large-margin", "worst margin"):

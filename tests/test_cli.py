@@ -149,23 +149,31 @@ def test_tiny_preset_builds_on_cpu():
     assert tok.decode(tok.chat_prompt([{"role": "user", "content": "hi"}])).count("hi") == 1
 
 
-@pytest.mark.parametrize("candidate,bound,code,verdict", [
-    ("stock:fault=logit_bias", "0.001", 1, "reject"), ("stock", "0", 0, "pass"), ("stock", "0.001", 1, "inconclusive")])
-def test_force_exit_code_and_evidence(tmp_path, candidate, bound, code, verdict):
+@pytest.mark.parametrize("candidate,bound,code,verdict,exact", [
+    ("stock:fault=logit_bias", "0.001", 1, "reject", "deployment"), ("stock", "0", 0, "pass", "float32"),
+    ("stock", "0.001", 1, "inconclusive", "deployment")])
+def test_force_exit_code_and_evidence(tmp_path, candidate, bound, code, verdict, exact):
     out = tmp_path / "force.json"
     proc = specpilot("force", "--preset", "tiny", "--reference", "stock", "--candidate", candidate, "--limit", "2",
-                     "--max-limit", "3", "--power-bound", bound, "--max-new-tokens", "16", "--json", str(out))
+                     "--max-limit", "3", "--power-bound", bound, "--max-new-tokens", "16", "--exact", exact,
+                     "--json", str(out))
     assert proc.returncode == code, proc.stderr
     report = json.loads(out.read_text())
-    assert report["verdict"] == verdict and verdict in proc.stdout
+    assert report["verdict"] == verdict and verdict in proc.stdout and report["exact"] == exact
     for role in ("reference", "candidate", "ar"):
         assert {"mismatch_rate", "large_margin_events", "margins"} <= set(report["systems"][role])
     # the evidence: the noise calibration, the three comparisons (with the margin test), the power
-    assert report["calibration"]["noise"]["positions"] > 0 and report["delta"] > 0
-    assert set(report["tests"]) == {"candidate_vs_reference", "reference_vs_exact", "candidate_vs_exact"}
+    noise = report["calibration"]["noise"]
+    assert noise["positions"] > 0 and report["delta"] > 0 and set(noise["perturbations"]) == {"rows=1", "rows=4",
+                                                                                              "rows=16"}
+    three = {"candidate_vs_reference", "reference_vs_exact", "candidate_vs_exact"}
+    assert set(report["tests"]) == (three | {"ar_vs_float32"} if exact == "float32" else three)
     assert "margins_p" in report["tests"]["candidate_vs_reference"] and report["detectable_rate"] > 0
     if verdict == "inconclusive":  # a pass short of the bound: it doubled to every request it may use
         assert report["power"] == {"bound": 0.001, "requests": 3, "met": False}
+    if exact == "float32":  # a float32 deployment: AR in float32 is the same function in the same precision
+        fp32, ar = report["systems"]["ar_float32"], report["systems"]["ar"]
+        assert fp32["tokens"] == ar["tokens"] > 0 and fp32["mismatches"] == ar["mismatches"]
 
 
 def test_force_rejects_bad_names_before_loading():

@@ -71,6 +71,8 @@ def test_delta_is_measured_never_assumed():
     f32 = margin_noise(TARGET, [(prompt, out)])
     b16 = margin_noise(copy.deepcopy(TARGET).to(torch.bfloat16), [(prompt, out)])  # .to converts in place
     assert f32["positions"] == 32 and 0 <= f32["max"] < 1e-4 < b16["max"]
+    assert b16["max"] == max(b16["perturbations"].values()) and set(b16["perturbations"]) == {"rows=1", "rows=4",
+                                                                                            "rows=16"}
 
 
 def test_no_divergence_excuses_an_event():
@@ -167,3 +169,21 @@ def test_round_robin_samples_every_dataset_first():
 
     reqs = [SimpleNamespace(dataset=d, id=f"{d}{i}") for d, n in (("a", 3), ("b", 1), ("c", 2)) for i in range(n)]
     assert [r.id for r in round_robin(reqs)] == ["a0", "b0", "c0", "a1", "c1", "a2"]
+
+
+def test_exact_target_is_the_float32_function():
+    """The FP32-reference mode's model: float32, and for a twin the unwidened target (the same function)."""
+    import dataclasses
+
+    from specpilot.deployment import load_deployment
+    from specpilot.forcing.run import exact_target
+    from specpilot.models.pair import build_pair
+
+    dep = dataclasses.replace(load_deployment("tiny"), dtype="bfloat16", twin_width=2)
+    wide, exact = build_pair(dep, with_drafter=False)[0], exact_target(dep)
+    assert exact.embed.weight.dtype == torch.float32 and wide.embed.weight.dtype == torch.bfloat16
+    assert 2 * exact.cfg.hidden_size == wide.cfg.hidden_size
+    tokens = torch.tensor([prompts(1, seed=35)[0]]) % exact.cfg.vocab_size
+    a, b = wide.normed_hidden(tokens).float() @ wide.head_weight.float().t(), exact.normed_hidden(tokens) @ \
+        exact.head_weight.t()
+    assert (a - b).norm() / b.norm() < 0.05  # the same logits, up to bf16 rounding

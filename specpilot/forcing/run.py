@@ -1,20 +1,38 @@
 """`specpilot force`: run reference, candidate and AR on the same requests, score every output token under the
 exact target, measure the deployment's noise (the reference-vs-AR near-ties and the reduction-order noise of the
-target itself), and give the verdict with its evidence (forcing/judge.py)."""
+target itself), and give the verdict with its evidence (forcing/judge.py).
+
+The exact target is the deployment's own (its dtype, float32 LM head) or, in the FP32-reference mode, a float32
+model of the same function (`exact_target`): every output is then scored in float32, and AR in float32 runs as
+a fourth system, reported beside the verdict (how far the deployment's precision itself is from exact)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.config.env import parse
-from specpilot.forcing.judge import calibrate_delta, first_divergence, tally, verdict
+from specpilot.deployment import Deployment
+from specpilot.forcing.judge import calibrate_delta, compare, first_divergence, tally, verdict
 from specpilot.forcing.noise import margin_noise
 from specpilot.forcing.score import score_output
+from specpilot.models.dense import DenseTarget
 
 ROLES = ("reference", "candidate", "ar")
 NOISE_REQUESTS = 4  # AR outputs recomputed for the noise measurement
+EXACT_AR = "ar:graphs=false,kernels=naive"  # AR of the float32 model: the PyTorch references, no capture
 
 
-def near_tie_gaps(target, reference: list[TurnRecord], ar: list[TurnRecord]) -> list[float]:
+def exact_target(dep: Deployment) -> DenseTarget:
+    """The deployment's target function in float32 on its device. A twin is the unwidened model: the widening
+    computes the same function in exact arithmetic (models/twin.py), at 1/r^2 of the memory."""
+    from specpilot.models.pair import build_pair
+
+    small = dataclasses.replace(dep, dtype="float32", twin_width=1, twin_depth=None)
+    return build_pair(small, with_drafter=False)[0]
+
+
+def near_tie_gaps(scorer, reference: list[TurnRecord], ar: list[TurnRecord]) -> list[float]:
     """At each request's first reference-vs-AR divergence, log p(reference token) - log p(AR token)."""
     gaps = []
     for ref, base in zip(reference, ar, strict=True):
@@ -22,24 +40,28 @@ def near_tie_gaps(target, reference: list[TurnRecord], ar: list[TurnRecord]) -> 
             continue  # a later turn whose history already differs: not the same prefix
         i = first_divergence(ref.tokens, base.tokens)
         if i is not None:
-            gaps.append(score_output(target, ref.prompt, ref.tokens[: i + 1], others={i: base.tokens[i]}).gap_to[i])
+            gaps.append(score_output(scorer, ref.prompt, ref.tokens[: i + 1], others={i: base.tokens[i]}).gap_to[i])
     return gaps
 
 
 def force(runner: Runner, reference: str, candidate: str, requests, max_new: int, progress=None,
-          reuse: dict | None = None, bound: float | None = None, start: int | None = None) -> dict:
+          reuse: dict | None = None, bound: float | None = None, start: int | None = None,
+          exact: DenseTarget | None = None) -> dict:
     """Judge the candidate on requests[:start] (default: all); with `bound`, while the smallest excess mismatch
     rate the scored tokens could detect is above it, double the requests (up to all of them). A reject stands
     whatever the power; a pass that never got the power becomes "inconclusive".
 
     reuse: a dict kept across calls on the same runner and budget: each (system, request) of the reference and
-    AR runs once (never the candidate's: a candidate equal to the reference is a genuine second run of it)."""
+    AR runs once (never the candidate's: a candidate equal to the reference is a genuine second run of it); keep
+    one per `exact`, whose scores it holds.
+    exact: the FP32-reference mode's float32 model (`exact_target`); None: score under the deployment's target."""
     systems = dict(zip(ROLES, (parse(reference), parse(candidate), parse("ar")), strict=True))
     reuse = {} if reuse is None else reuse
     own: dict = {}  # the candidate's runs, kept across this call's rounds only
+    exact_runner = None if exact is None else Runner(exact, None, runner.tokenizer, runner.context)
     n = min(start or len(requests), len(requests))
     while True:
-        report = _judge(runner, systems, requests[:n], max_new, progress, reuse, own)
+        report = _judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner)
         if report["verdict"] == "reject" or bound is None or report["detectable_rate"] <= bound or n >= len(requests):
             break
         n = min(2 * n, len(requests))
@@ -51,31 +73,39 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     return report
 
 
-def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict) -> tuple[list, list]:
-    """Each request's turn records and scores, from memo where this system already ran it."""
-    target = runner.target
+def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, scorer) -> tuple[list, list]:
+    """Each request's turn records and scores under `scorer`, from memo where this system already ran it."""
     runner.warmup(system)
     records, scores = [], []
     for req in requests:
         key = (system.name, req.id)
         if key not in memo:
             recs = runner.run(system, req, max_new, progress)
-            memo[key] = (recs, [score_output(target, r.prompt, r.tokens) for r in recs])
+            memo[key] = (recs, [score_output(scorer, r.prompt, r.tokens) for r in recs])
         records += memo[key][0]
         scores += memo[key][1]
     return records, scores
 
 
-def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reuse: dict, own: dict) -> dict:
-    runs = {role: _runs(runner, s, requests, max_new, progress, own if role == "candidate" else reuse)
+def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reuse: dict, own: dict,
+           exact_runner: Runner | None) -> dict:
+    scorer = runner.target if exact_runner is None else exact_runner.target
+    runs = {role: _runs(runner, s, requests, max_new, progress, own if role == "candidate" else reuse, scorer)
             for role, s in systems.items()}
     records = {role: r for role, (r, _) in runs.items()}
-    target = runner.target
-    gaps = near_tie_gaps(target, records["reference"], records["ar"])
-    noise = margin_noise(target, [(r.prompt, r.tokens) for r in records["ar"][:NOISE_REQUESTS]])
+    gaps = near_tie_gaps(scorer, records["reference"], records["ar"])
+    noise = margin_noise(runner.target, [(r.prompt, r.tokens) for r in records["ar"][:NOISE_REQUESTS]])
     delta = calibrate_delta(gaps, noise["max"])
     tallies = {role: tally(s.name, runs[role][1], delta) for role, s in systems.items()}
     judged = verdict(tallies["reference"], tallies["candidate"], tallies["ar"])
-    return {**judged, "delta": delta, "calibration": {"near_tie_gaps": gaps, "noise": noise},
-            "reference": systems["reference"].name, "candidate": systems["candidate"].name,
-            "systems": {role: {"system": systems[role].name, **t.to_json()} for role, t in tallies.items()}}
+    report = {**judged, "delta": delta, "calibration": {"near_tie_gaps": gaps, "noise": noise},
+              "exact": "deployment" if exact_runner is None else "float32",
+              "reference": systems["reference"].name, "candidate": systems["candidate"].name,
+              "systems": {role: {"system": systems[role].name, **t.to_json()} for role, t in tallies.items()}}
+    if exact_runner is not None:  # AR in float32 beside the verdict: the deployment's precision against exact
+        fp32 = parse(EXACT_AR)
+        _, scores = _runs(exact_runner, fp32, requests, max_new, progress, reuse.setdefault("float32", {}), scorer)
+        t = tally("ar (float32)", scores, delta)
+        report["systems"]["ar_float32"] = {"system": f"{fp32.name} (float32)", **t.to_json()}
+        report["tests"]["ar_vs_float32"] = compare(tallies["ar"], t)  # reported; it does not decide
+    return report
