@@ -2,7 +2,7 @@
 reference that shares a fault, each through `force` against stock (the reference's and AR's runs made once).
 
 Usage: PYTHONPATH=. python bench/force_suite.py --preset smollm2 [--deployment D.toml] [--limit 2]
-       [--max-new-tokens 64] [--lossless-rounds R] [--no-cases] [--exact float32] --out RESULT.json
+       [--max-new-tokens 64] [--lossless-rounds R] [--cases all|faults|none] [--exact float32] --out RESULT.json
 Each case starts on --limit requests per dataset and may double twice toward the power bound (0.1 points).
 --lossless-rounds R: also judge R lossless variants on R further disjoint request sets (the false-reject sample).
 Prints a table last; the JSON (rewritten after every verdict) holds each verdict with its evidence summary.
@@ -43,8 +43,9 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--lossless-rounds", type=int, default=0)
-    ap.add_argument("--cases", action=argparse.BooleanOptionalAction, default=True,
-                    help="judge the fault suite and the lossless variants (--no-cases: only the lossless rounds)")
+    ap.add_argument("--cases", choices=("all", "faults", "none"), default="all",
+                    help="judge the fault suite (with the reference that shares a fault) and the lossless variants, "
+                         "the faults only, or none (only the lossless rounds)")
     ap.add_argument("--exact", choices=("deployment", "float32"), default="deployment",
                     help="the exact target that scores every token (float32: the FP32-reference mode)")
     ap.add_argument("--out", required=True)
@@ -58,13 +59,14 @@ def main() -> None:
     requests, rest = pool[: 4 * start], pool[4 * start :]  # the power bound may double the start twice
     reuse: dict = {}
     rows = {}
-    cases = [("stock", f"stock:fault={f}") for f in FAULTS if f != "none"] + [("stock", c) for c in LOSSLESS]
+    cases = [("stock", f"stock:fault={f}") for f in FAULTS if f != "none"]
     cases.append(("stock:fault=logit_bias", "stock:fault=logit_bias"))  # a reference sharing the flaw
+    cases += [("stock", c) for c in LOSSLESS] if args.cases == "all" else []
     lossless: list = []
     record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "exact": args.exact,
               "requests": start,
               "max_new_tokens": args.max_new_tokens, "cases": rows, "lossless_rounds": lossless}
-    if not args.cases:
+    if args.cases == "none":
         cases = []
     for ref, cand in cases:
         t0 = time.perf_counter()
