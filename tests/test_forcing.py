@@ -105,9 +105,20 @@ def test_verdict_statistics():
 
 
 def test_detectable_rate():
-    # 1000 tokens, a reference with no mismatch: one mismatch rejects; 80% power needs 1 - 0.2 ** (1 / 1000)
-    assert detectable_rate(1000, 0.0) == pytest.approx(1 - 0.2 ** (1 / 1000), rel=1e-6)
-    assert detectable_rate(100_000, 0.01) < detectable_rate(10_000, 0.01) < detectable_rate(1000, 0.01)
+    """The rate the verdict's own Fisher test detects with 80% power, worked by brute force: the fewest candidate
+    mismatches that reject against the reference's count, then the rate that reaches them 80% of the time."""
+    from scipy.stats import binom, fisher_exact
+
+    level = 0.05 / 6
+    for n, b, m in ((1000, 0, 1000), (4000, 12, 3000)):
+        k = next(a for a in range(n + 1)
+                 if fisher_exact([[a, n - a], [b, m - b]], alternative="greater").pvalue < level)
+        e = detectable_rate(n, b, m)
+        assert binom.sf(k - 1, n, b / m + e) == pytest.approx(0.8, abs=1e-6)
+    assert detectable_rate(1000, 0, 1000) > 5 / 1000  # a zero-mismatch reference still needs several mismatches
+    assert detectable_rate(100_000, 100, 10_000) < detectable_rate(10_000, 100, 10_000) < detectable_rate(
+        1000, 100, 10_000)
+    assert detectable_rate(0, 0, 100) == 1.0 and detectable_rate(3, 0, 3) == 1.0  # nothing scored, nothing decides
 
 
 def test_logit_bias_system_is_rejected_and_ar_passes():

@@ -12,7 +12,7 @@ test; larger margins at mismatches, Mann-Whitney U): candidate against reference
 exact target's own greedy output in the deployment's precision). A reference that departs from the exact target
 cannot vouch for anything. The six tests share the level alpha (Bonferroni), so a lossless candidate with a
 lossless reference is rejected at most alpha of the time. The verdict also states the smallest excess
-mismatch rate its token count could have detected (80% power).
+mismatch rate its own mismatch test could have detected with its token counts (80% power).
 """
 
 from __future__ import annotations
@@ -102,18 +102,32 @@ def compare(subject: SystemForcing, baseline: SystemForcing) -> dict:
     return out
 
 
-def detectable_rate(tokens: int, base_rate: float) -> float | None:
-    """The smallest excess mismatch rate over `base_rate` that `tokens` scored tokens detect with 80% power at the
-    per-test level (a one-sample binomial approximation of the two-sample test: a little optimistic)."""
-    if not tokens:
+def _rejecting_count(n: int, ref_hits: int, ref_n: int, level: float) -> int | None:
+    """The fewest mismatches among n candidate tokens that the one-sided Fisher test rejects against the
+    reference's count (its p-value falls as the count grows); None if not even n does."""
+    if _fisher(n, n, ref_hits, ref_n) >= level:
         return None
-    level = ALPHA / TESTS
-    k = int(binom.isf(level, tokens, base_rate)) + 1  # the smallest count that rejects
-    lo, hi = base_rate, 1.0
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _fisher(mid, n, ref_hits, ref_n) < level else (mid + 1, hi)
+    return lo
+
+
+def detectable_rate(tokens: int, ref_mismatches: int, ref_tokens: int) -> float:
+    """The smallest excess mismatch rate over the reference's that the verdict's own test (one-sided Fisher at the
+    per-test level, the reference's count as observed) detects with 80% power on `tokens` candidate tokens."""
+    if not tokens or not ref_tokens:
+        return 1.0  # nothing scored: nothing is detectable
+    base = ref_mismatches / ref_tokens
+    k = _rejecting_count(tokens, ref_mismatches, ref_tokens, ALPHA / TESTS)
+    if k is None:
+        return 1.0 - base  # no count rejects: nothing is detectable
+    lo, hi = base, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if binom.sf(k - 1, tokens, mid) >= POWER else (mid, hi)
-    return hi - base_rate
+    return hi - base
 
 
 def verdict(reference: SystemForcing, candidate: SystemForcing, exact: SystemForcing) -> dict:
@@ -122,7 +136,7 @@ def verdict(reference: SystemForcing, candidate: SystemForcing, exact: SystemFor
     tests = {"candidate_vs_reference": compare(candidate, reference),
              "reference_vs_exact": compare(reference, exact),
              "candidate_vs_exact": compare(candidate, exact)}  # reported; the two above decide
-    out = {"tests": tests, "detectable_rate": detectable_rate(candidate.tokens, reference.mismatch_rate)}
+    out = {"tests": tests, "detectable_rate": detectable_rate(candidate.tokens, reference.mismatches, reference.tokens)}
     ref_bad, cand_bad = tests["reference_vs_exact"]["failed"], tests["candidate_vs_reference"]["failed"]
     if not candidate.tokens:
         return {**out, "verdict": "reject", "reason": "the candidate produced no tokens"}
