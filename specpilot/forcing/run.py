@@ -94,7 +94,9 @@ def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reus
             for role, s in systems.items()}
     records = {role: r for role, (r, _) in runs.items()}
     gaps = near_tie_gaps(scorer, records["reference"], records["ar"])
-    noise = margin_noise(runner.target, [(r.prompt, r.tokens) for r in records["ar"][:NOISE_REQUESTS]])
+    pairs = [(r.prompt, r.tokens) for r in records["ar"][:NOISE_REQUESTS]]
+    key = ("noise", tuple((tuple(p), tuple(t)) for p, t in pairs))  # the same AR outputs: the same measurement
+    noise = reuse[key] = reuse[key] if key in reuse else margin_noise(runner.target, pairs)
     delta = calibrate_delta(gaps, noise["max"])
     tallies = {role: tally(s.name, runs[role][1], delta) for role, s in systems.items()}
     judged = verdict(tallies["reference"], tallies["candidate"], tallies["ar"])
