@@ -324,3 +324,28 @@ FRAGMENTS = ("Problem:", "Answer: 8", "\n\n", "\n", "```python\ndef f(x):\n    r
 def test_parse_never_raises_and_respects_the_bounds(kind, parts):
     out = parse(kind, "".join(parts))
     assert out is None or MIN_CHARS <= len(out) <= MAX_CHARS
+
+
+def test_the_stdlib_walk_is_kept_on_disk_as_it_was(tmp_path, monkeypatch):
+    """The docs family's walk over the standard library is cached under the home folder; what a later process
+    reads back is exactly what the walk returned (and a damaged cache file is walked again)."""
+    from pathlib import Path
+
+    from specpilot.training.corpus import docs
+
+    lib = tmp_path / "lib"
+    (lib / "pkg").mkdir(parents=True)
+    (lib / "alpha.py").write_text('"""' + "Alpha module. " * 8 + '"""\n\ndef f():\n    """' + "F does. " * 12 + '"""\n')
+    (lib / "pkg" / "beta.py").write_text('class B:\n    """' + "B is a class. " * 7 + '"""\n')
+    monkeypatch.setattr(Path, "home", lambda: tmp_path / "home")
+    monkeypatch.setattr(docs.sysconfig, "get_paths", lambda: {"stdlib": str(lib)})
+    walk = docs._stdlib_docstrings.__wrapped__
+    first = walk(80, 1500)
+    # a module's docstring comes twice (the walk visits the module node twice; kept as it is, since the
+    # committed drafter's prompt draws depend on it)
+    assert [name for name, _ in first] == ["alpha", "alpha", "alpha.f", "pkg.beta.B"]
+    (cached,) = (tmp_path / "home" / ".cache" / "specpilot" / "stdlib_docs").iterdir()
+    (lib / "alpha.py").unlink()  # what comes back now comes from the cache
+    assert walk(80, 1500) == first
+    cached.write_text("{not json")
+    assert [name for name, _ in walk(80, 1500)] == ["pkg.beta.B"]  # walked again
