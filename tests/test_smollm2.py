@@ -30,9 +30,9 @@ def smol():
 def test_stock_equals_ar_on_smollm2(smol):
     target, drafter, tok, prompts = smol
     engine = Engine(target, drafter, context=512)
-    for prompt in prompts:
-        ar = engine.generate(prompt, 24, tok.eos_ids, "ar")
-        stock = engine.generate(prompt, 24, tok.eos_ids, "stock")
+    for prompt in prompts[:2]:  # a random drafter: every draft rejected (the trained drafter's tests follow)
+        ar = engine.generate(prompt, 16, tok.eos_ids, "ar")
+        stock = engine.generate(prompt, 16, tok.eos_ids, "stock")
         assert stock.tokens == ar.tokens
         assert len(tok.decode(ar.tokens).split()) >= 3  # a real model writes words
 
