@@ -104,9 +104,19 @@ class DenseTarget(nn.Module):
         eps = NORM_EPS if fault == "norm_eps" else self.cfg.rms_norm_eps
         if fault == "fp16_head":
             normed = rms_norm(stream_of(h), self.norm, eps, plan) if fused else h
-            return (normed.half() @ self.head_weight.half().t()).to(h.dtype), hidden
+            return (normed.half() @ self._half_head().t()).to(h.dtype), hidden
         with region("head"):
             return self.head.project(h, plan, norm_weight=final, eps=eps), hidden
+
+    def _half_head(self) -> torch.Tensor:
+        """The fp16_head fault's float16 copy of the LM head, made once per version of the weights (converting
+        it on every forward cost more than the head itself on the CPU); it changes no other forward."""
+        w = self.head_weight
+        key = (w.data_ptr(), w.dtype, tuple(w.shape), w._version)
+        cached = getattr(self, "_half_head_cache", None)
+        if cached is None or cached[0] != key:
+            cached = self._half_head_cache = (key, w.detach().half())
+        return cached[1]
 
     def _trunk(self, tokens, positions, cache, mode, slots, vis, hidden_layers, plan: KernelPlan, fault: str):
         """-> (hidden after the last layer: final-normed, or the raw stream when fused, possibly as a
