@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specpilot.errors import Interrupted, UserError
+from specpilot.memory.cli import app as memory_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="SpecPilot: lossless speculative decoding, measured and tuned per deployment.")
@@ -21,6 +22,7 @@ data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchma
 app.add_typer(data_app, name="data")
 models_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Real models from package registries.")
 app.add_typer(models_app, name="models")
+app.add_typer(memory_app, name="memory")
 # Piped, a console is 80 columns by default and cuts tables there: give it room instead.
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)

@@ -99,3 +99,28 @@ def test_entries_need_a_system_and_a_fingerprint(repo):
         entry(r, base, source, registry={})
     with pytest.raises(UserError, match="40-digit"):
         entry(r, base, source, base_commit="abc")
+
+
+def test_the_memory_command(tmp_path):
+    """list / show / replay / apply on a store of this checkout's own history (an option-only entry on HEAD)."""
+    from specpilot.memory.cli import REPO
+    from tests.test_cli import assert_one_line_error, specpilot
+
+    head = resolve(REPO, "HEAD")
+    store = Store(tmp_path / "memory", REPO)
+    i = store.add(Entry(title="best-first tree", base_commit=head, tree=tree_of(REPO, head),
+                        registry={"system": "stock:tree=best_first,nodes=32"},
+                        evidence={"fingerprint": FINGERPRINT}, provenance={"round": 0, "agent": "shipped"}))
+    where = ("--dir", str(tmp_path / "memory"))
+    listed = specpilot("memory", "list", *where)
+    assert listed.returncode == 0 and i in listed.stdout and "best_first" in listed.stdout
+    shown = specpilot("memory", "show", i[:5], *where)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == i
+    assert specpilot("memory", "apply", i, *where).stdout.strip() == "stock:tree=best_first,nodes=32"
+    assert specpilot("memory", "replay", *where).returncode == 0
+    body = store.entries / i / "entry.json"
+    body.write_text(body.read_text().replace("nodes=32", "nodes=64"))
+    tampered = specpilot("memory", "replay", *where)
+    assert tampered.returncode == 1 and "rejected" in tampered.stdout
+    assert_one_line_error(specpilot("memory", "apply", i, *where), "does not hold")
+    assert_one_line_error(specpilot("memory", "show", "zzz", *where), "no memory entry")

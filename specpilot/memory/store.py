@@ -88,6 +88,8 @@ class Store:
 
     def rows(self, **where) -> list[dict]:
         """Index rows (every entry whose files read), optionally filtered by column values."""
+        if not self.ids():
+            return []  # nothing to index: leave no index file behind
         self._index([self.read(i) for i in self.ids() if not self._indexed(i)])
         with closing(self._db()) as db:
             sql = "SELECT * FROM entries" + (" WHERE " + " AND ".join(f"{k} = ?" for k in where) if where else "")
