@@ -102,7 +102,8 @@ def test_entries_need_a_system_and_a_fingerprint(repo):
 
 
 def test_the_memory_command(tmp_path):
-    """list / show / replay / apply on a store of this checkout's own history (an option-only entry on HEAD)."""
+    """list / show / replay / apply on a store of this checkout's own history (an option-only entry on HEAD);
+    each call starts a process, so the store-level tests above carry the rest."""
     from specpilot.memory.cli import REPO
     from tests.test_cli import assert_one_line_error, specpilot
 
@@ -116,11 +117,8 @@ def test_the_memory_command(tmp_path):
     assert listed.returncode == 0 and i in listed.stdout and "best_first" in listed.stdout
     shown = specpilot("memory", "show", i[:5], *where)
     assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == i
-    assert specpilot("memory", "apply", i, *where).stdout.strip() == "stock:tree=best_first,nodes=32"
-    assert specpilot("memory", "replay", *where).returncode == 0
     body = store.entries / i / "entry.json"
     body.write_text(body.read_text().replace("nodes=32", "nodes=64"))
     tampered = specpilot("memory", "replay", *where)
     assert tampered.returncode == 1 and "rejected" in tampered.stdout
     assert_one_line_error(specpilot("memory", "apply", i, *where), "does not hold")
-    assert_one_line_error(specpilot("memory", "show", "zzz", *where), "no memory entry")
