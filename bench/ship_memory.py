@@ -1,0 +1,68 @@
+"""Write the memory entries the engine ships: mechanisms that are already options, each with the measured
+evidence on file (bench/results) and the commit it was measured on. Reuse of these is never a discovery
+(provenance.agent = "shipped"); a loop that starts from them re-tunes and re-tests them.
+
+Usage: PYTHONPATH=. python bench/ship_memory.py [--dir memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specpilot.memory.entry import Entry
+from specpilot.memory.faithful import resolve, tree_of
+from specpilot.memory.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+# (title, direction, sweep file, system as the sweep names it, forcing file or None)
+SHIPPED = [
+    ("best-first draft tree, 32 nodes (the pair)", "tau", "2026-12-03_trees_pair_sweep_4eb8239_h200.json",
+     "stock:nodes=32,tree=best_first", "2026-12-03_force_tree_best_first_bf18272_h200.json"),
+    ("best-first draft tree, 48 nodes (the twin)", "tau", "2026-12-03_trees_twin_sweep_4eb8239_h200.json",
+     "stock:nodes=48,tree=best_first", None),
+]
+
+
+def fingerprint(record: dict) -> dict:
+    dep = record["deployment"]
+    twin = "twin" in dep["name"]
+    return {"gpu": record["device"], "target": "smollm2-135m" + ("-x16" if twin else ""),
+            "drafter": "smollm2-dflash" + ("-x16" if twin else ""), "regime": dep["regime"],
+            "dtype": dep["dtype"].removeprefix("torch.")}
+
+
+def shipped_entry(title: str, direction: str, sweep: str, system: str, forcing: str | None) -> Entry:
+    record = json.loads((RESULTS / sweep).read_text())
+    base = resolve(REPO, record["commit"])
+    measured, stock = record["systems"][system], record["systems"]["stock"]
+    bench = {"file": f"bench/results/{sweep}", "requests": measured["n_requests"], "tau": measured["tau"],
+             "speedup_vs_ar": measured["speedup_vs_ar"], "stock_tau": stock["tau"],
+             "stock_speedup_vs_ar": stock["speedup_vs_ar"]}
+    evidence = {"fingerprint": fingerprint(record), "bench": bench, "controller": None, "forcing": None}
+    if forcing:
+        verdict = json.loads((RESULTS / forcing).read_text())
+        evidence["forcing"] = {"file": f"bench/results/{forcing}", "verdict": verdict["verdict"],
+                               "reason": verdict["reason"]}
+    options = dict(kv.split("=") for kv in system.split(":", 1)[1].split(","))
+    return Entry(title=title, base_commit=base, tree=tree_of(REPO, base),
+                 registry={"system": system, "tuned": {k: v for k, v in options.items() if k == "nodes"}},
+                 evidence=evidence,
+                 provenance={"round": None, "direction": direction, "agent": "shipped", "parents": [],
+                             "reused": False, "cost": None})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", default=str(REPO / "memory"))
+    args = ap.parse_args()
+    store = Store(Path(args.dir), REPO)
+    for spec in SHIPPED:
+        print(store.add(shipped_entry(*spec)), spec[0])
+
+
+if __name__ == "__main__":
+    main()
