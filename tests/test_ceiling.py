@@ -58,6 +58,11 @@ def _evt(name, parent=None, kernels=(), self_us=0.0):
                            self_cpu_time_total=self_us)
 
 
+def _dev(name, us):
+    return SimpleNamespace(name=name, device_type=SimpleNamespace(name="CUDA"),
+                           time_range=SimpleNamespace(start=0.0, end=us))
+
+
 def test_attribution_by_regions():
     drafter = _evt("sp:drafter")
     gemm = _evt("sp:gemm", drafter)
@@ -69,15 +74,17 @@ def test_attribution_by_regions():
               _evt("triton_topk", drafter, [("topk", 5.0)]),  # drafter, not a GEMM
               _evt("aten::add", None, [("add", 4.0), ("add", 6.0)]),  # outside every region: elementwise
               _evt("sp:attention", None, [("attn_triton", 8.0)]),  # a Triton launch links to the region itself
-              SimpleNamespace(name="k", device_type=SimpleNamespace(name="CUDA"),  # on the device: 1100 us in all
-                              time_range=SimpleNamespace(start=0.0, end=1100.0)),
+              *[_dev(k, us) for k, us in (("mm_a", 980.0), ("mm_h", 20.0), ("topk", 5.0), ("add", 10.0),
+                                           ("attn_triton", 8.0), ("memset", 77.0), ("_split_kernel", 40.0))],
               _evt("aten::mm", _evt("sp:gemm", _evt("sp:prefill")), [("mm_a", 900.0)])]  # prefill: left out
     p = attribute(events, cuda=True, steps=2)
     us = {k: v * 1e6 for k, v in p.classes.items()}
+    # attention: 8 us linked to its region, 40 us of our Triton attention kernel linked to nothing, classed by name
     assert us == pytest.approx({"drafter_gemm": 15.0, "target_gemm": 25.0, "lm_head": 10.0, "drafter_other": 2.5,
-                                "elementwise": 5.0, "attention": 4.0})
-    # linked: 30 + 50 + 20 + 5 + 10 + 8 + 900 (prefill) = 1023 us of the device's 1100: 77 us over 2 steps unlinked
-    assert p.unlinked_s * 1e6 == pytest.approx(38.5)
+                                "elementwise": 5.0, "attention": 24.0})
+    # linked or named: every kernel but the 77 us memset, over 2 steps
+    assert p.unlinked_s * 1e6 == pytest.approx(38.5) and p.by_name_s * 1e6 == pytest.approx(20.0)
+    assert p.to_json()["unlinked_kernels"] == {"memset": pytest.approx(38.5e-6)}
     assert p.kernels["mm_a"]["seconds"] == pytest.approx(40e-6) and p.kernels["add"]["calls"] == 1.0
     assert p.stages["drafter"] * 1e6 == pytest.approx(17.5)
     cpu = attribute([_evt("aten::mm", _evt("sp:attention"), self_us=8.0)], cuda=False, steps=4)

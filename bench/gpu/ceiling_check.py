@@ -20,7 +20,8 @@ def checks(report: dict, inputs: dict) -> list[str]:
     for name, s in inputs["systems"].items():
         prof = s["profile"]
         if prof.get("unlinked_s", 0.0) > 0.05 * prof["seconds_per_step"]:
-            bad.append(f"{name}: {1e6 * prof['unlinked_s']:.1f} us/step of kernels no region claimed")
+            top = ", ".join(f"{k[:60]} {1e6 * v:.1f} us" for k, v in list(prof.get("unlinked_kernels", {}).items())[:5])
+            bad.append(f"{name}: {1e6 * prof['unlinked_s']:.1f} us/step of kernels no region claimed ({top})")
         empty = [c for c in NEEDED if prof["classes"].get(c, 0.0) <= 0]
         if empty:
             bad.append(f"{name}: no kernel time in {', '.join(empty)}")
