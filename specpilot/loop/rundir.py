@@ -1,0 +1,87 @@
+"""The loop's run directory: every finished measurement on disk, so that `--resume` redoes none of them.
+
+A measurement is a named step (`round-1/phase-0/ceiling`) whose result is a JSON object written atomically to
+`steps/<name>.json` when it finishes; a step that was interrupted left nothing and runs again. Events go to
+`log.jsonl` (one object per line, flushed as written). One loop at a time holds a run directory (a lock
+file); a budget (wall seconds) stops the loop cleanly between steps, never inside one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from specpilot.errors import UserError
+from specpilot.results import write_json_atomic
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9._=-]*(/[a-z0-9][a-z0-9._=-]*)*$")
+
+
+class BudgetSpent(Exception):
+    """The run's budget is spent: the loop stops between steps, everything finished kept."""
+
+
+class RunDir:
+    def __init__(self, root: Path, resume: bool = False, budget_s: float | None = None):
+        self.root = Path(root)
+        if self.root.exists() and any(self.root.iterdir()) and not resume:
+            raise UserError(f"{self.root} is not empty: pass --resume to continue that run, or name a new folder")
+        if resume and not (self.root / "steps").is_dir():
+            raise UserError(f"{self.root} holds no run to resume")
+        (self.root / "steps").mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.root / ".lock", "w")  # noqa: SIM115 (held for the run's lifetime)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another loop is running in {self.root}") from None
+        self.started = time.monotonic()
+        self.budget_s = budget_s
+        self.ran: list[str] = []  # steps measured by this process
+        self.reused: list[str] = []  # steps read back from a previous process
+
+    def path(self, name: str) -> Path:
+        if not NAME.match(name):
+            raise ValueError(f"bad step name {name!r}")
+        return self.root / "steps" / f"{name}.json"
+
+    def done(self, name: str) -> bool:
+        return self.path(name).is_file()
+
+    def once(self, name: str, measure: Callable[[], dict]) -> dict:
+        """The step's result: read back if it finished before, else measured now (after checking the budget)
+        and written atomically."""
+        path = self.path(name)
+        if path.is_file():
+            self.reused.append(name)
+            return json.loads(path.read_text())
+        self.check_budget()
+        self.log("start", step=name)
+        result = measure()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, result)
+        self.ran.append(name)
+        self.log("done", step=name)
+        return result
+
+    def check_budget(self) -> None:
+        if self.budget_s is not None and time.monotonic() - self.started > self.budget_s:
+            self.log("budget", spent_s=time.monotonic() - self.started)
+            raise BudgetSpent(f"the wall-time budget of {self.budget_s:.0f} s is spent")
+
+    def log(self, event: str, **fields) -> None:
+        with open(self.root / "log.jsonl", "a") as f:
+            f.write(json.dumps({"t": time.time(), "event": event, **fields}) + "\n")
+
+    def close(self) -> None:
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        self._lock.close()
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
