@@ -2,10 +2,10 @@
 reference itself faithful to it?
 
 Every output token is scored under the exact target (forcing/score.py); a token that is not the argmax is a
-mismatch with a margin (nats). delta bounds a legitimate near-tie, from measurements only: the gaps where the
-reference and AR (exact-equivalent runs) first part, and the reduction-order noise of the deployment itself
-(forcing/noise.py). A mismatch whose margin exceeds 2 delta is a large-margin event; nothing excuses one (a
-system's tokens are scored on its own prefix, so an earlier divergence cannot explain a later event).
+mismatch with a margin (nats). delta bounds a legitimate near-tie: the reduction-order noise of the deployment
+itself, measured (forcing/noise.py); where the reference and AR first part is reported beside it. A mismatch
+whose margin exceeds 2 delta is a large-margin event; nothing excuses one (a system's tokens are scored on its
+own prefix, so an earlier divergence cannot explain a later event).
 
 Two comparisons, each of three one-sided tests (a higher mismatch rate and a higher event rate, Fisher's exact
 test; larger margins at mismatches, Mann-Whitney U): candidate against reference, and reference against AR (the
@@ -62,9 +62,11 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None
 
 
-def calibrate_delta(gaps: list[float], noise_max: float) -> float:
-    """The larger of the near-tie gaps where exact-equivalent runs parted and the measured margin noise."""
-    return max([abs(g) for g in gaps] + [noise_max])
+def calibrate_delta(gaps: list[float], noise_max: float) -> tuple[float, list[float]]:
+    """delta is the measured reduction-order noise. A reference-vs-AR parting whose gap exceeds it is not a
+    near-tie that noise explains (a lossy reference makes such partings): it is returned apart, to be reported,
+    and widens nothing."""
+    return noise_max, [g for g in gaps if abs(g) > noise_max]
 
 
 def tally(name: str, scores: list[TokenScores], delta: float) -> SystemForcing:

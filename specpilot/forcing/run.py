@@ -1,6 +1,6 @@
 """`specpilot force`: run reference, candidate and AR on the same requests, score every output token under the
-exact target, measure the deployment's noise (the reference-vs-AR near-ties and the reduction-order noise of the
-target itself), and give the verdict with its evidence (forcing/judge.py).
+exact target, measure the deployment's noise (the reduction-order noise of the target itself; the reference-vs-AR
+near-ties reported beside it), and give the verdict with its evidence (forcing/judge.py).
 
 The exact target is the deployment's own (its dtype, float32 LM head) or, in the FP32-reference mode, a float32
 model of the same function (`exact_target`): every output is then scored in float32, and AR in float32 runs as
@@ -97,10 +97,11 @@ def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reus
     pairs = [(r.prompt, r.tokens) for r in records["ar"][:NOISE_REQUESTS]]
     key = ("noise", tuple((tuple(p), tuple(t)) for p, t in pairs))  # the same AR outputs: the same measurement
     noise = reuse[key] = reuse[key] if key in reuse else margin_noise(runner.target, pairs)
-    delta = calibrate_delta(gaps, noise["max"])
+    delta, unexplained = calibrate_delta(gaps, noise["max"])
     tallies = {role: tally(s.name, runs[role][1], delta) for role, s in systems.items()}
     judged = verdict(tallies["reference"], tallies["candidate"], tallies["ar"])
-    report = {**judged, "delta": delta, "calibration": {"near_tie_gaps": gaps, "noise": noise},
+    report = {**judged, "delta": delta, "calibration": {"near_tie_gaps": gaps, "noise": noise,
+                                                        "partings_beyond_noise": unexplained},
               "exact": "deployment" if exact_runner is None else "float32",
               "reference": systems["reference"].name, "candidate": systems["candidate"].name,
               "systems": {role: {"system": systems[role].name, **t.to_json()} for role, t in tallies.items()}}
