@@ -85,6 +85,7 @@ def test_attribution_by_regions():
     # linked or named: every kernel but the 77 us memset, over 2 steps
     assert p.unlinked_s * 1e6 == pytest.approx(38.5) and p.by_name_s * 1e6 == pytest.approx(20.0)
     assert p.to_json()["unlinked_kernels"] == {"memset": pytest.approx(38.5e-6)}
+    assert p.kernels["_split_kernel"]["calls"] == 0.5  # one launch over two steps
     assert p.kernels["mm_a"]["seconds"] == pytest.approx(40e-6) and p.kernels["add"]["calls"] == 1.0
     assert p.stages["drafter"] * 1e6 == pytest.approx(17.5)
     cpu = attribute([_evt("aten::mm", _evt("sp:attention"), self_us=8.0)], cuda=False, steps=4)

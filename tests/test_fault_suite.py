@@ -17,6 +17,9 @@ LOSSLESS = ["stock", "ar", "stock:block_size=4", "stock:graphs=false", "stock:tr
             "stock:tree=eagle2,nodes=6"]
 
 
+BF16_SKIPPED = ("stock:block_size=4", "stock:graphs=false")  # the CPU's bf16 is slow; the H200 suite judges them
+
+
 def near_tie_target(dtype):
     """Real LLMs have many near-ties; random tiny ones few. In float32, pair up LM-head rows (token 2k+1
     is token 2k's row nudged by 1e-3) so that the argmax often sits between two almost equal logits.
@@ -62,7 +65,9 @@ def test_faults_are_rejected(runner, requests, fault):
 
 @pytest.mark.parametrize("candidate", LOSSLESS)
 def test_lossless_variants_pass(runner, requests, candidate):
-    runner, _, reuse = runner
+    runner, dtype, reuse = runner
+    if dtype is torch.bfloat16 and candidate in BF16_SKIPPED:
+        pytest.skip("float32 covers it; in bf16 the suite keeps stock, AR and the trees")
     report = force(runner, "stock", candidate, requests, 48, reuse=reuse)
     assert report["verdict"] == "pass", report["reason"]
     assert set(report["systems"]) == {"reference", "candidate", "ar"}

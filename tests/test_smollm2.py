@@ -90,11 +90,11 @@ def test_every_tree_builder_on_the_real_pair(smol):
 
     target, drafter, tok = build_pair(load_deployment("smollm2", None), with_drafter=True)
     prompt = tok.chat_prompt([{"role": "user", "content": "Write a Python function that reverses a list."}])
-    ar = Engine(target, None, context=512).generate(prompt, 24, tok.eos_ids, "ar").tokens
+    ar = Engine(target, None, context=512).generate(prompt, 20, tok.eos_ids, "ar").tokens
     taus = {}
     for system in ("stock", "stock:tree=best_first,nodes=8", "stock:tree=best_first,nodes=24",
                    "stock:tree=ddtree,nodes=24", "stock:tree=eagle2,nodes=24", "stock:tree=sequoia,nodes=24"):
-        gen = Engine(target, drafter, parse_system(system), context=512).generate(prompt, 24, tok.eos_ids)
+        gen = Engine(target, drafter, parse_system(system), context=512).generate(prompt, 20, tok.eos_ids)
         assert gen.tokens == ar, system
         taus[system] = (len(gen.tokens) - 1) / len(gen.accepted)
     assert taus["stock:tree=best_first,nodes=24"] >= taus["stock"]

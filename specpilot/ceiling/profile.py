@@ -86,10 +86,12 @@ def attribute(events, cuda: bool, steps: int) -> Profile:
     stages: dict[str, float] = defaultdict(float)
     kernels: dict[str, dict] = {}
     device: dict[str, float] = defaultdict(float)  # every kernel and copy on the device, by name (us)
+    launches: dict[str, int] = defaultdict(int)
     linked: dict[str, float] = defaultdict(float)
     for evt in events:
         if evt.device_type.name != "CPU":
             device[evt.name] += evt.time_range.end - evt.time_range.start
+            launches[evt.name] += 1
             continue
         if cuda:  # a kernel launched straight from a region (a Triton launch) is linked to the region itself
             items = [(k.name, k.duration) for k in evt.kernels]
@@ -112,7 +114,7 @@ def attribute(events, cuda: bool, steps: int) -> Profile:
     for name, s in list(left.items()):
         cls = next((c for key, c in BY_NAME.items() if key in name), None)
         if cls is not None and s > 0:
-            _add(classes, stages, kernels, name, cls, "tree" if cls == "tree" else "target", s)
+            _add(classes, stages, kernels, name, cls, "tree" if cls == "tree" else "target", s, launches[name])
             by_name += s
             del left[name]
     for entry in kernels.values():
@@ -123,12 +125,12 @@ def attribute(events, cuda: bool, steps: int) -> Profile:
                    by_name_s=by_name, unlinked=unlinked)
 
 
-def _add(classes, stages, kernels, name: str, cls: str, where: str, s: float) -> None:
+def _add(classes, stages, kernels, name: str, cls: str, where: str, s: float, calls: int = 1) -> None:
     classes[cls] += s
     stages[where] += s
     entry = kernels.setdefault(name, {"class": cls, "seconds": 0.0, "calls": 0})
     entry["seconds"] += s
-    entry["calls"] += 1
+    entry["calls"] += calls
 
 
 def profile_generations(engine, prompts: list[list[int]], max_new_tokens: int, stop_ids=()) -> Profile:
