@@ -59,15 +59,13 @@ def main() -> None:
     requests, rest = pool[: 4 * start], pool[4 * start :]  # the power bound may double the start twice
     reuse: dict = {}
     rows = {}
-    cases = [("stock", f"stock:fault={f}") for f in FAULTS if f != "none"]
-    cases.append(("stock:fault=logit_bias", "stock:fault=logit_bias"))  # a reference sharing the flaw
+    cases = [] if args.cases == "none" else [("stock", f"stock:fault={f}") for f in FAULTS if f != "none"] + [
+        ("stock:fault=logit_bias", "stock:fault=logit_bias")]  # the last: a reference sharing the flaw
     cases += [("stock", c) for c in LOSSLESS] if args.cases == "all" else []
     lossless: list = []
     record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "exact": args.exact,
-              "requests": start,
-              "max_new_tokens": args.max_new_tokens, "cases": rows, "lossless_rounds": lossless}
-    if args.cases == "none":
-        cases = []
+              "requests": start, "max_new_tokens": args.max_new_tokens, "cases": rows, "lossless_rounds": lossless,
+              "false_rejects": 0}
     for ref, cand in cases:
         t0 = time.perf_counter()
         report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse, bound=0.001, start=start,
@@ -84,7 +82,6 @@ def main() -> None:
         print(f"round {i + 1}: stock vs {cand:34s} {lossless[-1]['verdict']}", flush=True)
         record["false_rejects"] = sum(r["verdict"] == "reject" for r in lossless)
         write_json_atomic(args.out, record)
-    record["false_rejects"] = sum(r["verdict"] == "reject" for r in lossless)
     write_json_atomic(args.out, record)
     print(f"\n{'case':70s} verdict       mismatch cand/ref/ar        events  detectable")
     for name, r in rows.items():

@@ -7,13 +7,12 @@ import ast
 import functools
 import hashlib
 import json
-import os
 import random
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
+from specpilot.results import write_json_atomic
 from specpilot.training.corpus.common import _skip
 
 TEMPLATES = (
@@ -37,19 +36,16 @@ def _stdlib_docstrings(min_chars: int, max_chars: int) -> tuple[tuple[str, str],
     """Parsing the whole standard library takes ~20 s, so the walk is kept on disk per interpreter build and
     stdlib folder (~/.cache/specpilot/stdlib_docs); the cache holds exactly what the walk returns."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    key = hashlib.sha256(f"{sys.version}|{root}|{min_chars}|{max_chars}|1".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{sys.version}|{root}|{min_chars}|{max_chars}|2".encode()).hexdigest()[:16]
     cache = Path.home() / ".cache" / "specpilot" / "stdlib_docs" / f"{key}.json"
     try:
-        return tuple((name, doc) for name, doc in json.loads(cache.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
+        return tuple((name, doc) for name, doc in json.loads(cache.read_text(encoding="utf-8"))["items"])
+    except (OSError, ValueError, TypeError, KeyError):
         pass
     out = _walk(root, min_chars, max_chars)
     try:  # atomic: processes that walk at once each write whole files
         cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(out, f)
-        os.replace(tmp, cache)
+        write_json_atomic(cache, {"items": out})
     except OSError:
         pass  # a read-only home: walk again next time
     return out
