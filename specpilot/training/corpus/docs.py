@@ -12,7 +12,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from specpilot.results import write_json_atomic
 from specpilot.training.corpus.common import _skip
 
 TEMPLATES = (
@@ -43,6 +42,8 @@ def _stdlib_docstrings(min_chars: int, max_chars: int) -> tuple[tuple[str, str],
     except (OSError, ValueError, TypeError, KeyError):
         pass
     out = _walk(root, min_chars, max_chars)
+    from specpilot.results import write_json_atomic  # here: that module brings torch, which a cache hit skips
+
     try:  # atomic: processes that walk at once each write whole files
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(cache, {"items": out})
