@@ -58,9 +58,9 @@ def _evt(name, parent=None, kernels=(), self_us=0.0):
                            self_cpu_time_total=self_us)
 
 
-def _dev(name, us):
+def _dev(name, us, start=0.0):
     return SimpleNamespace(name=name, device_type=SimpleNamespace(name="CUDA"),
-                           time_range=SimpleNamespace(start=0.0, end=us))
+                           time_range=SimpleNamespace(start=start, end=start + us))
 
 
 def test_attribution_by_regions():
@@ -76,18 +76,25 @@ def test_attribution_by_regions():
               _evt("sp:attention", None, [("attn_triton", 8.0)]),  # a Triton launch links to the region itself
               *[_dev(k, us) for k, us in (("mm_a", 980.0), ("mm_h", 20.0), ("topk", 5.0), ("add", 10.0),
                                            ("attn_triton", 8.0), ("memset", 77.0), ("_split_kernel", 40.0))],
-              _evt("aten::mm", _evt("sp:gemm", _evt("sp:prefill")), [("mm_a", 900.0)])]  # prefill: left out
+              _evt("aten::mm", _evt("sp:gemm", _evt("sp:prefill")), [("mm_a", 900.0)]),  # prefill: left out
+              # launches linked to no host range, inside our regions' spans on the device timeline (annotations
+              # are spans, never kernels): classed by the spans around them; a prefill span's are left out
+              _dev("sp:decode", 1000.0, 5000.0), _dev("sp:drafter", 100.0, 5100.0), _dev("sp:attention", 50.0, 5400.0),
+              _dev("_norm_kernel", 6.0, 5120.0), _dev("_norm_kernel", 4.0, 5410.0), _dev("_rope_kernel", 12.0, 5700.0),
+              _dev("sp:prefill", 100.0, 9000.0), _dev("_norm_kernel", 50.0, 9010.0), _dev("_split_kernel", 9.0, 9050.0)]
     p = attribute(events, cuda=True, steps=2)
     us = {k: v * 1e6 for k, v in p.classes.items()}
-    # attention: 8 us linked to its region, 40 us of our Triton attention kernel linked to nothing, classed by name
-    assert us == pytest.approx({"drafter_gemm": 15.0, "target_gemm": 25.0, "lm_head": 10.0, "drafter_other": 2.5,
-                                "elementwise": 5.0, "attention": 24.0})
-    # linked or named: every kernel but the 77 us memset, over 2 steps
+    # attention: 8 us linked to its region, 40 us of our Triton attention kernel linked to nothing, classed by
+    # name, 4 us of a norm in its span; the drafter's norm 6 us, a rope inside decode alone 12 us (elementwise)
+    assert us == pytest.approx({"drafter_gemm": 15.0, "target_gemm": 25.0, "lm_head": 10.0, "drafter_other": 5.5,
+                                "elementwise": 11.0, "attention": 26.0})
+    # linked, spanned or named: every kernel but the 77 us memset, over 2 steps
     assert p.unlinked_s * 1e6 == pytest.approx(38.5) and p.by_name_s * 1e6 == pytest.approx(20.0)
+    assert p.by_span_s * 1e6 == pytest.approx(11.0)
     assert p.to_json()["unlinked_kernels"] == {"memset": pytest.approx(38.5e-6)}
     assert p.kernels["_split_kernel"]["calls"] == 0.5  # one launch over two steps
     assert p.kernels["mm_a"]["seconds"] == pytest.approx(40e-6) and p.kernels["add"]["calls"] == 1.0
-    assert p.stages["drafter"] * 1e6 == pytest.approx(17.5)
+    assert p.stages["drafter"] * 1e6 == pytest.approx(20.5)
     cpu = attribute([_evt("aten::mm", _evt("sp:attention"), self_us=8.0)], cuda=False, steps=4)
     assert cpu.classes == {"attention": pytest.approx(2e-6)}
     assert classify({"tree", "gemm"}) == "tree" and classify(set()) == "elementwise"

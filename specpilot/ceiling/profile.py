@@ -53,9 +53,9 @@ class Profile:
     stages: dict[str, float] = field(default_factory=dict)
     kernels: dict[str, dict] = field(default_factory=dict)  # name -> {class, seconds (per step), calls}
     device: str = "cpu"
-    unlinked_s: float = 0.0  # device time per step (prefill's included) of kernels neither a host range nor
-    # their name claimed
-    by_name_s: float = 0.0  # unlinked kernels classed by their name (BY_NAME; prefill's included; stage: target)
+    unlinked_s: float = 0.0  # device time per step of kernels no host range, device-side span or name claimed
+    by_name_s: float = 0.0  # unlinked kernels classed by their name (BY_NAME)
+    by_span_s: float = 0.0  # unlinked kernels classed by the region spans around them on the device timeline
     unlinked: dict[str, float] = field(default_factory=dict)  # name -> seconds per step, what is left unlinked
 
     @property
@@ -66,6 +66,7 @@ class Profile:
         top = sorted(self.kernels.items(), key=lambda kv: -kv[1]["seconds"])
         return {"steps": self.steps, "device": self.device, "seconds_per_step": self.total,
                 "unlinked_s": self.unlinked_s, "by_name_s": self.by_name_s,
+                "by_span_s": self.by_span_s,
                 "unlinked_kernels": dict(sorted(self.unlinked.items(), key=lambda kv: -kv[1])[:20]),
                 "classes": self.classes, "stages": self.stages,
                 "kernels": [{"name": k, **v} for k, v in top[:40]]}
@@ -86,12 +87,16 @@ def attribute(events, cuda: bool, steps: int) -> Profile:
     stages: dict[str, float] = defaultdict(float)
     kernels: dict[str, dict] = {}
     device: dict[str, float] = defaultdict(float)  # every kernel and copy on the device, by name (us)
-    launches: dict[str, int] = defaultdict(int)
+    on_device, spans = [], []  # kernels; the device-side spans of our regions (start, end, region)
     linked: dict[str, float] = defaultdict(float)
     for evt in events:
         if evt.device_type.name != "CPU":
-            device[evt.name] += evt.time_range.end - evt.time_range.start
-            launches[evt.name] += 1
+            start, end = evt.time_range.start, evt.time_range.end
+            if evt.name.startswith(PREFIX):  # a region's annotation on the device timeline, not a kernel
+                spans.append((start, end, evt.name[len(PREFIX):]))
+            else:
+                device[evt.name] += end - start
+                on_device.append(evt)
             continue
         if cuda:  # a kernel launched straight from a region (a Triton launch) is linked to the region itself
             items = [(k.name, k.duration) for k in evt.kernels]
@@ -107,22 +112,42 @@ def attribute(events, cuda: bool, steps: int) -> Profile:
             continue
         for name, us in items:
             _add(classes, stages, kernels, name, cls, stage(regions), us / 1e6 / steps)
-    # kernels no host range claims (launched outside every op and region): ours are classed by name, the rest
-    # reported, never silently dropped
-    left = {name: max(us - linked.get(name, 0.0), 0.0) / 1e6 / steps for name, us in device.items()} if cuda else {}
-    by_name = 0.0
-    for name, s in list(left.items()):
-        cls = next((c for key, c in BY_NAME.items() if key in name), None)
-        if cls is not None and s > 0:
-            _add(classes, stages, kernels, name, cls, "tree" if cls == "tree" else "target", s, launches[name])
-            by_name += s
-            del left[name]
+    # what no host range claims (a Triton launch goes through the driver API): each such launch is classed by the
+    # region spans around it on the device timeline, ours by name first; the rest is reported, never dropped
+    left = {name: us - linked.get(name, 0.0) for name, us in device.items()}
+    left_evts = [e for e in on_device if left[e.name] > 0]
+    unlinked: dict[str, float] = defaultdict(float)
+    by_name = by_span = 0.0
+    for evt, regions in _within(spans, left_evts):
+        share = left[evt.name] / device[evt.name]  # a name partly linked: its launches' unlinked share
+        s = share * (evt.time_range.end - evt.time_range.start) / 1e6 / steps
+        named = next((c for key, c in BY_NAME.items() if key in evt.name), None)
+        cls = None if "prefill" in regions else named or (classify(regions) if regions else None)
+        if cls is not None:
+            where = "tree" if named == "tree" else stage(regions)
+            _add(classes, stages, kernels, evt.name, cls, where, s, share)
+            by_name, by_span = (by_name + s, by_span) if named else (by_name, by_span + s)
+        elif not regions:
+            unlinked[evt.name] += s
     for entry in kernels.values():
         entry["calls"] /= steps
-    unlinked = {name: s for name, s in left.items() if s > 0}
     return Profile(steps=steps, classes=dict(classes), stages=dict(stages), kernels=kernels,
                    device="cuda" if cuda else "cpu", unlinked_s=sum(unlinked.values()),
-                   by_name_s=by_name, unlinked=unlinked)
+                   by_name_s=by_name, by_span_s=by_span, unlinked=dict(unlinked))
+
+
+def _within(spans: list[tuple], evts: list) -> list[tuple]:
+    """Each device event with the regions whose device-side spans hold its midpoint (a sweep in time order)."""
+    spans = sorted(spans)
+    out, open_, i = [], [], 0
+    for evt in sorted(evts, key=lambda e: e.time_range.start + e.time_range.end):
+        mid = (evt.time_range.start + evt.time_range.end) / 2
+        while i < len(spans) and spans[i][0] <= mid:
+            open_.append(spans[i])
+            i += 1
+        open_ = [sp for sp in open_ if sp[1] >= mid]
+        out.append((evt, {sp[2] for sp in open_}))
+    return out
 
 
 def _add(classes, stages, kernels, name: str, cls: str, where: str, s: float, calls: int = 1) -> None:
