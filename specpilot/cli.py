@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -507,12 +508,18 @@ def compare(
                                                       "instead of timing a new one.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a worker may take per reply before its group is killed.")
                        ] = 1800,
+    workers: Annotated[str, typer.Option(help="one: a single worker alternates A and B request by request (both "
+                                              "sides must run from one source tree); two: one worker per side; "
+                                              "auto: one on a CPU deployment whose sides share a tree, else two.")
+                       ] = "auto",
+    reps: Annotated[int | None, typer.Option(help="Times each request runs per side; its fastest run counts "
+                                                  "(default: 3 on a CPU, 1 on a GPU).")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the evidence card here.")] = None,
 ) -> None:
     """The controller: time A and B on the same requests (workers from their own source trees, code
-    hashes checked; one GPU: A B B A blocks, two GPUs: paired runs with the GPUs swapped), and promote
-    B only if its gain's 95% lower bound clears 1% (3% if outputs differ) + 2x the A/A noise. Exit 0 on
-    promote, 1 otherwise."""
+    hashes checked; one GPU: A B B A blocks, two GPUs: paired runs with the GPUs swapped; a CPU: one worker
+    alternating A and B on pinned threads), and promote B only if its gain's 95% lower bound clears 1% (3% if
+    outputs differ) + 2x the A/A noise. Exit 0 on promote, 1 otherwise."""
     from specpilot.config.env import parse
     from specpilot.controller.compare import Side, source_tree
     from specpilot.controller.compare import compare as run_compare
@@ -527,12 +534,22 @@ def compare(
         raise UserError(f"--gpus takes two different devices, e.g. 0,1; got {gpus!r}")
     if pair and gpu is not None:
         raise UserError("give --gpu (one GPU) or --gpus (two), not both")
+    if workers not in ("auto", "one", "two"):
+        raise UserError(f"--workers takes auto, one or two; got {workers!r}")
+    if reps is not None and reps <= 0:
+        raise UserError(f"--reps must be positive, got {reps}")
     _check_output(json_path)
     aa = _aa_run(aa_card) if aa_card is not None else None
+    on_cpu = dep.torch_device().type == "cpu"
+    alternating = workers == "one" or (workers == "auto" and on_cpu and a_source == b_source and not pair)
+    if alternating and (pair or a_source != b_source):
+        raise UserError("--workers one runs both systems in one worker: both from one source tree, on one device")
+    reps = reps or (3 if on_cpu else 1)
     spec = {"preset": None if deployment else (preset or "tiny"),
             "deployment": str(deployment.resolve()) if deployment else None,
             "datasets": dataset or dep.datasets, "split": dep.split, "limit": limit if limit is not None else dep.limit,
-            "max_new_tokens": max_new_tokens if max_new_tokens is not None else dep.max_new_tokens}
+            "max_new_tokens": max_new_tokens if max_new_tokens is not None else dep.max_new_tokens,
+            **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {})}
     from specpilot.bench.datasets import load_requests
 
     count = sum(len(load_requests(d, spec["split"], None, spec["limit"])) for d in spec["datasets"])
@@ -543,7 +560,8 @@ def compare(
         kept = "no verdict; the workers were stopped and nothing was written" + (
             f" ({json_path} was not touched)" if json_path else "")
         with _interruptible(f"compare interrupted: {kept}"):
-            card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair, aa=aa)
+            card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair, aa=aa,
+                               reps=reps, alternating=alternating)
     card = {**environment(), **card, **({"aa_card": str(aa_card)} if aa_card else {})}
     if json_path is not None:
         write_json_atomic(json_path, card)

@@ -99,3 +99,29 @@ def test_pairing_cancels_any_uniform_gpu_factor(gains, factor, rnd):
                                        ([i for i, _ in swapped], [r for _, r in swapped]))
     assert got_ids == ids
     assert ratios == pytest.approx(gains, rel=1e-9)
+
+
+def test_one_worker_alternates_both_systems_and_keeps_each_requests_fastest_run():
+    with source_tree(None) as here:
+        card = compare(Side("ar", here), Side("stock", here), SPEC, timeout=300, noise=0.01, reps=2,
+                       alternating=True)
+    ab = card["ab"]
+    assert ab["mode"] == "alternating" and ab["reps"] == 2 and ab["outputs_equal"]
+    assert len(ab["rows_a"]) == len(ab["rows_b"]) == 2 * 4  # every request twice per side
+    assert ab["a"]["config"]["system"] != ab["b"]["config"]["system"]  # each side's own configuration
+    with pytest.raises(UserError, match="one source tree"):
+        measure(Side("ar", here), Side("ar", here / "bench"), SPEC, block=1, gpu=None, timeout=300, alternating=True)
+
+
+def test_fastest_repetition_counts_and_an_unstable_output_is_not_equal():
+    from specpilot.controller.compare import pair_ratios
+
+    def row(i, s, toks):
+        return {"id": i, "decode_s": s, "tokens": toks}
+
+    a = [row(f"r{k}", 2.0, [1, 2, 3]) for k in range(3)] + [row(f"r{k}", 1.0, [1, 2, 3]) for k in range(3)]
+    b = [row(f"r{k}", 0.5, [1, 2, 3]) for k in range(3)] + [row(f"r{k}", 4.0, [1, 2, 3]) for k in range(3)]
+    ids, ratios, equal = pair_ratios(a, b)
+    assert ratios == pytest.approx([2.0] * 3) and equal  # 1.0 s against 0.5 s, the slower repetitions ignored
+    b[4] = row("r1", 4.0, [1, 2, 4])  # one repetition of B answered differently
+    assert not pair_ratios(a, b)[2]

@@ -25,8 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from specpilot.controller.gate import (
@@ -86,14 +88,19 @@ def source_tree(ref: str | None):
 
 
 class Worker:
-    def __init__(self, side: Side, spec: dict, gpu: str | None, timeout: float):
+    """One timing process from one source tree, serving one system or (alternating mode) both."""
+
+    def __init__(self, side: Side, spec: dict, gpu: str | None, timeout: float, also: str | None = None):
         env = {**os.environ, "PYTHONPATH": str(side.source)}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
+        if spec.get("cpu"):  # idle OpenMP threads sleep instead of spinning on the cores the other side times on
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
         self.side, self.timeout = side, timeout
+        systems = [side.system] + ([also] if also is not None else [])
         # The worker script is the controller's own; only `specpilot` comes from the side's tree.
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("worker.py")),
-                                      json.dumps({**spec, "system": side.system})], cwd=side.source, env=env,
+                                      json.dumps({**spec, "systems": systems})], cwd=side.source, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
         self.hello = self._read()
@@ -118,15 +125,15 @@ class Worker:
                     raise UserError(f"worker for {self.side.system} died: {err[-1] if err else 'no output'}")
                 return json.loads(line)
 
-    def send(self, ids: list[str]) -> None:
-        self.proc.stdin.write(json.dumps({"run": ids}) + "\n")
+    def send(self, ids: list[str], system: str | None = None) -> None:
+        self.proc.stdin.write(json.dumps({"run": ids, "system": system or self.side.system}) + "\n")
         self.proc.stdin.flush()
 
     def receive(self) -> list[dict]:
         return self._read()["rows"]
 
-    def run(self, ids: list[str]) -> list[dict]:
-        self.send(ids)
+    def run(self, ids: list[str], system: str | None = None) -> list[dict]:
+        self.send(ids, system)
         return self.receive()
 
     def close(self) -> None:
@@ -149,14 +156,19 @@ def two_workers(a: Side, b: Side, spec: dict, gpu_a: str | None, gpu_b: str | No
         yield wa, wb
 
 
-def interleaved(a: Worker, b: Worker, ids: list[str], block: int) -> tuple[list[dict], list[dict]]:
-    """Blocks of requests in A B, B A, A B ... order."""
+def interleaved(a: Callable[[list[str]], list[dict]], b: Callable[[list[str]], list[dict]], ids: list[str],
+                block: int, reps: int = 1) -> tuple[list[dict], list[dict]]:
+    """Blocks of requests in A B, B A, A B ... order, the whole sequence `reps` times (each pass starting with
+    the side the last one ended on, so neither side always runs first)."""
     rows_a, rows_b = [], []
-    for k, start in enumerate(range(0, len(ids), block)):
-        chunk = ids[start : start + block]
-        order = ((a, rows_a), (b, rows_b)) if k % 2 == 0 else ((b, rows_b), (a, rows_a))
-        for worker, rows in order:
-            rows.extend(worker.run(chunk))
+    k = 0
+    for _ in range(reps):
+        for start in range(0, len(ids), block):
+            chunk = ids[start : start + block]
+            order = ((a, rows_a), (b, rows_b)) if k % 2 == 0 else ((b, rows_b), (a, rows_a))
+            for run, rows in order:
+                rows.extend(run(chunk))
+            k += 1
     return rows_a, rows_b
 
 
@@ -172,6 +184,19 @@ def side_by_side(a: Worker, b: Worker, ids: list[str], block: int) -> tuple[list
     return rows_a, rows_b
 
 
+def _fastest(rows: list[dict]) -> tuple[list[dict], bool]:
+    """Each turn once, at its fastest repetition (timing noise only adds time), and whether every repetition
+    produced the same tokens (a system whose output changes from run to run is not deterministic)."""
+    best: dict[str, dict] = {}
+    stable = True
+    for r in rows:
+        first = best.setdefault(r["id"], r)
+        stable = stable and r["tokens"] == first["tokens"]
+        if r["decode_s"] < first["decode_s"]:
+            best[r["id"]] = r
+    return list(best.values()), stable
+
+
 def _by_request(rows: list[dict]) -> dict[str, tuple[int, float, list[int]]]:
     out: dict[str, tuple[int, float, list[int]]] = {}
     for r in rows:
@@ -182,11 +207,12 @@ def _by_request(rows: list[dict]) -> dict[str, tuple[int, float, list[int]]]:
 
 
 def pair_ratios(rows_a: list[dict], rows_b: list[dict]) -> tuple[list[str], list[float], bool]:
-    a, b = _by_request(rows_a), _by_request(rows_b)
+    (fast_a, stable_a), (fast_b, stable_b) = _fastest(rows_a), _fastest(rows_b)
+    a, b = _by_request(fast_a), _by_request(fast_b)
     ids = [i for i in a if a[i][0] and b[i][0]]
     ratios = rate_ratios([a[i][0] for i in ids], [a[i][1] for i in ids], [b[i][0] for i in ids],
                          [b[i][1] for i in ids])
-    return ids, ratios.tolist(), all(a[i][2] == b[i][2] for i in a)
+    return ids, ratios.tolist(), stable_a and stable_b and all(a[i][2] == b[i][2] for i in a)
 
 
 def _timing(row: dict) -> dict:
@@ -235,39 +261,55 @@ def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], ti
             "requests": ids, "ratios": ratios, "outputs_equal": equal, "pairings": pairings}
 
 
-def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float) -> dict:
-    with two_workers(a, b, spec, gpu, gpu, timeout) as (wa, wb):
-        rows_a, rows_b = interleaved(wa, wb, wa.hello["requests"], block)
-        ids, ratios, equal = pair_ratios(rows_a, rows_b)
-        _enough(ids)
-        return {"mode": "interleaved", "a": _side(a, wa.hello), "b": _side(b, wb.hello),
-                "requests": ids, "ratios": ratios, "outputs_equal": equal,
-                "rows_a": [_timing(r) for r in rows_a],
-                "rows_b": [_timing(r) for r in rows_b]}
+def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float, reps: int = 1,
+            alternating: bool = False) -> dict:
+    """One device. Two workers taking turns over blocks of requests (interleaved), or, for two systems of one
+    source tree, one worker that alternates between them request by request (alternating: on a small CPU two
+    processes disturb each other's timing and caches, one process holds both systems' models in one place)."""
+    if alternating:
+        if a.source != b.source:
+            raise UserError("one worker serves two systems of one source tree only; these sides come from "
+                            f"{a.source} and {b.source}")
+        with closing(Worker(a, spec, gpu, timeout, also=b.system)) as w:
+            rows_a, rows_b = interleaved(partial(w.run, system=a.system), partial(w.run, system=b.system),
+                                         w.hello["requests"], 1, reps)
+            hello_a, hello_b = ({**w.hello, "config": w.hello.get("configs", {}).get(s.system)} for s in (a, b))
+    else:
+        with two_workers(a, b, spec, gpu, gpu, timeout) as (wa, wb):
+            rows_a, rows_b = interleaved(wa.run, wb.run, wa.hello["requests"], block, reps)
+            hello_a, hello_b = wa.hello, wb.hello
+    ids, ratios, equal = pair_ratios(rows_a, rows_b)
+    _enough(ids)
+    return {"mode": "alternating" if alternating else "interleaved", "reps": reps,
+            "a": _side(a, hello_a), "b": _side(b, hello_b), "requests": ids, "ratios": ratios,
+            "outputs_equal": equal, "rows_a": [_timing(r) for r in rows_a], "rows_b": [_timing(r) for r in rows_b]}
 
 
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
-            noise: float | None = None, gpus: list[str] | None = None, aa: dict | None = None) -> dict:
+            noise: float | None = None, gpus: list[str] | None = None, aa: dict | None = None, reps: int = 1,
+            alternating: bool = False) -> dict:
     """The evidence card: the A/A run (unless a noise figure or an earlier A/A run `aa` is given), the
     A/B run, the verdict, and with an A/A run the gain with the slots' difference divided out.
-    With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`."""
-    card: dict = {"block": block, "gpu": gpu, "gpus": gpus,
+    With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`, or one worker
+    alternating request by request (`alternating`); each request's fastest of `reps` repetitions counts."""
+    card: dict = {"block": block, "gpu": gpu, "gpus": gpus, "reps": reps,
                   "controller": {"path": str(Path(__file__).resolve().parent),
                                  "code_hash": code_hash(Path(__file__).resolve().parent)}}
     paired = bool(gpus and len(gpus) >= 2)
+    mode = "paired" if paired else "alternating" if alternating else "interleaved"
 
     def run(x: Side, y: Side) -> dict:
         if paired:
             return measure_paired(x, y, spec, block, gpus, timeout)
-        return measure(x, y, spec, block, gpu, timeout)
+        return measure(x, y, spec, block, gpu, timeout, reps, alternating)
 
     if aa is None and noise is None:
         aa = run(a, a)
         aa["estimate"] = estimate(aa["ratios"]).to_json()
     if aa is not None:
-        if aa.get("mode") != ("paired" if paired else "interleaved"):
-            raise UserError(f"the A/A run was timed in {aa.get('mode')} mode, this run is "
-                            f"{'paired' if paired else 'interleaved'}: their slots are not comparable")
+        if aa.get("mode") != mode:
+            raise UserError(f"the A/A run was timed in {aa.get('mode')} mode, this run is {mode}: their slots "
+                            "are not comparable")
         card["aa"] = aa
         if noise is None:
             noise = noise_from(GainEstimate(**aa["estimate"]))

@@ -3,7 +3,8 @@
 The controller starts this file as a script (from the controller's own install) with PYTHONPATH set
 to the system's worktree, so `specpilot` is imported from there; the worker reports the hash of the
 code it actually imported, then serves one JSON command per line on stdin:
-  {"run": [request ids]} -> {"rows": [{"id", "tokens", "decode_s", "prefill_s", "steps"}, ...]}
+  {"run": [request ids], "system": name} -> {"rows": [{"id", "tokens", "decode_s", "prefill_s", "steps"}, ...]}
+One worker may serve two systems of its tree (the controller's alternating mode); they share the models.
   {"quit": true}
 Models are built and graphs captured (warm-up) before the first reply, so no timing includes them; the
 first reply also carries the system's complete configuration (every option, the kernel plan and the tuning
@@ -45,26 +46,37 @@ def main() -> None:
     from specpilot.results import system_record
 
     spec = json.loads(sys.argv[1])
+    if spec.get("threads"):  # a fixed set of cores and threads for the whole run (small CPUs)
+        import os
+
+        import torch
+
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: spec["threads"]])
+        torch.set_num_threads(spec["threads"])
     hello = {"code_hash": code_hash(Path(specpilot.__file__).parent), "package": specpilot.__file__}
     dep = load_deployment(spec.get("preset"), spec.get("deployment"))
-    system = parse(spec["system"])
+    names = spec.get("systems") or [spec["system"]]
+    systems = {name: parse(name) for name in names}
     requests = {r.id: r for d in spec["datasets"]
                 for r in load_requests(d, spec.get("split", "dev"), spec.get("data_dir"), spec.get("limit"))}
-    target, drafter, tok = build_pair(dep, with_drafter=system.base == "stock")
+    speculative = any(s.base == "stock" for s in systems.values())
+    target, drafter, tok = build_pair(dep, with_drafter=speculative)
     runner = Runner(target, drafter, tok, dep.context)
-    runner.warmup(system)
-    _reply({**hello, "requests": sorted(requests), "config": system_record(runner.engine(system))})
+    for system in systems.values():
+        runner.warmup(system)
+    configs = {name: system_record(runner.engine(s)) for name, s in systems.items()}
+    _reply({**hello, "requests": sorted(requests), "config": configs[names[0]], "configs": configs})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("quit"):
             break
+        system = systems[cmd.get("system") or names[0]]
         rows = []
         for rid in cmd["run"]:
             for rec in runner.run(system, requests[rid], spec["max_new_tokens"]):
                 rows.append({"id": rec.id, "tokens": rec.tokens, "decode_s": rec.decode_s, "prefill_s": rec.prefill_s,
                              "steps": len(rec.accepted)})
         _reply({"rows": rows})
-
 
 if __name__ == "__main__":
     main()
