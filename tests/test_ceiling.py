@@ -92,8 +92,13 @@ def test_attribution_by_regions():
     assert p.unlinked_s * 1e6 == pytest.approx(38.5) and p.by_name_s * 1e6 == pytest.approx(20.0)
     assert p.by_span_s * 1e6 == pytest.approx(11.0)
     assert p.to_json()["unlinked_kernels"] == {"memset": pytest.approx(38.5e-6)}
-    assert p.kernels["_split_kernel"]["calls"] == 0.5  # one launch over two steps
-    assert p.kernels["mm_a"]["seconds"] == pytest.approx(40e-6) and p.kernels["add"]["calls"] == 1.0
+    assert p.kernels["_split_kernel", "attention"]["calls"] == 0.5  # one launch over two steps
+    # one GEMM kernel serving the drafter and the target counts in each class apart
+    assert p.kernels["mm_a", "target_gemm"]["seconds"] == pytest.approx(25e-6)
+    assert p.kernels["mm_a", "drafter_gemm"]["seconds"] == pytest.approx(15e-6)
+    assert p.kernels["add", "elementwise"]["calls"] == 1.0
+    listed = p.to_json()["kernels"]
+    assert {"name": "mm_a", "class": "drafter_gemm", "seconds": pytest.approx(15e-6), "calls": 0.5} in listed
     assert p.stages["drafter"] * 1e6 == pytest.approx(20.5)
     cpu = attribute([_evt("aten::mm", _evt("sp:attention"), self_us=8.0)], cuda=False, steps=4)
     assert cpu.classes == {"attention": pytest.approx(2e-6)}

@@ -1,12 +1,16 @@
 """The `specpilot` command end to end: the bench JSON, and one-line errors with nothing half-written."""
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
+import traceback
 
 import pytest
 import torch
 
+from specpilot import cli
 from specpilot.deployment import load_deployment
 from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
@@ -16,8 +20,27 @@ from specpilot.results import write_json_atomic
 
 
 def specpilot(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "specpilot.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    """The command as a user runs it, in this process (a fresh interpreter per call costs seconds of imports):
+    its exit status and everything it printed; an exception the command lets escape becomes a traceback on
+    stderr and status 1, as the interpreter would report it."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        if cwd is not None:
+            stack.enter_context(contextlib.chdir(cwd))
+        argv, sys.argv = sys.argv, ["specpilot", *map(str, args)]
+        try:
+            cli.main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except Exception:  # noqa: BLE001 (reported as the interpreter would)
+            err.write(traceback.format_exc())
+            code = 1
+        finally:
+            sys.argv = argv
+    return subprocess.CompletedProcess(["specpilot", *args], code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_error(proc, *needles):

@@ -23,8 +23,8 @@ def test_aa_and_ab_evidence_card():
 
 def test_an_earlier_aa_run_is_reused_in_its_own_mode_only():
     with source_tree(None) as here:
-        first = compare(Side("ar", here), Side("ar", here), SPEC, block=2, timeout=300)
-        card = compare(Side("ar", here), Side("stock", here), SPEC, block=2, timeout=300, aa=first["aa"])
+        first = compare(Side("ar", here), Side("ar", here), SPEC, timeout=300, alternating=True)
+        card = compare(Side("ar", here), Side("stock", here), SPEC, timeout=300, aa=first["aa"], alternating=True)
         assert card["aa"] is first["aa"]  # no new A/A run
         assert card["decision"]["noise"] == first["decision"]["noise"]
         assert card["slots"]["aa_gain"] == first["aa"]["estimate"]["gain"]
@@ -37,7 +37,7 @@ def test_an_earlier_aa_run_is_reused_in_its_own_mode_only():
 def test_a_commit_runs_from_its_own_worktree():
     with source_tree("HEAD") as tree:
         assert tree.name.startswith("specpilot-wt-")
-        result = measure(Side("ar", tree), Side("ar", tree), SPEC, block=4, gpu=None, timeout=300)
+        result = measure(Side("ar", tree), Side("ar", tree), SPEC, block=4, gpu=None, timeout=300, alternating=True)
     assert result["a"]["source"] == str(tree) and result["a"]["code_hash"] == result["b"]["code_hash"]
     assert not tree.exists()  # the temporary worktree is removed
 

@@ -51,7 +51,9 @@ class Profile:
     steps: int
     classes: dict[str, float] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)
-    kernels: dict[str, dict] = field(default_factory=dict)  # name -> {class, seconds (per step), calls}
+    # (name, class) -> {seconds (per step), calls}: one kernel may serve several classes (a cuBLAS GEMM
+    # configuration shared by the target's and the drafter's projections)
+    kernels: dict[tuple[str, str], dict] = field(default_factory=dict)
     device: str = "cpu"
     unlinked_s: float = 0.0  # device time per step of kernels no host range, device-side span or name claimed
     by_name_s: float = 0.0  # unlinked kernels classed by their name (BY_NAME)
@@ -69,7 +71,7 @@ class Profile:
                 "by_span_s": self.by_span_s,
                 "unlinked_kernels": dict(sorted(self.unlinked.items(), key=lambda kv: -kv[1])[:20]),
                 "classes": self.classes, "stages": self.stages,
-                "kernels": [{"name": k, **v} for k, v in top[:40]]}
+                "kernels": [{"name": name, "class": cls, **v} for (name, cls), v in top[:40]]}
 
 
 def _regions(evt) -> set[str]:
@@ -85,7 +87,7 @@ def attribute(events, cuda: bool, steps: int) -> Profile:
     """Per step: each kernel's (CUDA) or operator's own (CPU) time, summed by class, stage and name."""
     classes: dict[str, float] = defaultdict(float)
     stages: dict[str, float] = defaultdict(float)
-    kernels: dict[str, dict] = {}
+    kernels: dict[tuple[str, str], dict] = {}
     device: dict[str, float] = defaultdict(float)  # every kernel and copy on the device, by name (us)
     on_device, spans = [], []  # kernels; the device-side spans of our regions (start, end, region)
     linked: dict[str, float] = defaultdict(float)
@@ -153,7 +155,7 @@ def _within(spans: list[tuple], evts: list) -> list[tuple]:
 def _add(classes, stages, kernels, name: str, cls: str, where: str, s: float, calls: int = 1) -> None:
     classes[cls] += s
     stages[where] += s
-    entry = kernels.setdefault(name, {"class": cls, "seconds": 0.0, "calls": 0})
+    entry = kernels.setdefault((name, cls), {"seconds": 0.0, "calls": 0})
     entry["seconds"] += s
     entry["calls"] += calls
 
