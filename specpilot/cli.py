@@ -100,7 +100,7 @@ def bench(
     deployment: DeploymentFile = None,
     system: Annotated[list[str] | None, typer.Option(
         "--system", "-s", help=_system_help("A system (repeatable; AR always runs, it is the reference; default: "
-                                            "ar and stock),"))] = None,
+                                            "the deployment's `system`, else stock),"))] = None,
     dataset: Datasets = None,
     split: Split = None,
     limit: Limit = None,
@@ -118,7 +118,8 @@ def bench(
     from specpilot.results import write_json_atomic
 
     dep = _deployment(preset, deployment)
-    plan = BenchPlan(dep, plan_systems(system or []), dataset or dep.datasets, split or dep.split,
+    plan = BenchPlan(dep, plan_systems(system or ([dep.system] if dep.system else [])), dataset or dep.datasets,
+                     split or dep.split,
                      limit if limit is not None else dep.limit,
                      max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, data_dir, oracle)
     if plan.limit is not None and plan.limit <= 0:
@@ -512,7 +513,8 @@ def compare(
                                               "sides must run from one source tree); two: one worker per side; "
                                               "auto: one on a CPU deployment whose sides share a tree, else two.")
                        ] = "auto",
-    reps: Annotated[int | None, typer.Option(help="Times each request runs per side; its fastest run counts "
+    reps: Annotated[int | None, typer.Option(help="Passes over the requests; a request's ratio is the median of "
+                                                  "its passes' (A and B back to back in each) "
                                                   "(default: 3 on a CPU, 1 on a GPU).")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the evidence card here.")] = None,
 ) -> None:
@@ -605,7 +607,8 @@ def generate(
     prompt: Annotated[str, typer.Argument(help="The user message.")],
     preset: Preset = None,
     deployment: DeploymentFile = None,
-    system: Annotated[str, typer.Option("--system", "-s", help=_system_help("The system,"))] = "stock",
+    system: Annotated[str | None, typer.Option("--system", "-s", help=_system_help(
+        "The system (default: the deployment's `system`, else stock),"))] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget.")] = None,
 ) -> None:
     """Answer one prompt with one system: the model's text on stdout exactly as decoded, its step statistics
@@ -615,7 +618,7 @@ def generate(
     from specpilot.runtime.engine import Engine
 
     dep = _deployment(preset, deployment)
-    sys_ = parse(system)
+    sys_ = parse(system or dep.system or "stock")
     budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
     if not prompt.strip():
         raise UserError("empty prompt")
@@ -769,6 +772,74 @@ def train_drafter(
                   f"{metrics['oracle_tau_top_k']:.3f}) on {metrics['blocks']} blocks"
                   + (f"; dev replay tau {dev['tau']:.3f} (oracle {dev['oracle_tau_top_k']:.3f})" if dev else "")
                   + f" after {metrics['steps_done']} steps; wrote {out}")
+
+
+DEFAULT_LOOP = "smollm2"  # the embedded default: the SmolLM2 pair on this machine's device
+
+
+@app.command()
+def loop(
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    rounds: Annotated[int, typer.Option(help="Rounds of the five phases; each round starts from the last one's "
+                                             "result.")] = 2,
+    agent: Annotated[str, typer.Option(help="Who proposes candidates: builtin (no LLM: the ceiling's candidates "
+                                            "and the memory, tuned on replay and microbenchmarks).")] = "builtin",
+    run_dir: Annotated[Path | None, typer.Option(help="Folder of every measurement, verdict and log (default: "
+                                                      "runs/loop-<deployment>).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir after a crash, kill or Ctrl-C; "
+                                              "nothing finished is measured again.")] = False,
+    limit: Limit = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget of the dev requests (the sealed "
+                                                            "final's forcing runs 4x, up to 4096).")] = None,
+    budget: Annotated[float | None, typer.Option(help="Wall-clock seconds; the loop stops cleanly between two "
+                                                      "measurements once they are spent.")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """The SpecPilot loop: rounds of ceiling analysis (Phase 0), directions tuned on cheap evidence and gated by
+    the controller and token forcing (1), integration (2), kernel tuning (3) and a sealed final against stock
+    (4). Writes DIR/best.toml (a deployment with the winning system: `specpilot bench --deployment
+    DIR/best.toml` runs it), DIR/loop.json, the memory entries in DIR/memory, and the report (`specpilot report
+    DIR`). With no arguments: the SmolLM2 pair (the embedded default)."""
+    from specpilot.deployment import load_deployment
+    from specpilot.loop.main import LoopArgs, run_loop
+    from specpilot.loop.report import write_report
+
+    if preset is not None and deployment is not None:
+        raise UserError("name exactly one of --preset or --deployment")
+    if preset is None and deployment is None:
+        preset = DEFAULT_LOOP
+    dep = load_deployment(preset, deployment)
+    folder = run_dir or Path("runs") / f"loop-{dep.name}"
+    if not resume:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    args = LoopArgs(dep, {"preset": preset} if preset else {"deployment": str(Path(deployment).resolve())},
+                    folder, rounds, agent, limit if limit is not None else (dep.limit or 8),
+                    max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, resume, budget, data_dir)
+    kept = f"everything measured so far is in {folder}; continue with --resume --run-dir {folder}"
+    with _interruptible(f"loop interrupted: {kept}"), err.status("starting") as status:
+        summary = run_loop(args, lambda what: status.update(what))
+    paths = write_report(folder)
+    for r in summary["rounds"]:
+        sealed = r["sealed"].get("controller", {})
+        console.print(f"round {r['round']}: target {r['target']}, promoted {len(r['promoted'])}, result "
+                      f"{r['result']}" + (f" (sealed gain over stock {sealed['gain']:.3f}x)" if sealed else ""))
+    if summary["stopped"]:
+        err.print(f"[yellow]stopped: {summary['stopped']}; continue with --resume --run-dir {folder}[/yellow]")
+    if summary["best"] is not None:
+        console.print(f"best: {summary['best']} -> {folder / 'best.toml'}")
+    console.print(f"report: {paths[1]}")
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A loop's run directory.")]) -> None:
+    """Render a loop's run directory as Markdown (report.md) and one self-contained HTML page (report.html):
+    tokens/s per round, the ceiling factors per round, every candidate with its verdict and evidence, the
+    forcing results, the memory entries written."""
+    from specpilot.loop.report import write_report
+
+    md, html = write_report(run_dir)
+    console.print(f"wrote {md}\nwrote {html}")
 
 
 @app.command()

@@ -46,6 +46,7 @@ class Deployment:
     enable_thinking: bool = False
     twin_width: int = 1  # > 1: serve the function-preserving widening of target and drafter (models/twin.py)
     twin_depth: int | None = None
+    system: str | None = None  # the system this deployment serves by default (a loop's best.toml names one)
     source: str = ""
 
     def torch_device(self) -> torch.device:
@@ -117,7 +118,7 @@ def _resolve(path: str, base: Path) -> Path:
 
 def _parse(raw: dict[str, Any], file: Path) -> Deployment:
     known = {"name", "target", "drafter", "tokenizer", "regime", "device", "dtype", "context", "datasets",
-             "split", "budgets", "enable_thinking", "twin"}
+             "split", "budgets", "enable_thinking", "twin", "system"}
     unknown = set(raw) - known
     if unknown:
         raise UserError(f"{file}: unknown deployment field(s) {', '.join(sorted(unknown))}")
@@ -141,6 +142,7 @@ def _parse(raw: dict[str, Any], file: Path) -> Deployment:
         enable_thinking=bool(raw.get("enable_thinking", False)),
         twin_width=twin[0],
         twin_depth=twin[1],
+        system=str(raw["system"]) if "system" in raw else None,
         source=str(file),
     )
     if dep.regime not in REGIMES:
@@ -150,6 +152,10 @@ def _parse(raw: dict[str, Any], file: Path) -> Deployment:
     for d in dep.datasets:
         if d not in DATASETS:
             raise UserError(f"{file}: unknown dataset {d!r} (known: {', '.join(DATASETS)})")
+    if dep.system is not None:
+        from specpilot.config.env import parse
+
+        parse(dep.system)  # a bad system name fails while the file loads, not mid-run
     if dep.target.path is None and dep.tokenizer == "target":
         dep.tokenizer = "bytes"
     return dep

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -44,13 +45,15 @@ class Runner:
         self._plans: dict[tuple, KernelPlan] = {}
         self._warm: set[str] = set()
 
-    def engine(self, system: System) -> Engine:
-        if system.name not in self._engines:
+    def engine(self, system: System, slot: int = 0) -> Engine:
+        """slot: a second engine of the same system (its own caches), for running a system against itself."""
+        key = system.name if slot == 0 else f"{system.name}#{slot}"
+        if key not in self._engines:
             fresh = system.plan()
             plan = self._plans.setdefault(tuple(sorted(fresh.features().items())), fresh)
             drafter = self.drafter if system.speculative else None
-            self._engines[system.name] = Engine(self.target, drafter, system, context=self.context, plan=plan)
-        return self._engines[system.name]
+            self._engines[key] = Engine(self.target, drafter, system, context=self.context, plan=plan)
+        return self._engines[key]
 
     def warmup(self, system: System) -> None:
         if system.name not in self._warm:
@@ -78,6 +81,45 @@ class Runner:
                 on_turn()
         engine.recorder = None
         return records
+
+
+def run_lockstep(runner: Runner, a: System, b: System, request: Request, max_new_tokens: int, first: int = 0
+                 ) -> tuple[list[TurnRecord], list[TurnRecord]]:
+    """Both systems answer the request step by step in turn, each turn's decode steps interleaved so that both
+    progress through their outputs together (the side with fewer tokens steps next; on a tie the side that
+    stepped second last time goes first; `first` = 1: B starts), every step timed alone. On a machine whose
+    speed drifts within a second both sides see the same speeds; in one process neither disturbs the other.
+    Each side's decode time is the sum of its own steps; prefill is timed alone before the decode."""
+    sides = [(runner.engine(a), []), (runner.engine(b, slot=int(a.name == b.name)), [])]
+    records: tuple[list[TurnRecord], list[TurnRecord]] = ([], [])
+    for k, text in enumerate(request.turns):
+        prompts, gens, clocks = [], [], []
+        for engine, messages in sides:
+            messages.append({"role": "user", "content": text})
+            prompts.append(runner.tokenizer.chat_prompt(messages))
+            steps = engine.steps(prompts[-1], max_new_tokens, runner.tokenizer.eos_ids)
+            t0 = time.perf_counter()
+            next(steps)
+            gens.append(steps)
+            clocks.append([time.perf_counter() - t0, 0.0, 1])  # prefill, decode, tokens so far
+        results: list = [None, None]
+        turn = first
+        while any(r is None for r in results):
+            live = [i for i in (0, 1) if results[i] is None]
+            i = min(live, key=lambda j: (clocks[j][2], j != turn))
+            t0 = time.perf_counter()
+            try:
+                clocks[i][2] = next(gens[i])
+            except StopIteration as done:
+                results[i] = done.value
+            clocks[i][1] += time.perf_counter() - t0
+            turn = 1 - i
+        rid = request.id if len(request.turns) == 1 else f"{request.id}#turn{k + 1}"
+        for (_, messages), recs, gen, (pre, dec, _), prompt in zip(sides, records, results, clocks, prompts,
+                                                                    strict=True):
+            messages.append({"role": "assistant", "content": runner.tokenizer.decode(gen.tokens)})
+            recs.append(TurnRecord(rid, request.dataset, k + 1, prompt, gen.tokens, pre, dec, gen.accepted))
+    return records
 
 
 def run_request_major(runner: Runner, systems: dict[str, System], requests: list[Request], max_new_tokens: int,

@@ -64,7 +64,7 @@ def measure(plan: CeilingPlan, runner: Runner, ar: System, progress: Callable[[s
                     "max_new_tokens": plan.max_new_tokens, "nodes": plan.nodes}
     progress("AR: profile and step timing")
     inputs["ar"] = {"profile": _profile(runner, ar, prompts, plan.profile_tokens, stops),
-                    "step_s": _step_seconds(runner, ar, prompts[0], plan.profile_tokens)}
+                    "step_s": step_seconds(runner, ar, prompts[0], plan.profile_tokens)}
     recordings = {}
     for sys_ in plan.systems:
         progress(f"{sys_.name}: recording lattices")
@@ -90,7 +90,7 @@ def _system_inputs(runner: Runner, sys_: System, turns: list[TurnLattices], prom
         if sys_.get("tree") == "chain" and n > engine.block:
             continue  # a chain holds the block at most
         variant = sys_ if n == engine.rows else with_options(sys_, f"nodes={n}")
-        step_s[str(n)] = _step_seconds(runner, variant, prompts[0], plan.profile_tokens)
+        step_s[str(n)] = step_seconds(runner, variant, prompts[0], plan.profile_tokens)
     return {"config": sys_.to_json(), "builder": sys_.get("tree"), "rows": engine.rows, "block": engine.block,
             "shape": dataclasses.asdict(shape), "floors": to_json(floors(runner.target.cfg, runner.drafter.cfg, shape)),
             "profile": _profile(runner, sys_, prompts, plan.profile_tokens, stops),
@@ -103,7 +103,7 @@ def _profile(runner: Runner, sys_: System, prompts, tokens: int, stops) -> dict:
     return profile_generations(runner.engine(eager), prompts, tokens, stops).to_json()
 
 
-def _step_seconds(runner: Runner, sys_: System, prompt: list[int], tokens: int, reps: int = 16) -> float:
+def step_seconds(runner: Runner, sys_: System, prompt: list[int], tokens: int, reps: int = 16) -> float:
     """Seconds per step of `reps` steps enqueued back to back (a graph replay each on CUDA), continuing a real
     request from its state after `tokens` outputs: the decode loop's steady state, where the host's reads are
     hidden behind the steps in flight."""

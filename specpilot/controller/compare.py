@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from specpilot.controller.gate import (
     SLOT_DIFF_WARN,
     GainEstimate,
@@ -158,17 +160,29 @@ def two_workers(a: Side, b: Side, spec: dict, gpu_a: str | None, gpu_b: str | No
 
 def interleaved(a: Callable[[list[str]], list[dict]], b: Callable[[list[str]], list[dict]], ids: list[str],
                 block: int, reps: int = 1) -> tuple[list[dict], list[dict]]:
-    """Blocks of requests in A B, B A, A B ... order, the whole sequence `reps` times (each pass starting with
-    the side the last one ended on, so neither side always runs first)."""
+    """Blocks of requests in A B, B A, A B ... order, the whole sequence `reps` times, each pass flipping every
+    block's order (a request runs A first as often as B first); rows are tagged with their pass."""
     rows_a, rows_b = [], []
-    k = 0
-    for _ in range(reps):
-        for start in range(0, len(ids), block):
+    for rep in range(reps):
+        for j, start in enumerate(range(0, len(ids), block)):
             chunk = ids[start : start + block]
-            order = ((a, rows_a), (b, rows_b)) if k % 2 == 0 else ((b, rows_b), (a, rows_a))
+            order = ((a, rows_a), (b, rows_b)) if (j + rep) % 2 == 0 else ((b, rows_b), (a, rows_a))
             for run, rows in order:
-                rows.extend(run(chunk))
-            k += 1
+                rows.extend({**row, "rep": rep} for row in run(chunk))
+    return rows_a, rows_b
+
+
+def lockstep(w: Worker, ids: list[str], reps: int) -> tuple[list[dict], list[dict]]:
+    """One worker, both systems answering each request step by step together (CPU), `reps` passes; which side
+    steps first flips with every request and pass."""
+    rows_a, rows_b = [], []
+    for rep in range(reps):
+        for j, rid in enumerate(ids):
+            w.proc.stdin.write(json.dumps({"lockstep": [rid], "first": (j + rep) % 2}) + "\n")
+            w.proc.stdin.flush()
+            reply = w._read()
+            rows_a += [{**r, "rep": rep} for r in reply["rows"]]
+            rows_b += [{**r, "rep": rep} for r in reply["rows_b"]]
     return rows_a, rows_b
 
 
@@ -184,39 +198,39 @@ def side_by_side(a: Worker, b: Worker, ids: list[str], block: int) -> tuple[list
     return rows_a, rows_b
 
 
-def _fastest(rows: list[dict]) -> tuple[list[dict], bool]:
-    """Each turn once, at its fastest repetition (timing noise only adds time), and whether every repetition
-    produced the same tokens (a system whose output changes from run to run is not deterministic)."""
-    best: dict[str, dict] = {}
-    stable = True
+def _by_request(rows: list[dict]) -> dict[tuple[str, int], tuple[int, float, list[int]]]:
+    """(request, pass) -> decode tokens, decode seconds and output tokens over the request's turns."""
+    out: dict[tuple[str, int], tuple[int, float, list[int]]] = {}
     for r in rows:
-        first = best.setdefault(r["id"], r)
-        stable = stable and r["tokens"] == first["tokens"]
-        if r["decode_s"] < first["decode_s"]:
-            best[r["id"]] = r
-    return list(best.values()), stable
-
-
-def _by_request(rows: list[dict]) -> dict[str, tuple[int, float, list[int]]]:
-    out: dict[str, tuple[int, float, list[int]]] = {}
-    for r in rows:
-        base = r["id"].split("#")[0]
-        tokens, seconds, seq = out.get(base, (0, 0.0, []))
-        out[base] = (tokens + max(len(r["tokens"]) - 1, 0), seconds + r["decode_s"], seq + r["tokens"])
+        key = (r["id"].split("#")[0], r.get("rep", 0))
+        tokens, seconds, seq = out.get(key, (0, 0.0, []))
+        out[key] = (tokens + max(len(r["tokens"]) - 1, 0), seconds + r["decode_s"], seq + r["tokens"])
     return out
 
 
 def pair_ratios(rows_a: list[dict], rows_b: list[dict]) -> tuple[list[str], list[float], bool]:
-    (fast_a, stable_a), (fast_b, stable_b) = _fastest(rows_a), _fastest(rows_b)
-    a, b = _by_request(fast_a), _by_request(fast_b)
-    ids = [i for i in a if a[i][0] and b[i][0]]
-    ratios = rate_ratios([a[i][0] for i in ids], [a[i][1] for i in ids], [b[i][0] for i in ids],
-                         [b[i][1] for i in ids])
-    return ids, ratios.tolist(), stable_a and stable_b and all(a[i][2] == b[i][2] for i in a)
+    """Each request's rate ratio B/A: with several passes, the median of its passes' ratios, each pass's A and B
+    having run back to back (a machine whose speed drifts over seconds, as a shared CPU's does, slows both
+    alike). Outputs are equal when every pass of A and of B produced the same tokens."""
+    a, b = _by_request(rows_a), _by_request(rows_b)
+    seqs = {}
+    for (rid, _), (_, _, seq) in [*a.items(), *b.items()]:
+        seqs.setdefault(rid, set()).add(tuple(seq))
+    ids, ratios = [], []
+    for rid in dict.fromkeys(k[0] for k in a):
+        both = [(a[k], b[k]) for k in a if k[0] == rid and k in b and a[k][0] and b[k][0]]
+        if both:
+            per = rate_ratios([x[0] for x, _ in both], [x[1] for x, _ in both], [y[0] for _, y in both],
+                              [y[1] for _, y in both])
+            ids.append(rid)
+            ratios.append(float(np.median(per)))
+    return ids, ratios, all(len(v) == 1 for v in seqs.values()) and set(a) == set(b)
 
 
 def _timing(row: dict) -> dict:
-    return {k: row[k] for k in ("id", "decode_s", "prefill_s", "steps") if k in row}  # older trees lack steps
+    """A row as the card keeps it: its times and counts, not its tokens (older trees lack steps)."""
+    return {**{k: row[k] for k in ("id", "decode_s", "prefill_s", "steps", "rep") if k in row},
+            "decode_tokens": max(len(row["tokens"]) - 1, 0)}
 
 
 def _enough(ids: list[str]) -> None:
@@ -271,8 +285,11 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
             raise UserError("one worker serves two systems of one source tree only; these sides come from "
                             f"{a.source} and {b.source}")
         with closing(Worker(a, spec, gpu, timeout, also=b.system)) as w:
-            rows_a, rows_b = interleaved(partial(w.run, system=a.system), partial(w.run, system=b.system),
-                                         w.hello["requests"], 1, reps)
+            if spec.get("cpu"):
+                rows_a, rows_b = lockstep(w, w.hello["requests"], reps)
+            else:
+                rows_a, rows_b = interleaved(partial(w.run, system=a.system), partial(w.run, system=b.system),
+                                             w.hello["requests"], 1, reps)
             hello_a, hello_b = ({**w.hello, "config": w.hello.get("configs", {}).get(s.system)} for s in (a, b))
     else:
         with two_workers(a, b, spec, gpu, gpu, timeout) as (wa, wb):
@@ -291,7 +308,8 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
     """The evidence card: the A/A run (unless a noise figure or an earlier A/A run `aa` is given), the
     A/B run, the verdict, and with an A/A run the gain with the slots' difference divided out.
     With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`, or one worker
-    alternating request by request (`alternating`); each request's fastest of `reps` repetitions counts."""
+    alternating request by request (`alternating`); with `reps` passes, each request's ratio is the median of its
+    passes' ratios."""
     card: dict = {"block": block, "gpu": gpu, "gpus": gpus, "reps": reps,
                   "controller": {"path": str(Path(__file__).resolve().parent),
                                  "code_hash": code_hash(Path(__file__).resolve().parent)}}

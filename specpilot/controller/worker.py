@@ -4,7 +4,9 @@ The controller starts this file as a script (from the controller's own install) 
 to the system's worktree, so `specpilot` is imported from there; the worker reports the hash of the
 code it actually imported, then serves one JSON command per line on stdin:
   {"run": [request ids], "system": name} -> {"rows": [{"id", "tokens", "decode_s", "prefill_s", "steps"}, ...]}
-One worker may serve two systems of its tree (the controller's alternating mode); they share the models.
+  {"lockstep": [request ids], "first": 0 or 1} -> {"rows": [A's rows], "rows_b": [B's rows]}
+One worker may serve two systems of its tree (the controller's alternating mode); they share the models. On a
+CPU the two answer each request in lockstep, step by step (bench/harness.run_lockstep).
   {"quit": true}
 Models are built and graphs captured (warm-up) before the first reply, so no timing includes them; the
 first reply also carries the system's complete configuration (every option, the kernel plan and the tuning
@@ -39,7 +41,7 @@ def _reply(obj: dict) -> None:
 def main() -> None:
     import specpilot
     from specpilot.bench.datasets import load_requests
-    from specpilot.bench.harness import Runner
+    from specpilot.bench.harness import Runner, run_lockstep
     from specpilot.config.env import parse
     from specpilot.deployment import load_deployment
     from specpilot.models.pair import build_pair
@@ -64,19 +66,32 @@ def main() -> None:
     runner = Runner(target, drafter, tok, dep.context)
     for system in systems.values():
         runner.warmup(system)
+    lockstep = spec.get("cpu") and len(names) == 2
+    if lockstep:  # the second engine of an A/A pair, and both sides' first steps, warmed like the timed ones
+        run_lockstep(runner, systems[names[0]], systems[names[1]], requests[min(requests)], spec["max_new_tokens"])
     configs = {name: system_record(runner.engine(s)) for name, s in systems.items()}
     _reply({**hello, "requests": sorted(requests), "config": configs[names[0]], "configs": configs})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("quit"):
             break
+        if "lockstep" in cmd:  # {"lockstep": [ids], "first": 0|1} -> {"rows": [rows of A], "rows_b": [rows of B]}
+            a_rows, b_rows = [], []
+            for rid in cmd["lockstep"]:
+                ra, rb = run_lockstep(runner, systems[names[0]], systems[names[1]], requests[rid],
+                                      spec["max_new_tokens"], cmd.get("first", 0))
+                a_rows += [_row(r) for r in ra]
+                b_rows += [_row(r) for r in rb]
+            _reply({"rows": a_rows, "rows_b": b_rows})
+            continue
         system = systems[cmd.get("system") or names[0]]
-        rows = []
-        for rid in cmd["run"]:
-            for rec in runner.run(system, requests[rid], spec["max_new_tokens"]):
-                rows.append({"id": rec.id, "tokens": rec.tokens, "decode_s": rec.decode_s, "prefill_s": rec.prefill_s,
-                             "steps": len(rec.accepted)})
+        rows = [_row(rec) for rid in cmd["run"] for rec in runner.run(system, requests[rid], spec["max_new_tokens"])]
         _reply({"rows": rows})
+
+
+def _row(rec) -> dict:
+    return {"id": rec.id, "tokens": rec.tokens, "decode_s": rec.decode_s, "prefill_s": rec.prefill_s,
+            "steps": len(rec.accepted)}
 
 if __name__ == "__main__":
     main()

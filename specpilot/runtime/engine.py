@@ -11,6 +11,7 @@ while the host waits (runtime/graphs.Lookahead), so the host's read and launch n
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -196,18 +197,39 @@ class Engine:
                 graph.graph = None  # recaptured with the chosen configs
         return report or {"note": "every kernel already had a config chosen in this plan's table"}
 
-    @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),
                  base: str | None = None) -> Generation:
         """One request. base: `ar` runs greedy decoding on this engine's caches and plan (AR is every
         system's reference), `stock` the speculative step; default: the system's own."""
+        steps = self.steps(prompt, max_new_tokens, stop_ids, base)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        next(steps)  # the prefill, its first token on the host
+        t1 = time.perf_counter()
+        gen = drain(steps)
+        # The last token is on the host now; a step launched ahead past a stop is not waited for here
+        # (its writes lie past this request's positions and the next request's prefill resets the state).
+        t2 = time.perf_counter()
+        _sync(self.device)
+        gen.prefill_s, gen.decode_s = t1 - t0, t2 - t1
+        return gen
+
+    @torch.inference_mode()
+    def steps(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),
+              base: str | None = None) -> Generator[int, None, Generation]:
+        """generate() one step at a time, untimed: the request is checked and the step prepared (graphs
+        captured) now; the generator yields the tokens produced so far after the prefill and after every
+        decode step's host read, and returns the Generation (times 0). Two engines' requests can so advance
+        in lockstep (the controller's timing on a CPU whose speed drifts)."""
         self.check_request(prompt, max_new_tokens)
         spec = (base or self.system.base) == "stock"
         if spec and self.drafter is None:
             raise UserError("system 'stock' needs a drafter in the deployment")
         self._prepare(self._spec if spec else self._ar)
-        _sync(self.device)
-        t0 = time.perf_counter()
+        return self._steps(prompt, max_new_tokens, stop_ids, spec)
+
+    @torch.inference_mode()
+    def _steps(self, prompt: list[int], max_new_tokens: int, stop_ids, spec: bool) -> Generator[int, None, Generation]:
         with region("prefill"):
             hidden = self._prefill(prompt, with_hidden=spec)
             if spec:
@@ -217,20 +239,18 @@ class Engine:
                                            self.spec.drafter_plan)
                 self.state.ctx_count.zero_()
         first = int(self.token.item())
-        t1 = time.perf_counter()
+        yield 1
         with region("decode"):  # every decode kernel inside a range: the profile links each launch to one
-            out, accepted = self._decode(first, spec, max_new_tokens, set(stop_ids))
-        # The last token is on the host now; a step launched ahead past a stop is not waited for here
-        # (its writes lie past this request's positions and the next request's prefill resets the state).
-        t2 = time.perf_counter()
-        _sync(self.device)
+            out, accepted = yield from self._decode(first, spec, max_new_tokens, set(stop_ids))
         out = _cut(out, set(stop_ids), max_new_tokens)
         if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
             accepted[-1] = len(out) - 1 - sum(accepted[:-1])
-        return Generation(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1, accepted=accepted)
+        return Generation(tokens=out, prefill_s=0.0, decode_s=0.0, accepted=accepted)
 
-    def _decode(self, first: int, spec: bool, max_new_tokens: int, stops: set[int]) -> tuple[list[int], list[int]]:
-        """The decode loop: one step (graph replay) and one host read per step, `lookahead` steps in flight."""
+    def _decode(self, first: int, spec: bool, max_new_tokens: int, stops: set[int]
+                ) -> Generator[int, None, tuple[list[int], list[int]]]:
+        """The decode loop: one step (graph replay) and one host read per step, `lookahead` steps in flight;
+        yields the tokens produced after each read."""
         out, accepted = [first], []
         step, result = (self._spec, self.state.out) if spec else (self._ar, self.token)
         record = self.recorder if spec else None
@@ -258,7 +278,17 @@ class Engine:
             out.extend(new)
             if stops.intersection(new):
                 break
+            yield len(out)
         return out, accepted
+
+
+def drain(steps: Generator[int, None, Generation]) -> Generation:
+    """Run a step generator to its end; its Generation."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def _cut(tokens: list[int], stops: set[int], limit: int) -> list[int]:

@@ -1,0 +1,98 @@
+"""The builtin agent (no LLM): directions from the ceiling's factors and from memory, each tuned on the cheapest
+evidence (replay, microbenchmarks) before anything reaches the gate.
+
+A direction is a mechanism with the options that express it (ceiling/model.CANDIDATES). The agent tries every
+value the search space (loop/space.py) allows for those options from the round's start, predicts each one's
+speedup (loop/evidence.py), and submits the best few that clear the start's own prediction by the headroom
+(3%). It is a search over measured predictions, not a list of known answers: what it submits on a deployment
+depends on that deployment's measurements alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from itertools import product
+
+from specpilot.ceiling.model import CANDIDATES
+from specpilot.config import System
+from specpilot.config.system import parse_system
+from specpilot.loop.evidence import Evidence
+from specpilot.loop.space import GRIDS, values, variant
+
+FACTORS = ("tau", "kernel", "overhead")  # what a configuration can change (the lattice needs training)
+
+
+@dataclass
+class Direction:
+    factor: str
+    mechanism: str
+    options: list[str]
+    value: float | None = None  # the factor's value in the round's ceiling
+    reused: bool = False  # from memory: re-tuned and re-tested here, never counted as a discovery
+    systems: list[str] = field(default_factory=list)  # memory: the entries' systems
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class BuiltinAgent:
+    name = "builtin"
+
+    def __init__(self, headroom: float = 0.03, per_direction: int = 1, max_directions: int = 10):
+        self.headroom, self.per_direction, self.max_directions = headroom, per_direction, max_directions
+
+    def directions(self, factors: dict, start: System, memory: list[dict] = (), speedup: float | None = None
+                   ) -> list[Direction]:
+        """Largest factor first; within it the ceiling's built mechanisms; then speculation on or off (the base;
+        first when the start's measured speedup over AR is below the headroom), then the memory's entries."""
+        order = sorted(FACTORS, key=lambda f: -(factors.get(f, {}).get("value") or 0.0))
+        out = [Direction(f, c["mechanism"], list(c["options"]), factors.get(f, {}).get("value"))
+               for f in order for c in CANDIDATES[f] if c["built"] and c["options"]]
+        base = Direction("base", "speculation on or off", [])
+        if speedup is not None and speedup < 1 + self.headroom:  # speculating does not pay here: look at AR first
+            out.insert(0, base)
+        else:
+            out.append(base)
+        systems = sorted({e["registry"]["system"] for e in memory})
+        if systems:
+            out.append(Direction("memory", "entries of the structured memory", [], reused=True, systems=systems))
+        return out[: self.max_directions]
+
+    def candidates(self, d: Direction, start: System, device: str, block: int) -> list[System]:
+        """Every system the direction can reach from `start` in one move (its parameters varied jointly)."""
+        if d.factor == "base":
+            other = "ar" if start.speculative else "stock"
+            kept = ",".join(f"{k}={v}" for k, v in start.options.items() if "ar" in _bases(k))
+            return [parse_system(other + (":" + kept if kept and other == "ar" else ""))]
+        if d.factor == "memory":
+            return [variant(start, **parse_system(s).options) for s in d.systems if parse_system(s).base == start.base]
+        if not start.speculative and any(o in ("tree", "nodes", "block_size", "tree_k") for o in d.options):
+            return []
+        if "tree" in d.options:  # a builder is nothing without its budget: tune both
+            builders = values("tree", start, device) + [start.get("tree")]
+            return [variant(start, tree=b, nodes=n) for b, n in product(builders, GRIDS["nodes"])
+                    if (b != "chain" or n <= block) and (b, n) != (start.get("tree"), start.get("nodes"))]
+        out = []
+        for name in d.options:
+            out += [variant(start, **{name: v}) for v in values(name, start, device, block)]
+        return out
+
+    def tune(self, d: Direction, start: System, ev: Evidence, device: str, block: int) -> dict:
+        """Predict every candidate; submit the best `per_direction` that beat the start's prediction by the
+        headroom. -> {"start": prediction, "evaluated": [...], "chosen": [systems]}"""
+        base = ev.predict(start)
+        evaluated = [ev.predict(c) for c in self.candidates(d, start, device, block)]
+        ok = [e for e in evaluated if "speedup" in e]
+        # the headroom, or twice the spread of the start's own repeated step timings if that is larger: a
+        # prediction inside the microbenchmark's noise is no evidence
+        noise = ev.noise(start) if "speedup" in base else 0.0
+        bar = base.get("speedup", float("inf")) * (1 + max(self.headroom, 2 * noise))
+        chosen = [e["system"] for e in sorted(ok, key=lambda e: -e["speedup"]) if e["speedup"] >= bar]
+        return {"start": base, "noise": noise, "bar": bar, "evaluated": evaluated,
+                "chosen": chosen[: self.per_direction]}
+
+
+def _bases(option: str) -> tuple[str, ...]:
+    from specpilot.config.options import OPTIONS
+
+    return OPTIONS[option].bases

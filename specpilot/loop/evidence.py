@@ -1,0 +1,113 @@
+"""The cheapest evidence for a candidate, before anything is built or timed end to end.
+
+A candidate's predicted speedup over AR is the cost model's S = tau / c, c = T_step / T_AR:
+- tau from exact replay of the round's recorded lattices when the candidate changes only the tree builder or
+  node budget (replay/walk.py), else from a short recorded run of the candidate itself (a block size, the base);
+  a kernel or host option leaves tau as it is;
+- T_step from the candidate's captured step timed alone (a microbenchmark: ceiling/run.step_seconds);
+- correctness: on a float32 deployment the candidate's outputs must equal AR's on a few requests.
+Every figure is measured here, on the deployment's own models, in the loop's process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specpilot.bench.datasets import Request
+from specpilot.bench.harness import Runner
+from specpilot.ceiling.run import step_seconds
+from specpilot.config import System
+from specpilot.config.env import parse
+from specpilot.config.options import OPTIONS
+from specpilot.config.system import with_options
+from specpilot.errors import UserError
+from specpilot.replay.record import TurnLattices
+from specpilot.replay.walk import replay
+
+TREE_KEYS = {"tree", "nodes", "tree_k"}  # what replay of a recorded lattice predicts exactly
+# options that change neither the outputs nor the steps, only how fast a step runs
+NEUTRAL = {k for k, o in OPTIONS.items() if o.group in ("kernel", "tuning")} | {"graphs", "lookahead"}
+
+
+def _changed(a: System, b: System) -> set[str]:
+    return {k for k in set(a.options) | set(b.options) if a.get(k) != b.get(k)}
+
+
+@dataclass
+class Evidence:
+    runner: Runner
+    requests: list[Request]  # dev requests for short runs and correctness
+    max_new_tokens: int
+    lattices: list[TurnLattices]  # recorded by the round's start system (speculative) or by stock
+    lattice_system: System
+    step_tokens: int = 8  # outputs before a step timing (the decode loop's steady state)
+    step_reps: int = 8
+    repeats: int = 3
+    cache: dict = field(default_factory=dict)
+
+    def timings(self, system: System) -> list[float]:
+        """The captured step timed alone `repeats` times (seconds per step each)."""
+        key = ("step", system.name)
+        if key not in self.cache:
+            prompt = self.runner.tokenizer.chat_prompt([{"role": "user", "content": self.requests[0].turns[0]}])
+            self.cache[key] = [step_seconds(self.runner, system, prompt, self.step_tokens, self.step_reps)
+                               for _ in range(self.repeats)]
+        return self.cache[key]
+
+    def step(self, system: System) -> float:
+        """Its fastest timing (noise only adds time); a tree or budget candidate is timed at its row count with
+        the recorded system's builder switched to best_first above the block (c(N), as the cost model has it)."""
+        if system.speculative and _changed(system, self.lattice_system) <= TREE_KEYS:
+            rows = self.runner.engine(system).rows
+            block = self.runner.engine(self.lattice_system).block
+            tree = self.lattice_system.get("tree") if rows <= block else "best_first"
+            system = with_options(self.lattice_system, f"tree={tree},nodes={rows}")
+        return min(self.timings(system))
+
+    def noise(self, system: System) -> float:
+        """The spread of its repeated step timings (slowest over fastest, minus 1)."""
+        t = self.timings(system)
+        return max(t) / min(t) - 1
+
+    def tau(self, system: System) -> tuple[float, str]:
+        """(tau, how it was obtained)."""
+        if not system.speculative:
+            return 1.0, "AR commits one token per step"
+        changed = _changed(system, self.lattice_system)
+        if changed and changed <= NEUTRAL:
+            return self.tau(self.lattice_system)[0], "the recorded system's (a kernel or host option)"
+        if self.lattices and changed <= TREE_KEYS:
+            key = ("replay", system.name)
+            if key not in self.cache:
+                name, nodes = system.get("tree"), self.runner.engine(system).rows
+                got = replay(self.lattices, [(name, nodes)], k=system.get("tree_k"))
+                self.cache[key] = got["replayed"][f"{name}@{nodes}"]["tau"]
+            return self.cache[key], "replay of the recorded lattices"
+        key = ("run", system.name)
+        if key not in self.cache:
+            accepted = [n for r in self.requests[:2] for rec in self.runner.run(system, r, self.max_new_tokens)
+                        for n in rec.accepted]
+            self.cache[key] = sum(accepted) / max(len(accepted), 1)
+        return self.cache[key], "a short recorded run"
+
+    def predict(self, system: System) -> dict:
+        """The candidate's predicted speedup over AR, with its parts; {"error": ...} where it cannot be had."""
+        try:
+            tau, how = self.tau(system)
+            t_step, t_ar = self.step(system), self.step(parse("ar"))
+        except UserError as exc:  # e.g. a budget whose step timing does not fit the context
+            return {"system": system.name, "error": str(exc)}
+        return {"system": system.name, "tau": tau, "tau_from": how, "step_s": t_step, "ar_step_s": t_ar,
+                "speedup": tau * t_ar / t_step}
+
+    def equals_ar(self, system: System, requests: int = 2) -> bool | None:
+        """On a float32 deployment: does the candidate answer exactly as AR does? None where bf16 arithmetic makes
+        token equality no test (token forcing decides there)."""
+        if self.runner.target.embed.weight.dtype.itemsize != 4:
+            return None
+        ar = parse("ar")
+        for r in self.requests[:requests]:
+            mine = [rec.tokens for rec in self.runner.run(system, r, self.max_new_tokens)]
+            if mine != [rec.tokens for rec in self.runner.run(ar, r, self.max_new_tokens)]:
+                return False
+        return True

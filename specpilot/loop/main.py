@@ -1,0 +1,102 @@
+"""`specpilot loop`: a deployment in, the fastest configuration it could prove lossless out (`DIR/best.toml`), with
+every measurement, verdict and memory entry in the run directory and a report beside them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from specpilot.bench.datasets import load_requests
+from specpilot.bench.harness import Runner
+from specpilot.controller.compare import REPO
+from specpilot.deployment import Deployment
+from specpilot.errors import UserError
+from specpilot.loop.agent import BuiltinAgent
+from specpilot.loop.best import write_best
+from specpilot.loop.gate import Gate
+from specpilot.loop.remember import remember
+from specpilot.loop.rounds import Loop, LoopPlan, head
+from specpilot.loop.rundir import BudgetSpent, RunDir
+from specpilot.memory.store import Store
+from specpilot.results import environment, write_json_atomic
+
+AGENTS = {"builtin": BuiltinAgent}
+
+
+@dataclass
+class LoopArgs:
+    dep: Deployment
+    worker_spec: dict  # how a controller worker names the deployment: {"preset": ...} or {"deployment": path}
+    run_dir: Path
+    rounds: int
+    agent: str
+    limit: int
+    max_new_tokens: int
+    resume: bool = False
+    budget_s: float | None = None
+    data_dir: str | None = None
+
+
+def requests(dep: Deployment, split: str, limit: int, data_dir: str | None) -> list:
+    out = [r for d in dep.datasets for r in load_requests(d, split, data_dir, limit)]
+    if len(out) < 3:
+        raise UserError(f"deployment {dep.name}: only {len(out)} {split} requests; the gate needs at least 3")
+    return out
+
+
+def node_budgets(context: int, tokens: int) -> list[int]:
+    """Budgets whose step timings fit the context after a profiled request (18 steps of N rows)."""
+    return [n for n in (4, 8, 16, 32, 48, 64) if 18 * n + tokens + 128 <= context] or [4]
+
+
+def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
+    if a.agent not in AGENTS:
+        raise UserError(f"unknown agent {a.agent!r} (known: {', '.join(AGENTS)})")
+    if a.rounds <= 0 or a.limit < 3 or a.max_new_tokens <= 0:
+        raise UserError("--rounds and --max-new-tokens must be positive and --limit at least 3")
+    dev, sealed = (requests(a.dep, s, a.limit, a.data_dir) for s in ("dev", "sealed"))
+    on_cpu = a.dep.torch_device().type == "cpu"
+    plan = LoopPlan(a.dep, a.rounds, dev, sealed, a.max_new_tokens, min(4096, 4 * a.max_new_tokens),
+                    node_budgets(a.dep.context, 16), agent=AGENTS[a.agent]())
+    spec = {**a.worker_spec, "datasets": a.dep.datasets, "split": "dev", "limit": a.limit,
+            "max_new_tokens": a.max_new_tokens, "data_dir": a.data_dir,
+            **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {})}
+
+    def models() -> Runner:
+        from specpilot.models.pair import build_pair
+
+        target, drafter, tok = build_pair(a.dep)
+        return Runner(target, drafter, tok, a.dep.context)
+
+    def gate(runner: Runner) -> Gate:
+        return Gate(spec, runner, dev, a.max_new_tokens, alternating=on_cpu, reps=3 if on_cpu else 1)
+
+    run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s)
+    shipped = Store(REPO / "memory", REPO)
+    memory = [{"id": i, "registry": shipped.read(i).registry} for i in shipped.ids()]
+    return Loop(plan, run, models, gate, memory=memory, say=say), run
+
+
+def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
+    """The whole loop; -> the summary written to DIR/loop.json (also when a budget stopped it early)."""
+    loop, run = build_loop(a, say)
+    commit, dirty = head(REPO)
+    store = Store(a.run_dir / "memory", REPO)
+    with run:
+        run.log("loop", rounds=a.rounds, agent=a.agent, deployment=a.dep.name, resume=a.resume)
+        stopped = None
+        try:
+            result = loop.loop(lambda r: remember(store, r, a.dep, REPO, commit, dirty, a.agent))
+        except BudgetSpent as exc:
+            stopped, result = str(exc), {"rounds": [], "best": None}
+        summary = {**environment(), "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
+                   "limit": a.limit, "max_new_tokens": a.max_new_tokens, "stopped": stopped,
+                   "measured": run.ran, "reused_steps": run.reused, **result}
+        write_json_atomic(a.run_dir / "loop.json", summary)
+        if result["best"] is not None:
+            write_best(a.run_dir / "best.toml", a.dep, result["best"],
+                       f"written by `specpilot loop` ({len(result['rounds'])} rounds, agent {a.agent}); "
+                       f"run directory {a.run_dir}")
+    return summary

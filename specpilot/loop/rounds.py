@@ -1,0 +1,238 @@
+"""Rounds of the paper's five phases, every measurement a resumable step of the run directory.
+
+Phase 0  the ceiling of the round's start (its largest factor is the round's target);
+Phase 1  directions in turn (one GPU), each tuned on cheap evidence, the best checked and gated;
+Phase 2  integration: the promoted and the small-gain candidates combined, gated against the start;
+Phase 3  kernel tuning of the class furthest from its floor (the options that configure its kernels);
+Phase 4  the sealed final on requests no phase saw: the controller against stock and token forcing with longer
+         outputs; a failure rejects the round's result and the next round starts where this one did.
+A promoted mechanism becomes a memory entry; the round's result is the next round's start.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specpilot.bench.datasets import Request
+from specpilot.bench.harness import Runner
+from specpilot.ceiling.report import compute
+from specpilot.ceiling.run import CeilingPlan, load, measure, save
+from specpilot.config import System
+from specpilot.config.env import parse
+from specpilot.config.system import parse_system
+from specpilot.deployment import Deployment
+from specpilot.loop.agent import BuiltinAgent, Direction
+from specpilot.loop.evidence import Evidence
+from specpilot.loop.gate import Gate
+from specpilot.loop.rundir import RunDir
+from specpilot.loop.space import variant
+
+# the kernel classes and the options that configure their kernels (Phase 3)
+CLASS_OPTIONS = {"target_gemm": ["gemv", "staged", "l2", "tune_rounds", "ahead", "epilogue_early"],
+                 "drafter_gemm": ["gemv", "staged", "tune_rounds"], "attention": ["attn_late", "cluster"],
+                 "lm_head": ["greedy_kernel"], "elementwise": ["embed_kernel", "handoff", "pdl"],
+                 "drafter_other": ["pdl"], "tree": ["tree_k"]}
+
+
+@dataclass
+class LoopPlan:
+    dep: Deployment
+    rounds: int
+    dev: list[Request]  # Phase 0-3 requests
+    sealed: list[Request]  # Phase 4 only
+    max_new_tokens: int
+    sealed_tokens: int  # forcing's outputs in the final (up to 4096)
+    nodes: list[int]  # node budgets the ceiling times
+    profile_tokens: int = 16
+    ceiling_requests: int = 4  # of the dev requests, the ones the ceiling times, records and profiles
+    agent: BuiltinAgent = field(default_factory=BuiltinAgent)
+
+
+@dataclass
+class Loop:
+    plan: LoopPlan
+    run: RunDir
+    models: Callable[[], Runner]  # built on first use: a resumed run whose steps are all done loads nothing
+    gate_factory: Callable[[Runner], Gate]
+    memory: list[dict] = field(default_factory=list)  # entries the agent may reuse (index rows + registry)
+    say: Callable[[str], None] = lambda s: None
+    _runner: Runner | None = None
+    _gate: Gate | None = None
+
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            self.say("loading the deployment's models")
+            self._runner = self.models()
+        return self._runner
+
+    @property
+    def gate(self) -> Gate:
+        if self._gate is None:
+            self._gate = self.gate_factory(self.runner)
+        return self._gate
+
+    # Phase 0
+
+    def ceiling(self, system: str) -> dict:
+        """The ceiling report of a system (a speculative one: AR's round analyses stock), measured once per run."""
+        analysed = system if parse(system).speculative else "stock"
+        folder = self.run.root / "ceilings" / slug(analysed)
+
+        def measure_it() -> dict:
+            self.say(f"phase 0: ceiling of {analysed}")
+            cplan = CeilingPlan([parse(analysed)], self.plan.dev[: self.plan.ceiling_requests],
+                                self.plan.max_new_tokens, self.plan.nodes, profile_requests=1,
+                                profile_tokens=self.plan.profile_tokens)
+            inputs, recordings = measure(cplan, self.runner, parse("ar"))
+            save(folder, inputs, recordings, {"deployment": self.plan.dep.name, "system": analysed})
+            report = compute(inputs, recordings)["systems"][analysed]
+            return {"system": analysed, "folder": str(folder.relative_to(self.run.root)), "target": report["target"],
+                    "factors": {k: {"value": v["value"]} for k, v in report["factors"].items()},
+                    "speedup": report["speedup"], "classes": report["classes"], "candidates": report["candidates"],
+                    "predicted": report["predicted"], "ceiling": report["ceiling"]}
+
+        return self.run.once(f"ceilings/{slug(analysed)}", measure_it)
+
+    def evidence(self, ceiling: dict, start: System) -> Evidence:
+        _, recordings = load(self.run.root / ceiling["folder"])
+        analysed = parse(ceiling["system"])
+        return Evidence(self.runner, self.plan.dev, self.plan.max_new_tokens, recordings.get(analysed.name, []),
+                        analysed)
+
+    # Phases 1-4
+
+    def round(self, r: int, start: str) -> dict:
+        name = f"round-{r}"
+        ceiling = self.ceiling(start)
+        out: dict = {"round": r, "start": start, "ceiling": ceiling, "target": ceiling["target"], "directions": []}
+        start_sys = parse(start)
+        lazy: dict = {}
+
+        def ev() -> Evidence:  # made only when a step has to run
+            if "ev" not in lazy:
+                lazy["ev"] = self.evidence(ceiling, start_sys)
+            return lazy["ev"]
+
+        device, block = self.plan.dep.torch_device().type, self._block()
+        speedup = ceiling["speedup"] if start_sys.speculative else None
+        for i, d in enumerate(self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup)):
+            out["directions"].append(self._direction(f"{name}/phase-1/d{i}", d, start_sys, ev, device, block))
+        gated = [g for d in out["directions"] for g in d["gated"]]
+        promoted = [g for g in gated if g["promoted"]]
+        out["integration"] = self._integrate(f"{name}/phase-2", start, gated)
+        result = out["integration"]["result"]
+        out["tuning"] = self._tune_kernels(f"{name}/phase-3", ceiling, result, ev, device, block)
+        if out["tuning"].get("gated", {}).get("promoted"):
+            result = out["tuning"]["gated"]["candidate"]
+        out["sealed"] = self.run.once(f"sealed/{slug(result)}", lambda: self._sealed(result))
+        out["result"] = result if out["sealed"]["passed"] else start
+        out["promoted"] = [g["candidate"] for g in promoted] + (
+            [out["tuning"]["gated"]["candidate"]] if out["tuning"].get("gated", {}).get("promoted") else [])
+        if out["result"] != start:
+            out["ceiling_after"] = self.ceiling(out["result"])  # the next round's Phase 0, measured once
+        return out
+
+    def _direction(self, step: str, d: Direction, start: System, ev, device: str, block: int) -> dict:
+        self.say(f"phase 1: {d.factor}: {d.mechanism}")
+        tuned = self.run.once(f"{step}/evidence", lambda: self.plan.agent.tune(d, start, ev(), device, block))
+        gated = []
+        for cand in tuned["chosen"]:
+            check = self.run.once(f"{step}/{slug(cand)}/correct",
+                                  lambda c=cand: {"equals_ar": ev().equals_ar(parse(c))})
+            if check["equals_ar"] is False:
+                gated.append({"candidate": cand, "start": start.name, "promoted": False,
+                              "refused": "its outputs differ from AR's in float32"})
+                continue
+            self.say(f"gate: {cand}")
+            gated.append(self.run.once(f"{step}/{slug(cand)}/gate", lambda c=cand: self.gate.judge(start.name, c)))
+        return {"direction": d.to_json(), "evidence": tuned, "gated": gated}
+
+    def _integrate(self, step: str, start: str, gated: list[dict]) -> dict:
+        """The promoted candidates and those that gained without being proven, combined; gated against the start.
+        Without a combination, the best promoted candidate (by its gain) is the result."""
+        promoted = sorted((g for g in gated if g["promoted"]), key=lambda g: -g["controller"]["gain"])
+        small = [g for g in gated if not g["promoted"] and "controller" in g and g["controller"]["gain"] > 1
+                 and g.get("forcing", {}).get("verdict") != "reject"]
+        parts = [g["candidate"] for g in promoted + small]
+        best = promoted[0]["candidate"] if promoted else start
+        combined = combine(start, parts)
+        if combined is None or combined in parts or combined == start:
+            return {"parts": parts, "combined": combined, "result": best}
+        self.say(f"phase 2: {combined}")
+        g = self.run.once(f"{step}/gate", lambda: self.gate.judge(start, combined))
+        better = g["promoted"] and (not promoted or g["controller"]["gain"] >= promoted[0]["controller"]["gain"])
+        return {"parts": parts, "combined": combined, "gated": g, "result": combined if better else best}
+
+    def _tune_kernels(self, step: str, ceiling: dict, start: str, ev, device: str, block: int) -> dict:
+        furthest = next((c["class"] for c in ceiling["classes"] if c["class"] in CLASS_OPTIONS
+                         and CLASS_OPTIONS[c["class"]]), None)
+        if furthest is None:
+            return {"class": None}
+        d = Direction("kernel", f"kernel configuration of {furthest}", CLASS_OPTIONS[furthest])
+        self.say(f"phase 3: {d.mechanism}")
+        tuned = self.run.once(f"{step}/evidence", lambda: self.plan.agent.tune(d, parse(start), ev(), device, block))
+        out = {"class": furthest, "evidence": tuned}
+        if tuned["chosen"]:
+            cand = tuned["chosen"][0]
+            out["gated"] = self.run.once(f"{step}/gate", lambda: self.gate.judge(start, cand))
+        return out
+
+    def _sealed(self, result: str) -> dict:
+        """Stock against the result on the sealed requests, then forcing of the result with the longer outputs."""
+        self.say(f"phase 4: sealed final of {result}")
+        if result == "stock":
+            return {"passed": True, "result": result, "reason": "the round kept stock"}
+        card = self.gate.timing("stock", result, split="sealed")
+        from specpilot.loop.gate import forcing_summary, summary
+
+        forcing = forcing_summary(self.gate.forcing(result, self.plan.sealed, self.plan.sealed_tokens))
+        timed = summary(card)
+        passed = timed["gain"] > 1 and forcing["verdict"] != "reject"
+        reason = ("forcing rejected it" if forcing["verdict"] == "reject" else
+                  "slower than stock on the sealed requests" if timed["gain"] <= 1 else "held")
+        return {"passed": passed, "result": result, "reason": reason, "controller": timed, "forcing": forcing}
+
+    def _block(self) -> int:
+        return self.runner.engine(parse("stock")).block
+
+    def loop(self, remember: Callable[[dict], list[str]] = lambda r: []) -> dict:
+        start, rounds = "stock", []
+        for r in range(1, self.plan.rounds + 1):
+            rounds.append(self.round(r, start))
+            rounds[-1]["memory"] = remember(rounds[-1])
+            start = rounds[-1]["result"]
+        return {"rounds": rounds, "best": start}
+
+
+def combine(start: str, parts: list[str]) -> str | None:
+    """The start with every part's options on top (the parts' own changes relative to the start); None when two
+    parts set one option to different values or bases differ."""
+    base = parse_system(start)
+    merged: dict = {}
+    for p in parts:
+        s = parse_system(p)
+        if s.base != base.base:
+            return None
+        for k in set(s.options) | set(base.options):
+            if s.get(k) != base.get(k):
+                if k in merged and merged[k] != s.get(k):
+                    return None
+                merged[k] = s.get(k)
+    return variant(base, **merged).name if merged else None
+
+
+def slug(system: str) -> str:
+    """A system's name as a step name (lower case, no colons or commas)."""
+    return re.sub(r"[^a-z0-9._=-]+", "-", system.lower()).strip("-")
+
+
+def head(repo: Path) -> tuple[str, bool]:
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True).stdout.strip())
+    return sha, dirty

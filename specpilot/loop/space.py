@@ -1,0 +1,54 @@
+"""The loop's search space: the engine's typed configuration (config/options.py), nothing beside it.
+
+Each option the loop may set has a finite set of values to try from a system: the other choices of an enum, the
+other value of a bool, a grid of an int. Left out, with the reason: options that change outputs on purpose
+(audit, diagnostic), the controller's test pad, and values that only run under the Triton interpreter on a CPU.
+"""
+
+from __future__ import annotations
+
+from specpilot.config import System
+from specpilot.config.options import OPTIONS
+from specpilot.config.system import with_options
+
+EXCLUDED = {"pad_us": "a deliberate slowdown for testing the controller",
+            "tree_accept": "measured by replay, not searched"}
+EXCLUDED_GROUPS = {"audit": "changes outputs on purpose", "diagnostic": "outputs are wrong by design"}
+# int grids: node budgets and block sizes cover the range the cost model can predict; the rest their range
+GRIDS = {"nodes": (4, 8, 12, 16, 24, 32, 48, 64), "block_size": (2, 3, 4, 6, 8, 12, 16), "tree_k": (2, 4, 8),
+         "lookahead": (1, 2, 3, 4), "tune_rounds": (1, 2, 3, 4)}
+
+
+def searchable(name: str) -> str | None:
+    """None if the loop may set the option, else why not."""
+    opt = OPTIONS[name]
+    return EXCLUDED.get(name) or EXCLUDED_GROUPS.get(opt.group)
+
+
+def values(name: str, system: System, device: str = "cpu", block: int | None = None) -> list:
+    """The values to try for one option from `system` (its current value left out)."""
+    opt = OPTIONS[name]
+    if searchable(name) or system.base not in opt.bases:
+        return []
+    current = system.get(name)
+    if opt.kind is bool:
+        out = [not current]
+    elif opt.choices:
+        out = [c for c in opt.choices if c != current]
+        if name == "kernels" and device == "cpu":
+            out = [c for c in out if c != "triton"]  # the Triton interpreter: correct, and minutes per step
+    elif opt.kind is int:
+        grid = GRIDS.get(name, ())
+        out = [v for v in grid if (opt.minimum is None or v >= opt.minimum)
+               and (opt.maximum is None or v <= opt.maximum) and v != current]
+        if name == "block_size" and block is not None:
+            out = [v for v in out if v < block]  # a smaller draft block; the drafter's own is the default
+    else:
+        out = []
+    return out
+
+
+def variant(system: System, **changes) -> System:
+    """`system` with options set (a value equal to the default drops the option, as the parser does)."""
+    text = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
+    return with_options(system, text) if text else system
