@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specpilot.controller.compare import REPO as REPO_ROOT
 from specpilot.controller.compare import Side, compare, measure, source_tree
 from specpilot.errors import UserError
 
@@ -113,15 +114,61 @@ def test_one_worker_alternates_both_systems_and_keeps_each_requests_fastest_run(
         measure(Side("ar", here), Side("ar", here / "bench"), SPEC, block=1, gpu=None, timeout=300, alternating=True)
 
 
-def test_fastest_repetition_counts_and_an_unstable_output_is_not_equal():
+def test_each_request_counts_the_median_of_its_passes_and_an_unstable_output_is_not_equal():
     from specpilot.controller.compare import pair_ratios
 
-    def row(i, s, toks):
-        return {"id": i, "decode_s": s, "tokens": toks}
+    def row(i, rep, s, toks=(1, 2, 3)):
+        return {"id": i, "rep": rep, "decode_s": s, "tokens": list(toks)}
 
-    a = [row(f"r{k}", 2.0, [1, 2, 3]) for k in range(3)] + [row(f"r{k}", 1.0, [1, 2, 3]) for k in range(3)]
-    b = [row(f"r{k}", 0.5, [1, 2, 3]) for k in range(3)] + [row(f"r{k}", 4.0, [1, 2, 3]) for k in range(3)]
+    # per pass B/A: 2.0, 0.5 (a pass where the machine slowed B alone), 2.2 -> median 2.0
+    times = [(1.0, 0.5), (1.0, 2.0), (1.1, 0.5)]
+    a = [row(f"r{k}", rep, ta) for k in range(3) for rep, (ta, _) in enumerate(times)]
+    b = [row(f"r{k}", rep, tb) for k in range(3) for rep, (_, tb) in enumerate(times)]
     ids, ratios, equal = pair_ratios(a, b)
-    assert ratios == pytest.approx([2.0] * 3) and equal  # 1.0 s against 0.5 s, the slower repetitions ignored
-    b[4] = row("r1", 4.0, [1, 2, 4])  # one repetition of B answered differently
+    assert ids == ["r0", "r1", "r2"] and ratios == pytest.approx([2.0] * 3) and equal
+    b[4] = row("r1", 1, 2.0, (1, 2, 4))  # one pass of B answered differently
     assert not pair_ratios(a, b)[2]
+
+
+def test_lockstep_answers_as_each_system_alone_and_paces_by_tokens(monkeypatch):
+    """On a CPU both systems answer a request step by step together: each side's tokens are its own run's,
+    and the side with fewer tokens always steps next (so both move through their outputs together)."""
+    from specpilot.bench.datasets import load_requests
+    from specpilot.bench.harness import Runner, run_lockstep
+    from specpilot.config.env import parse
+    from specpilot.deployment import load_deployment
+    from specpilot.models.pair import build_pair
+    from specpilot.runtime import engine as engine_mod
+
+    dep = load_deployment("tiny")
+    runner = Runner(*build_pair(dep), dep.context)
+    ar, stock = parse("ar"), parse("stock")
+    request = load_requests("builtin", "dev", None, 1)[0]
+    order = []
+    real = engine_mod.Engine._decode
+
+    def traced(self, *a, **k):
+        gen = real(self, *a, **k)
+        while True:
+            try:
+                n = next(gen)
+            except StopIteration as done:
+                return done.value
+            order.append((self.system.name, n))
+            yield n
+
+    monkeypatch.setattr(engine_mod.Engine, "_decode", traced)
+    a, b = run_lockstep(runner, ar, stock, request, 24)
+    assert a[0].tokens == runner.run(ar, request, 24)[0].tokens
+    assert b[0].tokens == runner.run(stock, request, 24)[0].tokens
+    assert a[0].decode_s > 0 and b[0].decode_s > 0
+    counts = {"ar": 1, "stock": 1}
+    for name, n in order:  # nobody steps while the other side has fewer tokens (a finished side has them all)
+        other = "stock" if name == "ar" else "ar"
+        assert counts[name] <= counts[other], order
+        counts[name] = n
+    aa_a, aa_b = run_lockstep(runner, stock, stock, request, 24)  # A/A: two engines, not one shared
+    assert aa_a[0].tokens == aa_b[0].tokens == b[0].tokens
+    card = compare(Side("ar", REPO_ROOT), Side("stock", REPO_ROOT), {**SPEC, "cpu": True}, timeout=300, noise=0.01,
+                   reps=2, alternating=True)
+    assert card["ab"]["outputs_equal"] and len(card["ab"]["rows_a"]) == len(card["ab"]["rows_b"]) == 8
