@@ -18,6 +18,8 @@ from specpilot.deployment import load_deployment
 from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic
 
+REPS = 5  # passes per compare, as `specpilot compare` defaults to on a CPU
+
 
 def step_ms(preset: str, limit: int, tokens: int) -> float:
     """Stock's decode time per step over the requests (one pass, after a warm-up)."""
@@ -51,14 +53,14 @@ def main() -> None:
     runs = []
     for k in range(args.runs):
         t0 = time.time()
-        card = compare(Side("stock", REPO), Side(f"stock:pad_us={pad}", REPO), spec, reps=3, alternating=True)
+        card = compare(Side("stock", REPO), Side(f"stock:pad_us={pad}", REPO), spec, reps=REPS, alternating=True)
         d, aa = card["decision"], card["aa"]["estimate"]
         runs.append({"aa_gain": aa["gain"], "aa_lower": aa["lower"], "aa_upper": aa["upper"], "noise": d["noise"],
                      "gain": d["gain"], "lower": d["lower"], "upper": d["upper"], "bar": d["bar"],
                      "verdict": d["verdict"], "reason": d["reason"], "seconds": time.time() - t0})
         print(f"run {k + 1}: noise {d['noise']:.4f}, A/A gain {aa['gain']:.4f}; pad {pad} us: gain {d['gain']:.4f} "
               f"({d['lower']:.4f} .. {d['upper']:.4f}) -> {d['verdict']}", flush=True)
-        write_json_atomic(args.out, {**environment(), "preset": args.preset, "spec": spec, "reps": 3,
+        write_json_atomic(args.out, {**environment(), "preset": args.preset, "spec": spec, "reps": REPS,
                                      "mode": "alternating (lockstep)", "stock_step_ms": step, "pad_us": pad,
                                      "slowdown": args.slowdown, "runs": runs})
     worst = max(r["noise"] for r in runs)

@@ -515,7 +515,7 @@ def compare(
                        ] = "auto",
     reps: Annotated[int | None, typer.Option(help="Passes over the requests; a request's ratio is the median of "
                                                   "its passes' (A and B back to back in each) "
-                                                  "(default: 3 on a CPU, 1 on a GPU).")] = None,
+                                                  "(default: 5 on a CPU, 1 on a GPU).")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the evidence card here.")] = None,
 ) -> None:
     """The controller: time A and B on the same requests (workers from their own source trees, code
@@ -546,7 +546,7 @@ def compare(
     alternating = workers == "one" or (workers == "auto" and on_cpu and a_source == b_source and not pair)
     if alternating and (pair or a_source != b_source):
         raise UserError("--workers one runs both systems in one worker: both from one source tree, on one device")
-    reps = reps or (3 if on_cpu else 1)
+    reps = reps or (5 if on_cpu else 1)
     spec = {"preset": None if deployment else (preset or "tiny"),
             "deployment": str(deployment.resolve()) if deployment else None,
             "datasets": dataset or dep.datasets, "split": dep.split, "limit": limit if limit is not None else dep.limit,

@@ -71,7 +71,7 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         return Runner(target, drafter, tok, a.dep.context)
 
     def gate(runner: Runner) -> Gate:
-        return Gate(spec, runner, dev, a.max_new_tokens, alternating=on_cpu, reps=3 if on_cpu else 1)
+        return Gate(spec, runner, dev, a.max_new_tokens, alternating=on_cpu, reps=5 if on_cpu else 1)
 
     run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s)
     shipped = Store(REPO / "memory", REPO)
