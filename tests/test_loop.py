@@ -213,3 +213,32 @@ def test_report_renders_from_a_synthetic_run(tmp_path):
     assert tags.count("table") == 2 and "h1" in tags
     img = next(a for t, a in parser.tags if t == "img")
     assert img["src"].startswith("data:image/png;base64,")  # self-contained
+
+
+@pytest.mark.slow
+def test_the_loop_command_end_to_end_on_tiny(tmp_path):
+    """`specpilot loop` on the tiny deployment (its random drafter never guesses right, so speculation loses on
+    this CPU): the loop must find a configuration faster than stock, prove it on the sealed requests, and leave a
+    best.toml that loads, a report that parses and memory entries that replay."""
+    from tests.test_cli import specpilot
+
+    run = tmp_path / "run"
+    proc = specpilot("loop", "--preset", "tiny", "--rounds", "1", "--run-dir", run, "--limit", "3",
+                     "--max-new-tokens", "12")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run / "loop.json").read_text())
+    sealed = summary["rounds"][0]["sealed"]
+    assert summary["best"] != "stock" and sealed["passed"] and sealed["controller"]["gain"] > 1
+    assert load_deployment(path=run / "best.toml").system == summary["best"]
+    parser = _Tags()
+    parser.feed((run / "report.html").read_text())
+    assert any(t == "img" for t, _ in parser.tags)
+    from specpilot.controller.compare import REPO
+    from specpilot.memory.store import Store
+
+    store = Store(run / "memory", REPO)
+    assert store.ids() and all(v is None for v in store.replay().values())
+    again = specpilot("loop", "--preset", "tiny", "--rounds", "1", "--run-dir", run, "--limit", "3",
+                      "--max-new-tokens", "12", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run / "loop.json").read_text())["measured"] == []  # nothing measured twice

@@ -2,8 +2,9 @@
 (`specpilot compare`, its promotion rule unchanged, workers from the tree's own code) and token forcing does
 not reject it (every output token scored under the exact target against the reference's).
 
-The controller's A/A run is measured once per (start, split) and reused for every candidate judged against
-that start, as `compare --aa-card` does.
+The controller's A/A run is measured once per start system and reused for every candidate judged against it
+(the sealed final's included: noise belongs to the machine and the system, not to the requests), as `compare
+--aa-card` does.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ class Gate:
     reps: int
     timeout: float = 1800
     reference: str = "stock"  # what forcing holds the candidate to: the drafter's released behaviour
-    aa: dict = field(default_factory=dict)  # (start, split) -> A/A run
+    aa: dict = field(default_factory=dict)  # start -> A/A run
     reuse: dict = field(default_factory=dict)  # forcing's memo of reference and AR runs
 
     def timing(self, start: str, candidate: str, split: str | None = None) -> dict:
+        """The noise is the machine's and the start system's: one A/A run per start serves every split."""
         spec = {**self.spec, **({"split": split} if split else {})}
-        key = (start, spec["split"])
+        key = start
         card = compare(Side(start, REPO), Side(candidate, REPO), spec, gpu=None, timeout=self.timeout,
                        aa=self.aa.get(key), reps=self.reps, alternating=self.alternating)
         self.aa.setdefault(key, card["aa"])

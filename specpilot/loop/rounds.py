@@ -47,8 +47,8 @@ class LoopPlan:
     max_new_tokens: int
     sealed_tokens: int  # forcing's outputs in the final (up to 4096)
     nodes: list[int]  # node budgets the ceiling times
-    profile_tokens: int = 16
-    ceiling_requests: int = 4  # of the dev requests, the ones the ceiling times, records and profiles
+    profile_tokens: int = 8
+    ceiling_requests: int = 3  # of the dev requests, the ones the ceiling times, records and profiles
     agent: BuiltinAgent = field(default_factory=BuiltinAgent)
 
 

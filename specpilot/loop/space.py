@@ -2,7 +2,8 @@
 
 Each option the loop may set has a finite set of values to try from a system: the other choices of an enum, the
 other value of a bool, a grid of an int. Left out, with the reason: options that change outputs on purpose
-(audit, diagnostic), the controller's test pad, and values that only run under the Triton interpreter on a CPU.
+(audit, diagnostic), the controller's test pad, and on a CPU the options that only act on CUDA (graphs, the
+GPU step tuning, launch hints) and the values that only run under the Triton interpreter.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from specpilot.config.system import with_options
 EXCLUDED = {"pad_us": "a deliberate slowdown for testing the controller",
             "tree_accept": "measured by replay, not searched"}
 EXCLUDED_GROUPS = {"audit": "changes outputs on purpose", "diagnostic": "outputs are wrong by design"}
+# options that act on CUDA kernels, graphs or the GPU step tuning only: on a CPU every value runs the same code
+CUDA_ONLY = {"graphs", "lookahead", "pdl", "ahead", "epilogue_early", "l2", "staged", "attn_late", "cluster",
+             "tune_rounds", "tune_start"}
 # int grids: node budgets and block sizes cover the range the cost model can predict; the rest their range
 GRIDS = {"nodes": (4, 8, 12, 16, 24, 32, 48, 64), "block_size": (2, 3, 4, 6, 8, 12, 16), "tree_k": (2, 4, 8),
          "lookahead": (1, 2, 3, 4), "tune_rounds": (1, 2, 3, 4)}
@@ -28,7 +32,7 @@ def searchable(name: str) -> str | None:
 def values(name: str, system: System, device: str = "cpu", block: int | None = None) -> list:
     """The values to try for one option from `system` (its current value left out)."""
     opt = OPTIONS[name]
-    if searchable(name) or system.base not in opt.bases:
+    if searchable(name) or system.base not in opt.bases or (device == "cpu" and name in CUDA_ONLY):
         return []
     current = system.get(name)
     if opt.kind is bool:
