@@ -122,6 +122,10 @@ def test_resume_after_a_kill_at_each_measurement_redoes_nothing(tmp_path):
         full = loop.loop()
     total = len(run.ran)
     assert total > 8
+    loop, run, _ = synthetic_loop(tmp_path / "full", resume=True)
+    loop._runner = None  # a finished run resumed loads no models (models() fails the test) and measures nothing
+    with run:
+        assert loop.loop() == full and run.ran == []
     for k in range(total):
         loop, run, _ = synthetic_loop(tmp_path / f"kill{k}", interrupt_at=k)
         with run, pytest.raises(KeyboardInterrupt):

@@ -118,15 +118,15 @@ class Loop:
                 lazy["ev"] = self.evidence(ceiling, start_sys)
             return lazy["ev"]
 
-        device, block = self.plan.dep.torch_device().type, self._block()
+        device = self.plan.dep.torch_device().type
         speedup = ceiling["speedup"] if start_sys.speculative else None
         for i, d in enumerate(self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup)):
-            out["directions"].append(self._direction(f"{name}/phase-1/d{i}", d, start_sys, ev, device, block))
+            out["directions"].append(self._direction(f"{name}/phase-1/d{i}", d, start_sys, ev, device))
         gated = [g for d in out["directions"] for g in d["gated"]]
         promoted = [g for g in gated if g["promoted"]]
         out["integration"] = self._integrate(f"{name}/phase-2", start, gated)
         result = out["integration"]["result"]
-        out["tuning"] = self._tune_kernels(f"{name}/phase-3", ceiling, result, ev, device, block)
+        out["tuning"] = self._tune_kernels(f"{name}/phase-3", ceiling, result, ev, device)
         if out["tuning"].get("gated", {}).get("promoted"):
             result = out["tuning"]["gated"]["candidate"]
         out["sealed"] = self.run.once(f"sealed/{slug(result)}", lambda: self._sealed(result))
@@ -137,9 +137,9 @@ class Loop:
             out["ceiling_after"] = self.ceiling(out["result"])  # the next round's Phase 0, measured once
         return out
 
-    def _direction(self, step: str, d: Direction, start: System, ev, device: str, block: int) -> dict:
+    def _direction(self, step: str, d: Direction, start: System, ev, device: str) -> dict:
         self.say(f"phase 1: {d.factor}: {d.mechanism}")
-        tuned = self.run.once(f"{step}/evidence", lambda: self.plan.agent.tune(d, start, ev(), device, block))
+        tuned = self.run.once(f"{step}/evidence", lambda: self.plan.agent.tune(d, start, ev(), device, self._block()))
         gated = []
         for cand in tuned["chosen"]:
             check = self.run.once(f"{step}/{slug(cand)}/correct",
@@ -168,14 +168,15 @@ class Loop:
         better = g["promoted"] and (not promoted or g["controller"]["gain"] >= promoted[0]["controller"]["gain"])
         return {"parts": parts, "combined": combined, "gated": g, "result": combined if better else best}
 
-    def _tune_kernels(self, step: str, ceiling: dict, start: str, ev, device: str, block: int) -> dict:
+    def _tune_kernels(self, step: str, ceiling: dict, start: str, ev, device: str) -> dict:
         furthest = next((c["class"] for c in ceiling["classes"] if c["class"] in CLASS_OPTIONS
                          and CLASS_OPTIONS[c["class"]]), None)
         if furthest is None:
             return {"class": None}
         d = Direction("kernel", f"kernel configuration of {furthest}", CLASS_OPTIONS[furthest])
         self.say(f"phase 3: {d.mechanism}")
-        tuned = self.run.once(f"{step}/evidence", lambda: self.plan.agent.tune(d, parse(start), ev(), device, block))
+        tuned = self.run.once(f"{step}/evidence",
+                              lambda: self.plan.agent.tune(d, parse(start), ev(), device, self._block()))
         out = {"class": furthest, "evidence": tuned}
         if tuned["chosen"]:
             cand = tuned["chosen"][0]
@@ -198,6 +199,7 @@ class Loop:
         return {"passed": passed, "result": result, "reason": reason, "controller": timed, "forcing": forcing}
 
     def _block(self) -> int:
+        """The drafter's block (the models load here, only when a step must run)."""
         return self.runner.engine(parse("stock")).block
 
     def loop(self, remember: Callable[[dict], list[str]] = lambda r: []) -> dict:
