@@ -232,7 +232,8 @@ def test_the_loop_command_end_to_end_on_tiny(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run / "loop.json").read_text())
     sealed = summary["rounds"][0]["sealed"]
-    assert summary["best"] != "stock" and sealed["passed"] and sealed["controller"]["gain"] > 1
+    assert summary["best"] != "stock" and sealed["passed"] and sealed["controller"]["gain"] > 1, (
+        proc.stdout + (run / "report.md").read_text())
     assert load_deployment(path=run / "best.toml").system == summary["best"]
     parser = _Tags()
     parser.feed((run / "report.html").read_text())
