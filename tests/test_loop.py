@@ -222,8 +222,8 @@ def test_report_renders_from_a_synthetic_run(tmp_path):
 @pytest.mark.slow
 def test_the_loop_command_end_to_end_on_tiny(tmp_path):
     """`specpilot loop` on the tiny deployment (its random drafter never guesses right, so speculation loses on
-    this CPU): the loop must find a configuration faster than stock, prove it on the sealed requests, and leave a
-    best.toml that loads, a report that parses and memory entries that replay."""
+    this CPU; the loop usually finds AR): a best.toml that loads, a report that parses, memory entries that
+    replay, and a resume that measures nothing again."""
     from tests.test_cli import specpilot
 
     run = tmp_path / "run"
@@ -232,7 +232,9 @@ def test_the_loop_command_end_to_end_on_tiny(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run / "loop.json").read_text())
     sealed = summary["rounds"][0]["sealed"]
-    assert summary["best"] != "stock" and sealed["passed"] and sealed["controller"]["gain"] > 1, (
+    # what it finds depends on this CPU's timing (the planted-best test checks the search itself): whatever it
+    # returns other than stock has held the sealed final
+    assert summary["best"] == "stock" or (sealed["passed"] and sealed["controller"]["gain"] > 1), (
         proc.stdout + (run / "report.md").read_text())
     assert load_deployment(path=run / "best.toml").system == summary["best"]
     parser = _Tags()
@@ -242,7 +244,8 @@ def test_the_loop_command_end_to_end_on_tiny(tmp_path):
     from specpilot.memory.store import Store
 
     store = Store(run / "memory", REPO)
-    assert store.ids() and all(v is None for v in store.replay().values())
+    assert len(store.ids()) == sum(len(r["memory"]) for r in summary["rounds"])
+    assert all(v is None for v in store.replay().values())
     again = specpilot("loop", "--preset", "tiny", "--rounds", "1", "--run-dir", run, "--limit", "3",
                       "--max-new-tokens", "12", "--resume")
     assert again.returncode == 0, again.stderr

@@ -65,9 +65,10 @@ class Evidence:
         return min(self.timings(system))
 
     def noise(self, system: System) -> float:
-        """The spread of its repeated step timings (slowest over fastest, minus 1)."""
-        t = self.timings(system)
-        return max(t) / min(t) - 1
+        """The spread of its repeated step timings: the median over the fastest, minus 1 (one disturbed timing
+        among them does not count)."""
+        t = sorted(self.timings(system))
+        return t[len(t) // 2] / t[0] - 1
 
     def tau(self, system: System) -> tuple[float, str]:
         """(tau, how it was obtained)."""
