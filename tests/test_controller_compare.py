@@ -171,4 +171,5 @@ def test_lockstep_answers_as_each_system_alone_and_paces_by_tokens(monkeypatch):
     assert aa_a[0].tokens == aa_b[0].tokens == b[0].tokens
     card = compare(Side("ar", REPO_ROOT), Side("stock", REPO_ROOT), {**SPEC, "cpu": True}, timeout=300, noise=0.01,
                    reps=2, alternating=True)
-    assert card["ab"]["outputs_equal"] and len(card["ab"]["rows_a"]) == len(card["ab"]["rows_b"]) == 8
+    assert card["ab"]["mode"] == "lockstep" and card["ab"]["outputs_equal"]
+    assert len(card["ab"]["rows_a"]) == len(card["ab"]["rows_b"]) == 8

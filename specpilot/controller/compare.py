@@ -138,6 +138,13 @@ class Worker:
         self.send(ids, system)
         return self.receive()
 
+    def lockstep(self, ids: list[str], first: int = 0) -> tuple[list[dict], list[dict]]:
+        """Both of this worker's systems on each request, step by step together: (A's rows, B's rows)."""
+        self.proc.stdin.write(json.dumps({"lockstep": ids, "first": first}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        return reply["rows"], reply["rows_b"]
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -178,11 +185,9 @@ def lockstep(w: Worker, ids: list[str], reps: int) -> tuple[list[dict], list[dic
     rows_a, rows_b = [], []
     for rep in range(reps):
         for j, rid in enumerate(ids):
-            w.proc.stdin.write(json.dumps({"lockstep": [rid], "first": (j + rep) % 2}) + "\n")
-            w.proc.stdin.flush()
-            reply = w._read()
-            rows_a += [{**r, "rep": rep} for r in reply["rows"]]
-            rows_b += [{**r, "rep": rep} for r in reply["rows_b"]]
+            got_a, got_b = w.lockstep([rid], first=(j + rep) % 2)
+            rows_a += [{**r, "rep": rep} for r in got_a]
+            rows_b += [{**r, "rep": rep} for r in got_b]
     return rows_a, rows_b
 
 
@@ -297,9 +302,13 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
             hello_a, hello_b = wa.hello, wb.hello
     ids, ratios, equal = pair_ratios(rows_a, rows_b)
     _enough(ids)
-    return {"mode": "alternating" if alternating else "interleaved", "reps": reps,
+    return {"mode": _mode(spec, alternating), "reps": reps,
             "a": _side(a, hello_a), "b": _side(b, hello_b), "requests": ids, "ratios": ratios,
             "outputs_equal": equal, "rows_a": [_timing(r) for r in rows_a], "rows_b": [_timing(r) for r in rows_b]}
+
+
+def _mode(spec: dict, alternating: bool) -> str:
+    return ("lockstep" if spec.get("cpu") else "alternating") if alternating else "interleaved"
 
 
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
@@ -314,7 +323,7 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
                   "controller": {"path": str(Path(__file__).resolve().parent),
                                  "code_hash": code_hash(Path(__file__).resolve().parent)}}
     paired = bool(gpus and len(gpus) >= 2)
-    mode = "paired" if paired else "alternating" if alternating else "interleaved"
+    mode = "paired" if paired else _mode(spec, alternating)
 
     def run(x: Side, y: Side) -> dict:
         if paired:
