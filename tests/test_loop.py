@@ -250,3 +250,17 @@ def test_the_loop_command_end_to_end_on_tiny(tmp_path):
                       "--max-new-tokens", "12", "--resume")
     assert again.returncode == 0, again.stderr
     assert json.loads((run / "loop.json").read_text())["measured"] == []  # nothing measured twice
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["loop", "--agent", "llm"], "unknown agent"),
+    (["loop", "--rounds", "0"], "must be positive"),
+    (["loop", "--preset", "tiny", "--deployment", "x.toml"], "exactly one"),
+    (["report", "/no/such/run"], "no finished loop"),
+])
+def test_loop_mistakes_are_one_line(tmp_path, args, needle):
+    from tests.test_cli import assert_one_line_error, specpilot
+
+    assert_one_line_error(specpilot(*args, "--run-dir", tmp_path / "r") if args[0] == "loop" else specpilot(*args),
+                          needle)
+    assert not (tmp_path / "r" / "loop.json").exists()

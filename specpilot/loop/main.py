@@ -54,8 +54,8 @@ def node_budgets(context: int, tokens: int) -> list[int]:
 def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
     if a.agent not in AGENTS:
         raise UserError(f"unknown agent {a.agent!r} (known: {', '.join(AGENTS)})")
-    if a.rounds <= 0 or a.limit < 3 or a.max_new_tokens <= 0:
-        raise UserError("--rounds and --max-new-tokens must be positive and --limit at least 3")
+    if a.rounds <= 0 or a.limit <= 0 or a.max_new_tokens <= 0:
+        raise UserError("--rounds, --limit and --max-new-tokens must be positive")
     dev, sealed = (requests(a.dep, s, a.limit, a.data_dir) for s in ("dev", "sealed"))
     on_cpu = a.dep.torch_device().type == "cpu"
     plan = LoopPlan(a.dep, a.rounds, dev, sealed, a.max_new_tokens, min(4096, 4 * a.max_new_tokens),

@@ -27,7 +27,7 @@ from specpilot.config.system import parse_system
 from specpilot.deployment import Deployment
 from specpilot.loop.agent import BuiltinAgent, Direction
 from specpilot.loop.evidence import Evidence
-from specpilot.loop.gate import Gate
+from specpilot.loop.gate import Gate, forcing_summary, summary
 from specpilot.loop.rundir import RunDir
 from specpilot.loop.space import variant
 
@@ -189,8 +189,6 @@ class Loop:
         if result == "stock":
             return {"passed": True, "result": result, "reason": "the round kept stock"}
         card = self.gate.timing("stock", result, split="sealed")
-        from specpilot.loop.gate import forcing_summary, summary
-
         forcing = forcing_summary(self.gate.forcing(result, self.plan.sealed, self.plan.sealed_tokens))
         timed = summary(card)
         passed = timed["gain"] > 1 and forcing["verdict"] != "reject"
