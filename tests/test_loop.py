@@ -91,7 +91,7 @@ def synthetic_loop(tmp_path, rounds=2, resume=False, interrupt_at=None):
     gate, ev = FakeGate(), Planted()
     loop = Loop(plan, run, models=lambda: pytest.fail("the synthetic loop loads no models"),
                 gate_factory=lambda runner: gate)
-    loop._runner, loop.evidence, loop._block = object(), lambda ceiling, start: ev, lambda: 8
+    loop._runner, loop.evidence, loop._block = object(), lambda ceiling: ev, lambda: 8
     if interrupt_at is not None:  # a kill after `interrupt_at` measurements
         real = run.once
 

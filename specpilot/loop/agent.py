@@ -15,6 +15,7 @@ from itertools import product
 
 from specpilot.ceiling.model import CANDIDATES
 from specpilot.config import System
+from specpilot.config.options import OPTIONS
 from specpilot.config.system import parse_system
 from specpilot.loop.evidence import Evidence
 from specpilot.loop.space import GRIDS, values, variant
@@ -62,7 +63,7 @@ class BuiltinAgent:
         """Every system the direction can reach from `start` in one move (its parameters varied jointly)."""
         if d.factor == "base":
             other = "ar" if start.speculative else "stock"
-            kept = ",".join(f"{k}={v}" for k, v in start.options.items() if "ar" in _bases(k))
+            kept = ",".join(f"{k}={v}" for k, v in start.options.items() if "ar" in OPTIONS[k].bases)
             return [parse_system(other + (":" + kept if kept and other == "ar" else ""))]
         if d.factor == "memory":
             return [variant(start, **parse_system(s).options) for s in d.systems if parse_system(s).base == start.base]
@@ -91,8 +92,3 @@ class BuiltinAgent:
         return {"start": base, "noise": noise, "bar": bar, "evaluated": evaluated,
                 "chosen": chosen[: self.per_direction]}
 
-
-def _bases(option: str) -> tuple[str, ...]:
-    from specpilot.config.options import OPTIONS
-
-    return OPTIONS[option].bases

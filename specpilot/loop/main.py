@@ -17,8 +17,9 @@ from specpilot.loop.agent import BuiltinAgent
 from specpilot.loop.best import write_best
 from specpilot.loop.gate import Gate
 from specpilot.loop.remember import remember
-from specpilot.loop.rounds import Loop, LoopPlan, head
+from specpilot.loop.rounds import Loop, LoopPlan
 from specpilot.loop.rundir import BudgetSpent, RunDir
+from specpilot.memory.faithful import resolve
 from specpilot.memory.store import Store
 from specpilot.results import environment, write_json_atomic
 
@@ -82,7 +83,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
 def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
     """The whole loop; -> the summary written to DIR/loop.json (also when a budget stopped it early)."""
     loop, run = build_loop(a, say)
-    commit, dirty = head(REPO)
+    env = environment()  # the code the loop starts with, not what the tree holds when it ends
+    commit, dirty = resolve(REPO, "HEAD"), bool(env["dirty"])
     store = Store(a.run_dir / "memory", REPO)
     with run:
         run.log("loop", rounds=a.rounds, agent=a.agent, deployment=a.dep.name, resume=a.resume)
@@ -91,7 +93,7 @@ def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
             result = loop.loop(lambda r: remember(store, r, a.dep, REPO, commit, dirty, a.agent))
         except BudgetSpent as exc:
             stopped, result = str(exc), {"rounds": [], "best": None}
-        summary = {**environment(), "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
+        summary = {**env, "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
                    "limit": a.limit, "max_new_tokens": a.max_new_tokens, "stopped": stopped,
                    "measured": run.ran, "reused_steps": run.reused, **result}
         write_json_atomic(a.run_dir / "loop.json", summary)

@@ -12,10 +12,8 @@ A promoted mechanism becomes a memory entry; the round's result is the next roun
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner
@@ -98,7 +96,7 @@ class Loop:
 
         return self.run.once(f"ceilings/{slug(analysed)}", measure_it)
 
-    def evidence(self, ceiling: dict, start: System) -> Evidence:
+    def evidence(self, ceiling: dict) -> Evidence:
         _, recordings = load(self.run.root / ceiling["folder"])
         analysed = parse(ceiling["system"])
         return Evidence(self.runner, self.plan.dev, self.plan.max_new_tokens, recordings.get(analysed.name, []),
@@ -115,7 +113,7 @@ class Loop:
 
         def ev() -> Evidence:  # made only when a step has to run
             if "ev" not in lazy:
-                lazy["ev"] = self.evidence(ceiling, start_sys)
+                lazy["ev"] = self.evidence(ceiling)
             return lazy["ev"]
 
         device = self.plan.dep.torch_device().type
@@ -229,10 +227,3 @@ def combine(start: str, parts: list[str]) -> str | None:
 def slug(system: str) -> str:
     """A system's name as a step name (lower case, no colons or commas)."""
     return re.sub(r"[^a-z0-9._=-]+", "-", system.lower()).strip("-")
-
-
-def head(repo: Path) -> tuple[str, bool]:
-    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True).stdout.strip())
-    return sha, dirty
