@@ -39,21 +39,43 @@ class TurnRecord:
 class Runner:
     """Holds one engine per system (engines whose kernel plans agree share one plan, and so its step tuning)."""
 
-    def __init__(self, target, drafter, tokenizer, context: int):
+    def __init__(self, target, drafter, tokenizer, context: int, max_engines: int | None = None):
         self.target, self.drafter, self.tokenizer, self.context = target, drafter, tokenizer, context
-        self._engines: dict[str, Engine] = {}
+        self._engines: dict[str, Engine] = {}  # least recently used first
         self._plans: dict[tuple, KernelPlan] = {}
         self._warm: set[str] = set()
+        # A search that visits dozens of systems keeps only this many engines (each holds its own K/V caches and
+        # captured graphs: ~1 GB apiece on a 28B target); None keeps every one.
+        self.max_engines = max_engines
 
     def engine(self, system: System, slot: int = 0) -> Engine:
         """slot: a second engine of the same system (its own caches), for running a system against itself."""
         key = system.name if slot == 0 else f"{system.name}#{slot}"
-        if key not in self._engines:
+        if key in self._engines:
+            self._engines[key] = self._engines.pop(key)  # now the most recently used
+        else:
+            self._evict(keep=1)
             fresh = system.plan()
             plan = self._plans.setdefault(tuple(sorted(fresh.features().items())), fresh)
             drafter = self.drafter if system.speculative else None
             self._engines[key] = Engine(self.target, drafter, system, context=self.context, plan=plan)
         return self._engines[key]
+
+    def _evict(self, keep: int) -> None:
+        """Drop the least recently used engines until `keep` more fit under max_engines; their memory is freed."""
+        if self.max_engines is None or len(self._engines) + keep <= self.max_engines:
+            return
+        while self._engines and len(self._engines) + keep > self.max_engines:
+            key = next(iter(self._engines))
+            del self._engines[key]
+            self._warm.discard(key)
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def warmup(self, system: System) -> None:
         if system.name not in self._warm:

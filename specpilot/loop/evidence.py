@@ -98,6 +98,8 @@ class Evidence:
             t_step, t_ar = self.step(system), self.step(parse("ar"))
         except UserError as exc:  # e.g. a budget whose step timing does not fit the context
             return {"system": system.name, "error": str(exc)}
+        except (RuntimeError, ValueError) as exc:  # a value the engine cannot run here: no evidence, not a crash
+            return {"system": system.name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
         return {"system": system.name, "tau": tau, "tau_from": how, "step_s": t_step, "ar_step_s": t_ar,
                 "speedup": tau * t_ar / t_step}
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner
 from specpilot.controller.compare import REPO, Side, compare
+from specpilot.errors import UserError
 from specpilot.forcing.run import force
 
 
@@ -45,7 +46,10 @@ class Gate:
 
     def judge(self, start: str, candidate: str) -> dict:
         """Timing first (cheap to refuse); forcing only for what the controller would promote."""
-        card = self.timing(start, candidate)
+        try:
+            card = self.timing(start, candidate)
+        except UserError as exc:  # the worker died or timed out on this candidate: refused, the loop goes on
+            return {"candidate": candidate, "start": start, "promoted": False, "refused": str(exc)}
         out = {"candidate": candidate, "start": start, "controller": summary(card)}
         if card["decision"]["verdict"] == "promote":
             verdict = self.forcing(candidate)

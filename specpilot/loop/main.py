@@ -24,6 +24,7 @@ from specpilot.memory.store import Store
 from specpilot.results import environment, write_json_atomic
 
 AGENTS = {"builtin": BuiltinAgent}
+ENGINES = 8  # engines the loop's process keeps (the search visits dozens of systems; see Runner.max_engines)
 
 
 @dataclass
@@ -69,10 +70,12 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         from specpilot.models.pair import build_pair
 
         target, drafter, tok = build_pair(a.dep)
-        return Runner(target, drafter, tok, a.dep.context)
+        return Runner(target, drafter, tok, a.dep.context, max_engines=ENGINES)
 
     def gate(runner: Runner) -> Gate:
-        return Gate(spec, runner, dev, a.max_new_tokens, alternating=on_cpu, reps=5 if on_cpu else 1)
+        # one timing worker serving both systems (on a GPU, request by request; on a CPU, in lockstep): one more
+        # copy of the models beside the loop's own, where two workers would need two (a 28B twin is 56 GB)
+        return Gate(spec, runner, dev, a.max_new_tokens, alternating=True, reps=5 if on_cpu else 1)
 
     run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s)
     shipped = Store(REPO / "memory", REPO)

@@ -21,7 +21,7 @@ from specpilot.kernels.norm import rms_norm
 from specpilot.models.cache import Cache
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
-from specpilot.runtime.faults import NORM_EPS, lower_state
+from specpilot.runtime.faults import NORM_EPS, lower_head, lower_state
 from specpilot.runtime.regions import region
 from specpilot.speculative.visibility import Visibility
 from specpilot.weights import DenseWeight
@@ -94,7 +94,7 @@ class DenseTarget(nn.Module):
         see every earlier slot; VERIFY takes the slots and the visibility from the caller (a tree's
         rows sit at consecutive slots past the cache but at positions given by their depth). plan: the
         kernel plan (None: stock's). fault: a deliberately lossy forward, for auditing the judge
-        (runtime/faults.py: fp16_head, skip_layer, norm_eps, kv_low; the others act outside the model).
+        (runtime/faults.py: low_head, skip_layer, norm_eps, kv_low; the others act outside the model).
         """
         plan = plan or KernelPlan.stock()
         h, hidden, fused = self._trunk(tokens, positions, cache, mode, slots, vis, hidden_layers, plan, fault)
@@ -102,20 +102,21 @@ class DenseTarget(nn.Module):
             h = stream_of(h)[:, -1:]
         final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
         eps = NORM_EPS if fault == "norm_eps" else self.cfg.rms_norm_eps
-        if fault == "fp16_head":
+        if fault == "low_head":
             normed = rms_norm(stream_of(h), self.norm, eps, plan) if fused else h
-            return (normed.half() @ self._half_head().t()).to(h.dtype), hidden
+            low = self._low_head()
+            return (normed.to(low.dtype) @ low.t()).to(h.dtype), hidden
         with region("head"):
             return self.head.project(h, plan, norm_weight=final, eps=eps), hidden
 
-    def _half_head(self) -> torch.Tensor:
-        """The fp16_head fault's float16 copy of the LM head, made once per version of the weights (converting
-        it on every forward cost more than the head itself on the CPU); it changes no other forward."""
+    def _low_head(self) -> torch.Tensor:
+        """The low_head fault's copy of the LM head one precision step below the model's, made once per version
+        of the weights (converting it on every forward cost more than the head itself on the CPU)."""
         w = self.head_weight
         key = (w.data_ptr(), w.dtype, tuple(w.shape), w._version)
-        cached = getattr(self, "_half_head_cache", None)
+        cached = getattr(self, "_low_head_cache", None)
         if cached is None or cached[0] != key:
-            cached = self._half_head_cache = (key, w.detach().half())
+            cached = self._low_head_cache = (key, lower_head(w.detach()))
         return cached[1]
 
     def _trunk(self, tokens, positions, cache, mode, slots, vis, hidden_layers, plan: KernelPlan, fault: str):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-FAULTS = ("none", "logit_bias", "fp16_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept",
+FAULTS = ("none", "logit_bias", "low_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept",
           "near_tie", "kv_low", "rare_unverified", "vocab_hole")
-MODEL_FAULTS = ("fp16_head", "skip_layer", "norm_eps", "kv_low")
+MODEL_FAULTS = ("low_head", "skip_layer", "norm_eps", "kv_low")
 BIAS = 3.0  # logit_bias: added to every tenth token id
 KEEP = 7 / 8  # topk_truncate: the argmax only ever sees the first 7/8 of the vocabulary
 NORM_EPS = 1.0  # norm_eps: the RMSNorm epsilon used instead of the config's
@@ -39,6 +39,17 @@ def distort(logits: torch.Tensor, fault: str) -> torch.Tensor:
         lift = torch.where(gap < NEAR_TIE, 2 * gap + 0.05, torch.zeros_like(gap))
         return logits.scatter_add(-1, top.indices[..., 1:], lift[..., None].to(logits.dtype))
     return logits
+
+
+def lower_head(w: torch.Tensor) -> torch.Tensor:
+    """low_head: the LM head one precision step below the model's. A float32 model's head in float16 (and its
+    logits computed in float16); a 16-bit model's head in float8 (e4m3, one scale per row, as an FP8 head is
+    served), computed in the model's dtype. Either is lossy at its own precision; a float16 head under bf16,
+    this fault's first form, was not (float16 has more mantissa than bfloat16)."""
+    if w.dtype == torch.float32:
+        return w.half()
+    scale = w.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12) / 448.0  # e4m3's largest finite value
+    return ((w.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(w.dtype)
 
 
 def lower_state(k: torch.Tensor, v: torch.Tensor) -> None:
