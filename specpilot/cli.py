@@ -827,6 +827,8 @@ def loop(
         sealed = r["sealed"].get("controller", {})
         console.print(f"round {r['round']}: target {r['target']}, promoted {len(r['promoted'])}, result "
                       f"{r['result']}" + (f" (sealed gain over stock {sealed['gain']:.3f}x)" if sealed else ""))
+    if summary.get("converged"):
+        console.print(f"converged: {summary['converged']}")
     if summary["stopped"]:
         err.print(f"[yellow]stopped: {summary['stopped']}; continue with --resume --run-dir {folder}[/yellow]")
     if summary["best"] is not None:

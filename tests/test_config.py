@@ -157,6 +157,22 @@ def test_plans_are_per_engine_and_equal_plans_share_one_tuning():
     assert a.but(gemv=False).table is a.table  # the drafter's view of a plan shares its table
 
 
+def test_a_runner_keeps_at_most_max_engines_least_recently_used_first():
+    from specpilot.bench.harness import Runner
+    from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
+
+    target = random_target(tiny_target_config(vocab=64, num_layers=2), seed=0)
+    drafter = random_drafter(tiny_drafter_config(target.cfg, block_size=4), seed=1)
+    runner = Runner(target, drafter, None, context=64, max_engines=2)
+    stock, ar, tree = (parse_system(n) for n in ("stock", "ar", "stock:nodes=4"))
+    first = runner.engine(stock)
+    runner.engine(ar)
+    assert runner.engine(stock) is first  # used again: now the most recent
+    runner.engine(tree)  # a third: the least recently used (ar) goes
+    assert set(runner._engines) == {"stock", "stock:nodes=4"} and runner.engine(stock) is first
+    assert runner.engine(ar) is not None and len(runner._engines) == 2
+
+
 def test_two_plans_tune_apart_and_the_kernel_reads_its_own(monkeypatch):
     """Two engines' plans in one process: each tuning fills its own table, and a kernel launched under a plan
     runs that plan's choice."""

@@ -17,7 +17,7 @@ from specpilot.ceiling.model import CANDIDATES
 from specpilot.config import System
 from specpilot.config.options import OPTIONS
 from specpilot.config.system import parse_system
-from specpilot.loop.evidence import Evidence
+from specpilot.loop.evidence import RUN, Evidence
 from specpilot.loop.space import GRIDS, values, variant
 
 FACTORS = ("tau", "kernel", "overhead")  # what a configuration can change (the lattice needs training)
@@ -80,15 +80,26 @@ class BuiltinAgent:
 
     def tune(self, d: Direction, start: System, ev: Evidence, device: str, block: int) -> dict:
         """Predict every candidate; submit the best `per_direction` that beat the start's prediction by the
-        headroom. -> {"start": prediction, "evaluated": [...], "chosen": [systems]}"""
+        headroom. A candidate whose tau needed a short run is held to the start's prediction from the same short
+        run. -> {"start": prediction, "start_run": ..., "evaluated": [...], "chosen": [systems]}"""
         base = ev.predict(start)
         evaluated = [ev.predict(c) for c in self.candidates(d, start, device, block)]
-        ok = [e for e in evaluated if "speedup" in e]
+        ran = any(e.get("tau_from") == RUN for e in evaluated) and start.speculative
+        base_run = ev.predict(start, run=True) if ran else base
         # the headroom, or twice the spread of the start's own repeated step timings if that is larger: a
         # prediction inside the microbenchmark's noise is no evidence
         noise = ev.noise(start) if "speedup" in base else 0.0
-        bar = base.get("speedup", float("inf")) * (1 + max(self.headroom, 2 * noise))
-        chosen = [e["system"] for e in sorted(ok, key=lambda e: -e["speedup"]) if e["speedup"] >= bar]
-        return {"start": base, "noise": noise, "bar": bar, "evaluated": evaluated,
-                "chosen": chosen[: self.per_direction]}
+        margin = 1 + max(self.headroom, 2 * noise)
 
+        def gain(e: dict) -> float:  # over the start's prediction made the same way
+            ref = base_run if e.get("tau_from") == RUN else base
+            return e["speedup"] / ref["speedup"] if "speedup" in ref else 0.0
+
+        for e in evaluated:
+            if "speedup" in e:
+                e["over_start"] = gain(e)
+        ok = sorted((e for e in evaluated if "speedup" in e), key=lambda e: -e["over_start"])
+        chosen = [e["system"] for e in ok if e["over_start"] >= margin]
+        return {"start": base, "start_run": base_run if ran else None, "noise": noise, "margin": margin,
+                "bar": base.get("speedup", float("inf")) * margin, "evaluated": evaluated,
+                "chosen": chosen[: self.per_direction]}

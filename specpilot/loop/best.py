@@ -5,6 +5,7 @@ DIR/best.toml` runs AR and that system; `generate` serves it)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from specpilot.deployment import Deployment, load_deployment
@@ -25,13 +26,23 @@ def _value(v) -> str:
     raise UserError(f"cannot write {v!r} into a deployment file")
 
 
+def _path(p: Path) -> str:
+    """`@models/NAME` for a model in the models folder (the file then works on any machine that fetched it),
+    else the absolute path (it then works from any folder)."""
+    from specpilot.models.smollm2 import models_dir
+
+    p, root = Path(p).resolve(), models_dir().resolve()
+    return f"@models/{p.relative_to(root).as_posix()}" if p.is_relative_to(root) else str(p)
+
+
 def _model(spec) -> dict:
-    out = {"path": str(spec.path)} if spec.path is not None else {"random": spec.random}
+    out = {"path": _path(spec.path)} if spec.path is not None else {"random": spec.random}
     return {**out, "seed": spec.seed}
 
 
 def to_toml(dep: Deployment, system: str, comment: str = "") -> str:
-    """The deployment as TOML (model paths absolute, so the file works from any folder) with its system."""
+    """The deployment as TOML (model paths absolute or in the models folder, so the file works from any folder)
+    with its system."""
     top = {"name": dep.name, "system": system, "regime": dep.regime, "device": dep.device, "dtype": dep.dtype,
            "context": dep.context, "datasets": dep.datasets, "split": dep.split, "tokenizer": dep.tokenizer,
            "enable_thinking": dep.enable_thinking}
@@ -45,6 +56,11 @@ def to_toml(dep: Deployment, system: str, comment: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def _resolved(dep: Deployment) -> tuple:
+    return tuple(replace(m, path=Path(m.path).resolve()) if m and m.path is not None else m
+                 for m in (dep.target, dep.drafter))
+
+
 def write_best(path: Path, dep: Deployment, system: str, comment: str = "") -> Path:
     """Written atomically, then read back through the deployment loader: a file it cannot load is never left."""
     path = Path(path)
@@ -52,7 +68,7 @@ def write_best(path: Path, dep: Deployment, system: str, comment: str = "") -> P
     tmp.write_text(to_toml(dep, system, comment))
     try:
         back = load_deployment(path=tmp)
-        if back.system != system or back.target != dep.target:
+        if back.system != system or _resolved(back) != _resolved(dep):
             raise UserError(f"{path}: the written deployment does not read back as written")
         tmp.replace(path)
     finally:

@@ -24,6 +24,7 @@ from specpilot.errors import UserError
 from specpilot.replay.record import TurnLattices
 from specpilot.replay.walk import replay
 
+RUN = "a short recorded run"
 TREE_KEYS = {"tree", "nodes", "tree_k"}  # what replay of a recorded lattice predicts exactly
 # options that change neither the outputs nor the steps, only how fast a step runs
 NEUTRAL = {k for k, o in OPTIONS.items() if o.group in ("kernel", "tuning")} | {"graphs", "lookahead"}
@@ -70,14 +71,13 @@ class Evidence:
         t = sorted(self.timings(system))
         return t[len(t) // 2] / t[0] - 1
 
-    def tau(self, system: System) -> tuple[float, str]:
-        """(tau, how it was obtained)."""
+    def tau(self, system: System, run: bool = False) -> tuple[float, str]:
+        """(tau, how it was obtained). Replay wherever the recorded lattices predict it exactly (a builder or budget
+        over them; a kernel or host option changes no token); else, or with `run`, a short recorded run."""
         if not system.speculative:
             return 1.0, "AR commits one token per step"
         changed = _changed(system, self.lattice_system)
-        if changed and changed <= NEUTRAL:
-            return self.tau(self.lattice_system)[0], "the recorded system's (a kernel or host option)"
-        if self.lattices and changed <= TREE_KEYS:
+        if not run and self.lattices and changed <= TREE_KEYS | NEUTRAL:
             key = ("replay", system.name)
             if key not in self.cache:
                 name, nodes = system.get("tree"), self.runner.engine(system).rows
@@ -89,12 +89,14 @@ class Evidence:
             accepted = [n for r in self.requests[:2] for rec in self.runner.run(system, r, self.max_new_tokens)
                         for n in rec.accepted]
             self.cache[key] = sum(accepted) / max(len(accepted), 1)
-        return self.cache[key], "a short recorded run"
+        return self.cache[key], RUN
 
-    def predict(self, system: System) -> dict:
-        """The candidate's predicted speedup over AR, with its parts; {"error": ...} where it cannot be had."""
+    def predict(self, system: System, run: bool = False) -> dict:
+        """The candidate's predicted speedup over AR, with its parts; {"error": ...} where it cannot be had.
+        run: tau from a short run even where replay would do (a start compared with short-run candidates: the
+        same requests on both sides, since tau differs from request to request far more than the headroom)."""
         try:
-            tau, how = self.tau(system)
+            tau, how = self.tau(system, run)
             t_step, t_ar = self.step(system), self.step(parse("ar"))
         except UserError as exc:  # e.g. a budget whose step timing does not fit the context
             return {"system": system.name, "error": str(exc)}

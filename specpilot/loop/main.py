@@ -95,7 +95,7 @@ def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
         try:
             result = loop.loop(lambda r: remember(store, r, a.dep, REPO, commit, dirty, a.agent))
         except BudgetSpent as exc:
-            stopped, result = str(exc), {"rounds": [], "best": None}
+            stopped, result = str(exc), {"rounds": [], "best": None, "converged": None}
         summary = {**env, "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
                    "limit": a.limit, "max_new_tokens": a.max_new_tokens, "stopped": stopped,
                    "measured": run.ran, "reused_steps": run.reused, **result}

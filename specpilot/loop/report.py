@@ -101,9 +101,11 @@ def _plots(summary: dict) -> dict[str, bytes]:
 def markdown(summary: dict, image: str | None) -> str:
     lines = [f"# SpecPilot loop: {summary['deployment']}", "",
              f"Agent {summary['agent']}, {len(summary['rounds'])} of {summary['rounds_asked']} rounds, "
-             f"{summary['limit']} dev requests of {summary['max_new_tokens']} tokens; commit {summary.get('commit')}"
+             f"{summary['limit']} dev request(s) per dataset, {summary['max_new_tokens']} tokens each; "
+             f"commit {summary.get('commit')}"
              f"{' (dirty)' if summary.get('dirty') else ''}; {summary.get('date', '')}.", "",
-             f"**Best: `{summary['best']}`**" + (f" (stopped: {summary['stopped']})" if summary["stopped"] else ""), ""]
+             f"**Best: `{summary['best']}`**" + (f" (stopped: {summary['stopped']})" if summary["stopped"] else "")
+             + (f" (converged: {summary['converged']})" if summary.get("converged") else ""), ""]
     if image:
         lines += [f"![tokens/s and ceiling factors]({image})", ""]
     lines += ["## Rounds", "", "| round | start | target | factors (tau / kernel / overhead / lattice) | promoted | "

@@ -199,12 +199,18 @@ class Loop:
         return self.runner.engine(parse("stock")).block
 
     def loop(self, remember: Callable[[dict], list[str]] = lambda r: []) -> dict:
-        start, rounds = "stock", []
+        start, rounds, converged = "stock", [], None
         for r in range(1, self.plan.rounds + 1):
             rounds.append(self.round(r, start))
             rounds[-1]["memory"] = remember(rounds[-1])
+            if rounds[-1]["result"] == start and r < self.plan.rounds:
+                # the agent is deterministic over its evidence: a round from the same start would search the same
+                # candidates again (and a promoted one would meet its cached sealed verdict again)
+                converged = f"round {r} kept its start; the next round would repeat its search"
+                self.say(f"converged: {converged}")
+                break
             start = rounds[-1]["result"]
-        return {"rounds": rounds, "best": start}
+        return {"rounds": rounds, "best": start, "converged": converged}
 
 
 def combine(start: str, parts: list[str]) -> str | None:
