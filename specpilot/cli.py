@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -774,10 +775,10 @@ def train_drafter(
                   + f" after {metrics['steps_done']} steps; wrote {out}")
 
 
-# The deployment `specpilot loop` runs with no arguments. The SmolLM2 pair is meant to be it; on a 2-core CPU
-# one of its gates takes tens of minutes today (a 135M stock step is ~240 ms there), so until the loop fits ten
-# minutes on it the default is the tiny pair, which finishes in a minute or two.
-DEFAULT_LOOP = "tiny"
+# What `specpilot loop` runs with no arguments: the SmolLM2 pair, one short request from each benchmark whose data
+# `specpilot data fetch` brings (MBPP and MATH-500 need local files), outputs of 16 tokens.
+DEFAULT_LOOP = {"preset": "smollm2", "datasets": ["gsm8k", "humaneval", "mtbench"], "limit": 1,
+                "max_new_tokens": 16}
 
 
 @app.command()
@@ -797,22 +798,29 @@ def loop(
                                                             "final's forcing runs 4x, up to 4096).")] = None,
     budget: Annotated[float | None, typer.Option(help="Wall-clock seconds; the loop stops cleanly between two "
                                                       "measurements once they are spent.")] = None,
+    dataset: Datasets = None,
     data_dir: DataDir = None,
 ) -> None:
     """The SpecPilot loop: rounds of ceiling analysis (Phase 0), directions tuned on cheap evidence and gated by
     the controller and token forcing (1), integration (2), kernel tuning (3) and a sealed final against stock
     (4). Writes DIR/best.toml (a deployment with the winning system: `specpilot bench --deployment
     DIR/best.toml` runs it), DIR/loop.json, the memory entries in DIR/memory, and the report (`specpilot report
-    DIR`). With no arguments: the tiny pair (random weights) on this machine, in a minute or two."""
+    DIR`). With no arguments: the SmolLM2 pair (`specpilot models fetch smollm2`, `specpilot data fetch`), one
+    request from each of GSM8K, HumanEval and MT-Bench, 16 tokens: a finished report in minutes on a small CPU."""
     from specpilot.deployment import load_deployment
     from specpilot.loop.main import LoopArgs, run_loop
     from specpilot.loop.report import write_report
 
     if preset is not None and deployment is not None:
         raise UserError("name exactly one of --preset or --deployment")
-    if preset is None and deployment is None:
-        preset = DEFAULT_LOOP
+    default = preset is None and deployment is None
+    if default:
+        preset, dataset = DEFAULT_LOOP["preset"], dataset or DEFAULT_LOOP["datasets"]
+        limit = limit if limit is not None else DEFAULT_LOOP["limit"]
+        max_new_tokens = max_new_tokens if max_new_tokens is not None else DEFAULT_LOOP["max_new_tokens"]
     dep = load_deployment(preset, deployment)
+    if dataset:
+        dep = dataclasses.replace(dep, datasets=list(dataset))
     folder = run_dir or Path("runs") / f"loop-{dep.name}"
     if not resume:
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ class Planted:
         score = 1.2 + (0.5 if (tree, nodes) == ("eagle2", 12) else 0.1 if tree != "chain" else 0.0)
         return score + (0.02 if s.get("l2") == "off" else 0.0)  # a kernel knob that gains 1.7%: under the bar
 
-    def predict(self, system):
+    def predict(self, system, ref=None):
         self.calls += 1
         return {"system": system.name, "speedup": self.speed(system.name)}
 
@@ -177,7 +177,7 @@ class ShortRuns:
     """Evidence where tau from a short run (2 requests) reads 15% above the replayed tau of the recorded lattices
     for every system alike: block sizes need short runs, the start is replayed."""
 
-    def predict(self, system, run=False):
+    def predict(self, system, run=False, ref=None):
         short = run or system.get("block_size") != 0
         tau = 2.0 * (1.15 if short else 1.0) * (1.01 if system.get("block_size") == 6 else 1.0)
         return {"system": system.name, "speedup": tau, "tau_from": "a short recorded run" if short else "replay"}
@@ -194,6 +194,27 @@ def test_short_run_candidates_are_held_to_the_start_measured_the_same_way():
     out = agent.tune(Direction("tau", "draft block size", ["block_size"]), start, ShortRuns(), "cpu", 8)
     assert out["start_run"]["tau_from"] == "a short recorded run"
     assert out["chosen"] == [] and max(e["over_start"] for e in out["evaluated"]) == pytest.approx(1.01)
+
+
+class SlowSpeculation:
+    """Speculation loses here (stock predicted at 0.5x AR), a tree gains 60% over stock and is still 0.8x AR."""
+
+    def predict(self, system, run=False, ref=None):
+        s = 1.0 if not system.speculative else 0.8 if system.get("tree") != "chain" else 0.5
+        return {"system": system.name, "speedup": s, "tau_from": "replay"}
+
+    def noise(self, system):
+        return 0.0
+
+
+def test_a_candidate_that_cannot_join_what_the_round_promoted_must_beat_it():
+    """AR was promoted this round: a stock-based tree cannot be combined with it, so it reaches the gate only if
+    predicted faster than AR; without that rival it would be submitted (60% over stock)."""
+    agent, start = BuiltinAgent(), parse_system("stock")
+    d = Direction("tau", "tree builder over the lattice", ["tree", "nodes"])
+    assert agent.tune(d, start, SlowSpeculation(), "cpu", 8)["chosen"]
+    assert agent.tune(d, start, SlowSpeculation(), "cpu", 8, {"ar": 1.0})["chosen"] == []
+    assert agent.tune(d, start, SlowSpeculation(), "cpu", 8, {"stock": 5.0})["chosen"]  # same base: it may combine
 
 
 def test_combine_and_space():

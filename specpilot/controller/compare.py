@@ -34,12 +34,14 @@ from pathlib import Path
 import numpy as np
 
 from specpilot.controller.gate import (
+    MIN_PASSES,
     SLOT_DIFF_WARN,
     GainEstimate,
     decide,
     estimate,
     noise_from,
     rate_ratios,
+    settled,
     slot_corrected,
 )
 from specpilot.controller.worker import code_hash
@@ -179,15 +181,20 @@ def interleaved(a: Callable[[list[str]], list[dict]], b: Callable[[list[str]], l
     return rows_a, rows_b
 
 
-def lockstep(w: Worker, ids: list[str], reps: int) -> tuple[list[dict], list[dict]]:
+def lockstep(w: Worker, ids: list[str], reps: int, noise: float | None = None) -> tuple[list[dict], list[dict]]:
     """One worker, both systems answering each request step by step together (CPU), `reps` passes; which side
-    steps first flips with every request and pass."""
+    steps first flips with every request and pass. With the A/A noise known (an A/B run), the passes stop early
+    once the verdict is beyond doubt (gate.settled), never before MIN_PASSES."""
     rows_a, rows_b = [], []
     for rep in range(reps):
         for j, rid in enumerate(ids):
             got_a, got_b = w.lockstep([rid], first=(j + rep) % 2)
             rows_a += [{**r, "rep": rep} for r in got_a]
             rows_b += [{**r, "rep": rep} for r in got_b]
+        if noise is not None and MIN_PASSES <= rep + 1 < reps:
+            _, ratios, equal = pair_ratios(rows_a, rows_b)
+            if settled(ratios, noise, equal):
+                break
     return rows_a, rows_b
 
 
@@ -281,7 +288,7 @@ def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], ti
 
 
 def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float, reps: int = 1,
-            alternating: bool = False) -> dict:
+            alternating: bool = False, noise: float | None = None) -> dict:
     """One device. Two workers taking turns over blocks of requests (interleaved), or, for two systems of one
     source tree, one worker that alternates between them request by request (alternating: on a small CPU two
     processes disturb each other's timing and caches, one process holds both systems' models in one place)."""
@@ -291,7 +298,7 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
                             f"{a.source} and {b.source}")
         with closing(Worker(a, spec, gpu, timeout, also=b.system)) as w:
             if spec.get("cpu"):
-                rows_a, rows_b = lockstep(w, w.hello["requests"], reps)
+                rows_a, rows_b = lockstep(w, w.hello["requests"], reps, noise)
             else:
                 rows_a, rows_b = interleaved(partial(w.run, system=a.system), partial(w.run, system=b.system),
                                              w.hello["requests"], 1, reps)
@@ -302,7 +309,8 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
             hello_a, hello_b = wa.hello, wb.hello
     ids, ratios, equal = pair_ratios(rows_a, rows_b)
     _enough(ids)
-    return {"mode": _mode(spec, alternating), "reps": reps,
+    passes = 1 + max((r.get("rep", 0) for r in rows_a), default=0)  # fewer than reps: the verdict settled early
+    return {"mode": _mode(spec, alternating), "reps": reps, "passes": passes,
             "a": _side(a, hello_a), "b": _side(b, hello_b), "requests": ids, "ratios": ratios,
             "outputs_equal": equal, "rows_a": [_timing(r) for r in rows_a], "rows_b": [_timing(r) for r in rows_b]}
 
@@ -325,10 +333,10 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
     paired = bool(gpus and len(gpus) >= 2)
     mode = "paired" if paired else _mode(spec, alternating)
 
-    def run(x: Side, y: Side) -> dict:
+    def run(x: Side, y: Side, noise: float | None = None) -> dict:
         if paired:
             return measure_paired(x, y, spec, block, gpus, timeout)
-        return measure(x, y, spec, block, gpu, timeout, reps, alternating)
+        return measure(x, y, spec, block, gpu, timeout, reps, alternating, noise)
 
     if aa is None and noise is None:
         aa = run(a, a)
@@ -340,7 +348,7 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
         card["aa"] = aa
         if noise is None:
             noise = noise_from(GainEstimate(**aa["estimate"]))
-    ab = run(a, b)
+    ab = run(a, b, noise)
     card["ab"] = ab
     card["decision"] = decide(estimate(ab["ratios"]), noise, ab["outputs_equal"])
     if aa is not None:

@@ -78,12 +78,15 @@ class BuiltinAgent:
             out += [variant(start, **{name: v}) for v in values(name, start, device, block)]
         return out
 
-    def tune(self, d: Direction, start: System, ev: Evidence, device: str, block: int) -> dict:
+    def tune(self, d: Direction, start: System, ev: Evidence, device: str, block: int,
+             rivals: dict[str, float] | None = None) -> dict:
         """Predict every candidate; submit the best `per_direction` that beat the start's prediction by the
         headroom. A candidate whose tau needed a short run is held to the start's prediction from the same short
-        run. -> {"start": prediction, "start_run": ..., "evaluated": [...], "chosen": [systems]}"""
+        run. rivals (base -> predicted speedup of what the round already promoted): a candidate of another base
+        cannot be combined with those, so it must also be predicted to beat them by the headroom.
+        -> {"start": prediction, "start_run": ..., "evaluated": [...], "chosen": [systems]}"""
         base = ev.predict(start)
-        evaluated = [ev.predict(c) for c in self.candidates(d, start, device, block)]
+        evaluated = [ev.predict(c, ref=start) for c in self.candidates(d, start, device, block)]
         ran = any(e.get("tau_from") == RUN for e in evaluated) and start.speculative
         base_run = ev.predict(start, run=True) if ran else base
         # the headroom, or twice the spread of the start's own repeated step timings if that is larger: a
@@ -99,7 +102,14 @@ class BuiltinAgent:
             if "speedup" in e:
                 e["over_start"] = gain(e)
         ok = sorted((e for e in evaluated if "speedup" in e), key=lambda e: -e["over_start"])
-        chosen = [e["system"] for e in ok if e["over_start"] >= margin]
+        rivals = rivals or {}
+
+        def rival(e: dict) -> float:
+            mine = parse_system(e["system"]).base
+            return max((v for b, v in rivals.items() if b != mine), default=0.0)
+
+        chosen = [e["system"] for e in ok if e["over_start"] >= margin and e["speedup"] >= rival(e) * margin]
         return {"start": base, "start_run": base_run if ran else None, "noise": noise, "margin": margin,
+                "rivals": rivals,
                 "bar": base.get("speedup", float("inf")) * margin, "evaluated": evaluated,
                 "chosen": chosen[: self.per_direction]}

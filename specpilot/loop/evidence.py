@@ -4,7 +4,8 @@ A candidate's predicted speedup over AR is the cost model's S = tau / c, c = T_s
 - tau from exact replay of the round's recorded lattices when the candidate changes only the tree builder or
   node budget (replay/walk.py), else from a short recorded run of the candidate itself (a block size, the base);
   a kernel or host option leaves tau as it is;
-- T_step from the candidate's captured step timed alone (a microbenchmark: ceiling/run.step_seconds);
+- T_step from the candidate's captured step timed alone (a microbenchmark: ceiling/run.step_seconds); on a CPU,
+  whose speed drifts within seconds, timed back to back with the start's and taken as a ratio to it;
 - correctness: on a float32 deployment the candidate's outputs must equal AR's on a few requests.
 Every figure is measured here, on the deployment's own models, in the loop's process.
 """
@@ -44,26 +45,45 @@ class Evidence:
     step_tokens: int = 8  # outputs before a step timing (the decode loop's steady state)
     step_reps: int = 8
     repeats: int = 3
+    paired: bool = False  # candidates' steps timed back to back with the start's (a CPU); see step()
     cache: dict = field(default_factory=dict)
 
     def timings(self, system: System) -> list[float]:
         """The captured step timed alone `repeats` times (seconds per step each)."""
         key = ("step", system.name)
         if key not in self.cache:
-            prompt = self.runner.tokenizer.chat_prompt([{"role": "user", "content": self.requests[0].turns[0]}])
-            self.cache[key] = [step_seconds(self.runner, system, prompt, self.step_tokens, self.step_reps)
-                               for _ in range(self.repeats)]
+            self.cache[key] = [self._one(system) for _ in range(self.repeats)]
         return self.cache[key]
 
-    def step(self, system: System) -> float:
-        """Its fastest timing (noise only adds time); a tree or budget candidate is timed at its row count with
-        the recorded system's builder switched to best_first above the block (c(N), as the cost model has it)."""
+    def _timed_as(self, system: System) -> System:
+        """What a candidate's step timing times: a tree or budget candidate at its row count with the recorded
+        system's builder switched to best_first above the block (c(N), as the cost model has it)."""
         if system.speculative and _changed(system, self.lattice_system) <= TREE_KEYS:
             rows = self.runner.engine(system).rows
             block = self.runner.engine(self.lattice_system).block
             tree = self.lattice_system.get("tree") if rows <= block else "best_first"
-            system = with_options(self.lattice_system, f"tree={tree},nodes={rows}")
-        return min(self.timings(system))
+            return with_options(self.lattice_system, f"tree={tree},nodes={rows}")
+        return system
+
+    def step(self, system: System, ref: System | None = None) -> float:
+        """Its fastest timing (noise only adds time). With `ref` and `paired` (a CPU, whose speed drifts within
+        seconds): ref's fastest timing times the median ratio of the two timed back to back, `repeats` times."""
+        mine = self._timed_as(system)
+        if ref is None or not self.paired or self._timed_as(ref).name == mine.name:
+            return min(self.timings(mine))
+        other = self._timed_as(ref)
+        key = ("pair", mine.name, other.name)
+        if key not in self.cache:
+            ratios = []
+            for _ in range(self.repeats):
+                t_ref = self._one(other)
+                ratios.append(self._one(mine) / t_ref)
+            self.cache[key] = sorted(ratios)[len(ratios) // 2]
+        return min(self.timings(other)) * self.cache[key]
+
+    def _one(self, system: System) -> float:
+        prompt = self.runner.tokenizer.chat_prompt([{"role": "user", "content": self.requests[0].turns[0]}])
+        return step_seconds(self.runner, system, prompt, self.step_tokens, self.step_reps)
 
     def noise(self, system: System) -> float:
         """The spread of its repeated step timings: the median over the fastest, minus 1 (one disturbed timing
@@ -91,13 +111,13 @@ class Evidence:
             self.cache[key] = sum(accepted) / max(len(accepted), 1)
         return self.cache[key], RUN
 
-    def predict(self, system: System, run: bool = False) -> dict:
+    def predict(self, system: System, run: bool = False, ref: System | None = None) -> dict:
         """The candidate's predicted speedup over AR, with its parts; {"error": ...} where it cannot be had.
         run: tau from a short run even where replay would do (a start compared with short-run candidates: the
         same requests on both sides, since tau differs from request to request far more than the headroom)."""
         try:
             tau, how = self.tau(system, run)
-            t_step, t_ar = self.step(system), self.step(parse("ar"))
+            t_step, t_ar = self.step(system, ref), self.step(parse("ar"))
         except UserError as exc:  # e.g. a budget whose step timing does not fit the context
             return {"system": system.name, "error": str(exc)}
         except (RuntimeError, ValueError) as exc:  # a value the engine cannot run here: no evidence, not a crash

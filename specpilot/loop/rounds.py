@@ -100,7 +100,7 @@ class Loop:
         _, recordings = load(self.run.root / ceiling["folder"])
         analysed = parse(ceiling["system"])
         return Evidence(self.runner, self.plan.dev, self.plan.max_new_tokens, recordings.get(analysed.name, []),
-                        analysed)
+                        analysed, paired=self.plan.dep.torch_device().type == "cpu")
 
     # Phases 1-4
 
@@ -118,8 +118,9 @@ class Loop:
 
         device = self.plan.dep.torch_device().type
         speedup = ceiling["speedup"] if start_sys.speculative else None
+        rivals: dict[str, float] = {}  # base -> the best predicted speedup promoted so far this round
         for i, d in enumerate(self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup)):
-            out["directions"].append(self._direction(f"{name}/phase-1/d{i}", d, start_sys, ev, device))
+            out["directions"].append(self._direction(f"{name}/phase-1/d{i}", d, start_sys, ev, device, rivals))
         gated = [g for d in out["directions"] for g in d["gated"]]
         promoted = [g for g in gated if g["promoted"]]
         out["integration"] = self._integrate(f"{name}/phase-2", start, gated)
@@ -135,9 +136,12 @@ class Loop:
             out["ceiling_after"] = self.ceiling(out["result"])  # the next round's Phase 0, measured once
         return out
 
-    def _direction(self, step: str, d: Direction, start: System, ev, device: str) -> dict:
+    def _direction(self, step: str, d: Direction, start: System, ev, device: str, rivals: dict[str, float]) -> dict:
+        """rivals: what this round already promoted, by base (a candidate that cannot be combined with those must
+        be predicted to beat them); updated with what this direction promotes."""
         self.say(f"phase 1: {d.factor}: {d.mechanism}")
-        tuned = self.run.once(f"{step}/evidence", lambda: self.plan.agent.tune(d, start, ev(), device, self._block()))
+        tuned = self.run.once(f"{step}/evidence",
+                              lambda: self.plan.agent.tune(d, start, ev(), device, self._block(), dict(rivals)))
         gated = []
         for cand in tuned["chosen"]:
             check = self.run.once(f"{step}/{slug(cand)}/correct",
@@ -148,6 +152,10 @@ class Loop:
                 continue
             self.say(f"gate: {cand}")
             gated.append(self.run.once(f"{step}/{slug(cand)}/gate", lambda c=cand: self.gate.judge(start.name, c)))
+            predicted = next((e.get("speedup") for e in tuned["evaluated"] if e["system"] == cand), None)
+            if gated[-1]["promoted"] and predicted is not None:
+                base = parse(cand).base
+                rivals[base] = max(rivals.get(base, 0.0), predicted)
         return {"direction": d.to_json(), "evidence": tuned, "gated": gated}
 
     def _integrate(self, step: str, start: str, gated: list[dict]) -> dict:
