@@ -217,6 +217,22 @@ def test_a_candidate_that_cannot_join_what_the_round_promoted_must_beat_it():
     assert agent.tune(d, start, SlowSpeculation(), "cpu", 8, {"stock": 5.0})["chosen"]  # same base: it may combine
 
 
+def test_a_direction_the_ceiling_bounds_under_a_promoted_rival_is_not_searched(tmp_path):
+    """Start S = 1.2 with overhead factor 1.4 reaches at most 1.68x over AR: with AR-based 2.0x already promoted it
+    is ruled out; the kernel factor (6.0) still reaches past it; a rival of the same base rules nothing out; tau's
+    directions (budgets, block sizes: they move the step's cost too) are never ruled out."""
+    loop, run, _ = synthetic_loop(tmp_path)
+    stock = parse_system("stock")
+    over, kernel, tau = (Direction(f, "m", ["x"], value=v) for f, v in (("overhead", 1.4), ("kernel", 6.0),
+                                                                         ("tau", 1.01)))
+    with run:
+        assert "1.680x" in loop._out_of_reach(over, CEILING, stock, {"ar": 2.0})
+        assert loop._out_of_reach(over, CEILING, stock, {"ar": 1.6}) is None
+        assert loop._out_of_reach(kernel, CEILING, stock, {"ar": 2.0}) is None
+        assert loop._out_of_reach(over, CEILING, stock, {"stock": 9.0}) is None
+        assert loop._out_of_reach(tau, CEILING, stock, {"ar": 2.0}) is None
+
+
 def test_combine_and_space():
     assert combine("stock", ["stock:nodes=8", "stock:gemv=true"]) == "stock:gemv=true,nodes=8"
     assert combine("stock", ["stock:nodes=8", "stock:nodes=16"]) is None  # conflicting values

@@ -124,6 +124,11 @@ def markdown(summary: dict, image: str | None) -> str:
         lines.append(f"| {c['round']} | {c['phase']} | {c['direction']} | `{c['candidate']}` | "
                      f"{_fmt(c['predicted'])} | {_fmt(c['gain'])} | {_fmt(c['lower'])} | {_fmt(c['bar'])} | "
                      f"{c['forcing']} | {c['verdict']} |")
+    skipped = [(r["round"], d["direction"], d["evidence"]["skipped"]) for r in summary["rounds"]
+               for d in r["directions"] if d["evidence"].get("skipped")]
+    if skipped:
+        lines += ["", "## Directions the ceiling ruled out", ""]
+        lines += [f"- round {n}, {d['factor']}: {d['mechanism']}: {why}" for n, d, why in skipped]
     return "\n".join(lines) + "\n"
 
 

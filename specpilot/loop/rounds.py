@@ -123,7 +123,13 @@ class Loop:
         speedup = ceiling["speedup"] if start_sys.speculative else None
         rivals: dict[str, float] = {}  # base -> the best predicted speedup promoted so far this round
         for i, d in enumerate(self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup)):
-            out["directions"].append(self._direction(f"{name}/phase-1/d{i}", d, start_sys, ev, device, rivals))
+            step = f"{name}/phase-1/d{i}"
+            bound = self._out_of_reach(d, ceiling, start_sys, rivals)
+            if bound is not None:  # recorded as the direction's evidence, so a resumed run skips it alike
+                tuned = self.run.once(f"{step}/evidence", lambda b=bound: {"skipped": b, "evaluated": [], "chosen": []})
+                out["directions"].append({"direction": d.to_json(), "evidence": tuned, "gated": []})
+                continue
+            out["directions"].append(self._direction(step, d, start_sys, ev, device, rivals))
         gated = [g for d in out["directions"] for g in d["gated"]]
         promoted = [g for g in gated if g["promoted"]]
         out["integration"] = self._integrate(f"{name}/phase-2", start, gated)
@@ -138,6 +144,22 @@ class Loop:
         if out["result"] != start:
             out["ceiling_after"] = self.ceiling(out["result"])  # the next round's Phase 0, measured once
         return out
+
+    def _out_of_reach(self, d: Direction, ceiling: dict, start: System, rivals: dict[str, float]) -> str | None:
+        """Why a kernel or host direction need not be searched: the ceiling bounds what its factor can give the
+        start (S times the factor's value: its kernels at their floor, no overhead), and that is below what the
+        round already promoted of another base (which the direction's candidates cannot join) by the headroom.
+        None: search it."""
+        # tau's factor holds the step's rows fixed, but its candidates (budgets, block sizes) move the step's cost
+        # too: nothing in the ceiling bounds them, so they are always searched
+        if d.factor not in ("kernel", "overhead") or not d.value or ceiling["system"] != start.name:
+            return None
+        rival = max((v for b, v in rivals.items() if b != start.base), default=None)
+        reach = ceiling["speedup"] * d.value
+        if rival is None or reach >= rival * (1 + self.plan.agent.headroom):
+            return None
+        return (f"the ceiling bounds {d.factor} at {reach:.3f}x over AR ({ceiling['speedup']:.3f} x {d.value:.3f}), "
+                f"under the {rival:.3f}x already promoted this round by more than the headroom")
 
     def _direction(self, step: str, d: Direction, start: System, ev, device: str, rivals: dict[str, float]) -> dict:
         """rivals: what this round already promoted, by base (a candidate that cannot be combined with those must
