@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+
+import torch
 
 from specpilot.bench.datasets import Request
 from specpilot.config import KernelPlan, System
@@ -69,10 +72,6 @@ class Runner:
             key = next(iter(self._engines))
             del self._engines[key]
             self._warm.discard(key)
-        import gc
-
-        import torch
-
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

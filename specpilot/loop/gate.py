@@ -65,6 +65,7 @@ def summary(card: dict) -> dict:
     return {"verdict": d["verdict"], "reason": d["reason"], "gain": d["gain"], "lower": d["lower"],
             "upper": d["upper"], "noise": d["noise"], "bar": d["bar"], "requests": d["requests"],
             "outputs_equal": card["ab"]["outputs_equal"], "mode": card["ab"]["mode"],
+            "passes": card["ab"].get("passes"), "aa_passes": card.get("aa", {}).get("passes"),
             "aa_gain": card.get("slots", {}).get("aa_gain"),
             "a_rate": _rate(card["ab"]["rows_a"]), "b_rate": _rate(card["ab"]["rows_b"])}
 

@@ -222,9 +222,12 @@ class Loop:
         card = self.gate.timing("stock", result, split="sealed")
         forcing = forcing_summary(self.gate.forcing(result, self.plan.sealed, self.plan.sealed_tokens))
         timed = summary(card)
-        passed = timed["gain"] > 1 and forcing["verdict"] != "reject"
+        # proven faster than stock (the controller's own promotion rule), not merely a gain above 1: on three
+        # sealed requests a CPU run measured 1.17x with a lower bound of 0.36
+        passed = timed["verdict"] == "promote" and forcing["verdict"] != "reject"
         reason = ("forcing rejected it" if forcing["verdict"] == "reject" else
-                  "slower than stock on the sealed requests" if timed["gain"] <= 1 else "held")
+                  f"not proven faster than stock on the sealed requests ({timed['reason']})"
+                  if timed["verdict"] != "promote" else "held")
         return {"passed": passed, "result": result, "reason": reason, "controller": timed, "forcing": forcing}
 
     def _block(self) -> int:
