@@ -813,8 +813,7 @@ def loop(
 
     if preset is not None and deployment is not None:
         raise UserError("name exactly one of --preset or --deployment")
-    default = preset is None and deployment is None
-    if default:
+    if preset is None and deployment is None:
         preset, dataset = DEFAULT_LOOP["preset"], dataset or DEFAULT_LOOP["datasets"]
         limit = limit if limit is not None else DEFAULT_LOOP["limit"]
         max_new_tokens = max_new_tokens if max_new_tokens is not None else DEFAULT_LOOP["max_new_tokens"]

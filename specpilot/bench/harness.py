@@ -57,18 +57,18 @@ class Runner:
         if key in self._engines:
             self._engines[key] = self._engines.pop(key)  # now the most recently used
         else:
-            self._evict(keep=1)
+            self._evict()
             fresh = system.plan()
             plan = self._plans.setdefault(tuple(sorted(fresh.features().items())), fresh)
             drafter = self.drafter if system.speculative else None
             self._engines[key] = Engine(self.target, drafter, system, context=self.context, plan=plan)
         return self._engines[key]
 
-    def _evict(self, keep: int) -> None:
-        """Drop the least recently used engines until `keep` more fit under max_engines; their memory is freed."""
-        if self.max_engines is None or len(self._engines) + keep <= self.max_engines:
+    def _evict(self) -> None:
+        """Drop the least recently used engines until one more fits under max_engines; their memory is freed."""
+        if self.max_engines is None or len(self._engines) < self.max_engines:
             return
-        while self._engines and len(self._engines) + keep > self.max_engines:
+        while self._engines and len(self._engines) >= self.max_engines:
             key = next(iter(self._engines))
             del self._engines[key]
             self._warm.discard(key)

@@ -123,13 +123,8 @@ class Loop:
         speedup = ceiling["speedup"] if start_sys.speculative else None
         rivals: dict[str, float] = {}  # base -> the best predicted speedup promoted so far this round
         for i, d in enumerate(self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup)):
-            step = f"{name}/phase-1/d{i}"
-            bound = self._out_of_reach(d, ceiling, start_sys, rivals)
-            if bound is not None:  # recorded as the direction's evidence, so a resumed run skips it alike
-                tuned = self.run.once(f"{step}/evidence", lambda b=bound: {"skipped": b, "evaluated": [], "chosen": []})
-                out["directions"].append({"direction": d.to_json(), "evidence": tuned, "gated": []})
-                continue
-            out["directions"].append(self._direction(step, d, start_sys, ev, device, rivals))
+            out["directions"].append(self._direction(f"{name}/phase-1/d{i}", d, start_sys, ev, device, rivals,
+                                                     self._out_of_reach(d, ceiling, start_sys, rivals)))
         gated = [g for d in out["directions"] for g in d["gated"]]
         promoted = [g for g in gated if g["promoted"]]
         out["integration"] = self._integrate(f"{name}/phase-2", start, gated)
@@ -161,12 +156,14 @@ class Loop:
         return (f"the ceiling bounds {d.factor} at {reach:.3f}x over AR ({ceiling['speedup']:.3f} x {d.value:.3f}), "
                 f"under the {rival:.3f}x already promoted this round by more than the headroom")
 
-    def _direction(self, step: str, d: Direction, start: System, ev, device: str, rivals: dict[str, float]) -> dict:
+    def _direction(self, step: str, d: Direction, start: System, ev, device: str, rivals: dict[str, float],
+                   skipped: str | None = None) -> dict:
         """rivals: what this round already promoted, by base (a candidate that cannot be combined with those must
-        be predicted to beat them); updated with what this direction promotes."""
+        be predicted to beat them); updated with what this direction promotes. skipped: why the ceiling rules the
+        direction out (recorded as its evidence, so a resumed run skips it alike)."""
         self.say(f"phase 1: {d.factor}: {d.mechanism}")
-        tuned = self.run.once(f"{step}/evidence",
-                              lambda: self.plan.agent.tune(d, start, ev(), device, self._block(), dict(rivals)))
+        tuned = self.run.once(f"{step}/evidence", lambda: {"skipped": skipped, "evaluated": [], "chosen": []}
+                              if skipped else self.plan.agent.tune(d, start, ev(), device, self._block(), dict(rivals)))
         gated = []
         for cand in tuned["chosen"]:
             check = self.run.once(f"{step}/{slug(cand)}/correct",
