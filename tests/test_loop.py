@@ -6,6 +6,8 @@ import json
 from html.parser import HTMLParser
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specpilot.config.system import parse_system
 from specpilot.deployment import load_deployment
@@ -15,7 +17,7 @@ from specpilot.loop.best import write_best
 from specpilot.loop.report import write_report
 from specpilot.loop.rounds import Loop, LoopPlan, combine
 from specpilot.loop.rundir import RunDir
-from specpilot.loop.space import values
+from specpilot.loop.space import GRIDS, values
 
 PLANTED = "stock:nodes=12,tree=eagle2"  # the synthetic deployment's best: not where its ceiling points
 
@@ -42,6 +44,9 @@ class Planted:
 
     def noise(self, system):
         return 0.01
+
+    def bound(self, system):
+        return None
 
     def equals_ar(self, system):
         return True
@@ -127,6 +132,36 @@ def test_a_round_that_keeps_its_start_ends_the_loop(tmp_path):
     assert not any(name.startswith("round-3") for name in run.ran)
 
 
+def test_a_budget_starts_no_round_the_last_one_says_will_not_fit(tmp_path):
+    loop, run, _ = synthetic_loop(tmp_path, rounds=3)
+    with run:
+        out = loop.loop(left=lambda: 3.0)
+    assert len(out["rounds"]) == 2  # the synthetic steps take milliseconds: three seconds hold every round
+    loop, run, _ = synthetic_loop(tmp_path / "tight", rounds=3)
+    run.seconds["ceilings/stock"] = 5.0  # as if round 1's ceiling had taken five seconds to measure
+    with run:
+        out = loop.loop(left=lambda: 3.0)
+    assert [r["round"] for r in out["rounds"]] == [1] and out["rounds"][0]["seconds"] >= 5.0
+    assert out["best"] == PLANTED and "round 2 not started" in out["stopped"]
+    assert not any(name.startswith("round-2") for name in run.ran)
+
+
+def test_a_budget_spent_inside_a_round_keeps_the_rounds_that_ended(tmp_path):
+    loop, run, _ = synthetic_loop(tmp_path, rounds=3)
+    real = run.once
+
+    def once(name, measure):  # the budget runs out at round 2's first measurement
+        if name.startswith("round-2/"):
+            run.budget_s = -1.0
+        return real(name, measure)
+
+    run.once = once
+    with run:
+        out = loop.loop()
+    assert [r["round"] for r in out["rounds"]] == [1] and out["best"] == PLANTED
+    assert "budget" in out["stopped"] and "during round 2" in out["stopped"]
+
+
 def test_resume_after_a_kill_at_each_measurement_redoes_nothing(tmp_path):
     loop, run, _ = synthetic_loop(tmp_path / "full")
     with run:
@@ -185,6 +220,9 @@ class ShortRuns:
     def noise(self, system):
         return 0.0
 
+    def bound(self, system):
+        return None
+
 
 def test_short_run_candidates_are_held_to_the_start_measured_the_same_way():
     """Against its replayed prediction every block size would look 15% faster; against its own short run the
@@ -206,6 +244,9 @@ class SlowSpeculation:
     def noise(self, system):
         return 0.0
 
+    def bound(self, system):
+        return None
+
 
 def test_a_candidate_that_cannot_join_what_the_round_promoted_must_beat_it():
     """AR was promoted this round: a stock-based tree cannot be combined with it, so it reaches the gate only if
@@ -215,6 +256,68 @@ def test_a_candidate_that_cannot_join_what_the_round_promoted_must_beat_it():
     assert agent.tune(d, start, SlowSpeculation(), "cpu", 8)["chosen"]
     assert agent.tune(d, start, SlowSpeculation(), "cpu", 8, {"ar": 1.0})["chosen"] == []
     assert agent.tune(d, start, SlowSpeculation(), "cpu", 8, {"stock": 5.0})["chosen"]  # same base: it may combine
+
+
+class Rows:
+    """Replayed tau per (builder, budget) and a step cost nondecreasing in the budget, both drawn at random; the
+    bound is Evidence.bound's: tau over the dearest step timed so far at no more rows."""
+
+    def __init__(self, taus: dict, costs: dict, bounded: bool):
+        self.taus, self.costs, self.bounded, self.timed = taus, costs, bounded, {}
+
+    @staticmethod
+    def _nodes(system):
+        return system.get("nodes") or 16  # 0: the drafter's block
+
+    @staticmethod
+    def _key(system):
+        return (system.get("tree"), Rows._nodes(system))
+
+    def predict(self, system, run=False, ref=None):
+        n = self._nodes(system)
+        self.timed[n] = self.costs[n]
+        return {"system": system.name, "speedup": self.taus[self._key(system)] / self.costs[n], "tau_from": "replay"}
+
+    def noise(self, system):
+        return 0.0
+
+    def bound(self, system):
+        below = [c for n, c in self.timed.items() if n <= self._nodes(system)]
+        return self.taus[self._key(system)] / max(below) if self.bounded and below else None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_bounded_candidates_never_change_what_the_agent_submits(data):
+    """Pruning by the monotone step cost skips timings, never the answer: the same candidate is chosen with and
+    without bounds, whatever the replayed taus and the (nondecreasing) step costs."""
+    agent, start = BuiltinAgent(), parse_system("stock")
+    d = Direction("tau", "tree builder over the lattice", ["tree", "nodes"])
+    cands = agent.candidates(d, start, "cpu", 16)
+    keys = {Rows._key(c) for c in cands + [start]}
+    taus = {k: data.draw(st.floats(1.0, 6.0)) for k in sorted(keys, key=str)}
+    steps = sorted(data.draw(st.lists(st.floats(1.0, 8.0), min_size=len(GRIDS["nodes"]),
+                                      max_size=len(GRIDS["nodes"]))))
+    costs = dict(zip(GRIDS["nodes"], steps, strict=True))
+    rivals = data.draw(st.sampled_from([None, {"ar": 1.2}]))
+    plain = agent.tune(d, start, Rows(taus, costs, False), "cpu", 16, rivals)
+    fast = Rows(taus, costs, True)
+    pruned = agent.tune(d, start, fast, "cpu", 16, rivals)
+    assert pruned["chosen"] == plain["chosen"]
+    assert all(e["bound"] >= e0.get("speedup", 0) for e, e0 in zip(pruned["evaluated"], plain["evaluated"],
+                                                                   strict=True) if "pruned" in e)
+
+
+def test_budgets_that_cannot_pay_for_their_rows_are_not_timed():
+    """A step cost in proportion to the budget and the same tau everywhere: the smallest budget wins; 8 is timed
+    (bounded by the 4-row step, it could tie), nothing above it (the start's 16 rows are timed as the start)."""
+    agent, start = BuiltinAgent(), parse_system("stock")
+    d = Direction("tau", "tree builder over the lattice", ["tree", "nodes"])
+    keys = {Rows._key(c) for c in agent.candidates(d, start, "cpu", 16) + [start]}
+    ev = Rows(dict.fromkeys(keys, 2.0), {n: float(n) for n in GRIDS["nodes"]}, True)
+    out = agent.tune(d, start, ev, "cpu", 16)
+    assert out["chosen"] and parse_system(out["chosen"][0]).get("nodes") == 4
+    assert sorted(ev.timed) == [4, 8, 16] and sum("pruned" in e for e in out["evaluated"]) > 20
 
 
 def test_a_direction_the_ceiling_bounds_under_a_promoted_rival_is_not_searched(tmp_path):

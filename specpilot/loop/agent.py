@@ -69,9 +69,9 @@ class BuiltinAgent:
             return [variant(start, **parse_system(s).options) for s in d.systems if parse_system(s).base == start.base]
         if not start.speculative and any(o in ("tree", "nodes", "block_size", "tree_k") for o in d.options):
             return []
-        if "tree" in d.options:  # a builder is nothing without its budget: tune both
+        if "tree" in d.options:  # a builder is nothing without its budget: tune both (small budgets first: bounds)
             builders = values("tree", start, device) + [start.get("tree")]
-            return [variant(start, tree=b, nodes=n) for b, n in product(builders, GRIDS["nodes"])
+            return [variant(start, tree=b, nodes=n) for n, b in product(GRIDS["nodes"], builders)
                     if (b != "chain" or n <= block) and (b, n) != (start.get("tree"), start.get("nodes"))]
         out = []
         for name in d.options:
@@ -83,16 +83,35 @@ class BuiltinAgent:
         """Predict every candidate; submit the best `per_direction` that beat the start's prediction by the
         headroom. A candidate whose tau needed a short run is held to the start's prediction from the same short
         run. rivals (base -> predicted speedup of what the round already promoted): a candidate of another base
-        cannot be combined with those, so it must also be predicted to beat them by the headroom.
+        cannot be combined with those, so it must also be predicted to beat them by the headroom. A tree or budget
+        candidate whose bound (Evidence.bound) cannot reach what it needs is not timed (`pruned`).
         -> {"start": prediction, "start_run": ..., "evaluated": [...], "chosen": [systems]}"""
         base = ev.predict(start)
-        evaluated = [ev.predict(c, ref=start) for c in self.candidates(d, start, device, block)]
-        ran = any(e.get("tau_from") == RUN for e in evaluated) and start.speculative
-        base_run = ev.predict(start, run=True) if ran else base
         # the headroom, or twice the spread of the start's own repeated step timings if that is larger: a
         # prediction inside the microbenchmark's noise is no evidence
         noise = ev.noise(start) if "speedup" in base else 0.0
         margin = 1 + max(self.headroom, 2 * noise)
+        rivals = rivals or {}
+
+        def rival(e: dict) -> float:
+            mine = parse_system(e["system"]).base
+            return max((v for b, v in rivals.items() if b != mine), default=0.0)
+
+        evaluated, best = [], 0.0
+        for c in self.candidates(d, start, device, block):
+            # what it must reach to be submitted: the start's and rivals' bars, and the best replayed so far
+            needed = max(base.get("speedup", 0.0) * margin, rival({"system": c.name}) * margin,
+                         best if self.per_direction == 1 else 0.0)
+            up = ev.bound(c)
+            if up is not None and up * (1 + 2 * noise) < needed:  # its step is not timed: it cannot be chosen
+                evaluated.append({"system": c.name, "bound": up, "pruned": f"bounded at {up:.3f}x over AR, under "
+                                  f"the {needed:.3f}x it needs"})
+                continue
+            evaluated.append(ev.predict(c, ref=start))
+            if "speedup" in evaluated[-1] and evaluated[-1].get("tau_from") != RUN:
+                best = max(best, evaluated[-1]["speedup"])
+        ran = any(e.get("tau_from") == RUN for e in evaluated) and start.speculative
+        base_run = ev.predict(start, run=True) if ran else base
 
         def gain(e: dict) -> float:  # over the start's prediction made the same way
             ref = base_run if e.get("tau_from") == RUN else base
@@ -102,12 +121,6 @@ class BuiltinAgent:
             if "speedup" in e:
                 e["over_start"] = gain(e)
         ok = sorted((e for e in evaluated if "speedup" in e), key=lambda e: -e["over_start"])
-        rivals = rivals or {}
-
-        def rival(e: dict) -> float:
-            mine = parse_system(e["system"]).base
-            return max((v for b, v in rivals.items() if b != mine), default=0.0)
-
         chosen = [e["system"] for e in ok if e["over_start"] >= margin and e["speedup"] >= rival(e) * margin]
         return {"start": base, "start_run": base_run if ran else None, "noise": noise, "margin": margin,
                 "rivals": rivals,

@@ -47,6 +47,7 @@ class Evidence:
     repeats: int = 3
     paired: bool = False  # candidates' steps timed back to back with the start's (a CPU); see step()
     cache: dict = field(default_factory=dict)
+    row_steps: dict = field(default_factory=dict)  # rows -> step seconds of the tree systems predicted so far
 
     def timings(self, system: System) -> list[float]:
         """The captured step timed alone `repeats` times (seconds per step each)."""
@@ -111,6 +112,21 @@ class Evidence:
             self.cache[key] = sum(accepted) / max(len(accepted), 1)
         return self.cache[key], RUN
 
+    def _tree_only(self, system: System) -> bool:
+        return system.speculative and bool(self.lattices) and _changed(system, self.lattice_system) <= TREE_KEYS
+
+    def bound(self, system: System) -> float | None:
+        """An upper bound on a tree or budget candidate's predicted speedup before its step is timed: its replayed
+        tau over the step of the most rows timed so far at no more rows than it verifies (a step does not get
+        cheaper with more rows). None where nothing bounds it yet."""
+        if not self._tree_only(system):
+            return None
+        rows = self.runner.engine(system).rows
+        below = [t for r, t in self.row_steps.items() if r <= rows]
+        if not below:
+            return None
+        return self.tau(system)[0] * self.step(parse("ar")) / max(below)
+
     def predict(self, system: System, run: bool = False, ref: System | None = None) -> dict:
         """The candidate's predicted speedup over AR, with its parts; {"error": ...} where it cannot be had.
         run: tau from a short run even where replay would do (a start compared with short-run candidates: the
@@ -122,6 +138,9 @@ class Evidence:
             return {"system": system.name, "error": str(exc)}
         except (RuntimeError, ValueError) as exc:  # a value the engine cannot run here: no evidence, not a crash
             return {"system": system.name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+        if self._tree_only(system):
+            rows = self.runner.engine(system).rows
+            self.row_steps[rows] = max(self.row_steps.get(rows, 0.0), t_step)
         return {"system": system.name, "tau": tau, "tau_from": how, "step_s": t_step, "ar_step_s": t_ar,
                 "speedup": tau * t_ar / t_step}
 

@@ -9,6 +9,7 @@ The controller's A/A run is measured once per start system and reused for every 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from specpilot.bench.datasets import Request
@@ -26,6 +27,7 @@ class Gate:
     forcing_tokens: int
     alternating: bool
     reps: int
+    aa_reps: int | None = None  # the A/A run's passes, if not `reps`
     timeout: float = 1800
     reference: str = "stock"  # what forcing holds the candidate to: the drafter's released behaviour
     aa: dict = field(default_factory=dict)  # start -> A/A run
@@ -36,7 +38,7 @@ class Gate:
         spec = {**self.spec, **({"split": split} if split else {})}
         key = start
         card = compare(Side(start, REPO), Side(candidate, REPO), spec, gpu=None, timeout=self.timeout,
-                       aa=self.aa.get(key), reps=self.reps, alternating=self.alternating)
+                       aa=self.aa.get(key), reps=self.reps, alternating=self.alternating, aa_reps=self.aa_reps)
         self.aa.setdefault(key, card["aa"])
         return card
 
@@ -46,14 +48,17 @@ class Gate:
 
     def judge(self, start: str, candidate: str) -> dict:
         """Timing first (cheap to refuse); forcing only for what the controller would promote."""
+        t0 = time.monotonic()
         try:
             card = self.timing(start, candidate)
         except UserError as exc:  # the worker died or timed out on this candidate: refused, the loop goes on
             return {"candidate": candidate, "start": start, "promoted": False, "refused": str(exc)}
-        out = {"candidate": candidate, "start": start, "controller": summary(card)}
+        out = {"candidate": candidate, "start": start, "controller": summary(card),
+               "seconds": {"timing": time.monotonic() - t0}}
         if card["decision"]["verdict"] == "promote":
-            verdict = self.forcing(candidate)
-            out["forcing"] = forcing_summary(verdict)
+            t0 = time.monotonic()
+            out["forcing"] = forcing_summary(self.forcing(candidate))
+            out["seconds"]["forcing"] = time.monotonic() - t0
         out["promoted"] = out["controller"]["verdict"] == "promote" and out.get("forcing", {}).get("verdict") in (
             "pass", "inconclusive")
         return out

@@ -12,6 +12,7 @@ A promoted mechanism becomes a memory entry; the round's result is the next roun
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ from specpilot.deployment import Deployment
 from specpilot.loop.agent import BuiltinAgent, Direction
 from specpilot.loop.evidence import Evidence
 from specpilot.loop.gate import Gate, forcing_summary, summary
-from specpilot.loop.rundir import RunDir
+from specpilot.loop.rundir import BudgetSpent, RunDir
 from specpilot.loop.space import variant
 
 # the kernel classes and the options that configure their kernels (Phase 3)
@@ -216,8 +217,11 @@ class Loop:
         self.say(f"phase 4: sealed final of {result}")
         if result == "stock":
             return {"passed": True, "result": result, "reason": "the round kept stock"}
+        t0 = time.monotonic()
         card = self.gate.timing("stock", result, split="sealed")
+        t1 = time.monotonic()
         forcing = forcing_summary(self.gate.forcing(result, self.plan.sealed, self.plan.sealed_tokens))
+        seconds = {"timing": t1 - t0, "forcing": time.monotonic() - t1}
         timed = summary(card)
         # proven faster than stock (the controller's own promotion rule), not merely a gain above 1: on three
         # sealed requests a CPU run measured 1.17x with a lower bound of 0.36
@@ -225,16 +229,34 @@ class Loop:
         reason = ("forcing rejected it" if forcing["verdict"] == "reject" else
                   f"not proven faster than stock on the sealed requests ({timed['reason']})"
                   if timed["verdict"] != "promote" else "held")
-        return {"passed": passed, "result": result, "reason": reason, "controller": timed, "forcing": forcing}
+        return {"passed": passed, "result": result, "reason": reason, "controller": timed, "forcing": forcing,
+                "seconds": seconds}
 
     def _block(self) -> int:
         """The drafter's block (the models load here, only when a step must run)."""
         return self.runner.engine(parse("stock")).block
 
-    def loop(self, remember: Callable[[dict], list[str]] = lambda r: []) -> dict:
-        start, rounds, converged = "stock", [], None
+    def loop(self, remember: Callable[[dict], list[str]] = lambda r: [],
+             left: Callable[[], float | None] = lambda: None) -> dict:
+        """left: seconds of the run's budget left (None: no budget); a round starts only if the last one's
+        duration fits in it. A budget spent inside a round stops the loop there: the rounds that ended stand, and
+        the best is the last one's result."""
+        start, rounds, converged, stopped = "stock", [], None, None
         for r in range(1, self.plan.rounds + 1):
-            rounds.append(self.round(r, start))
+            have = left()
+            if rounds and have is not None and have < rounds[-1]["seconds"]:
+                stopped = (f"round {r} not started: round {r - 1} took {rounds[-1]['seconds']:.0f} s and "
+                           f"{max(have, 0):.0f} s of the budget are left")
+                break
+            mark = len(self.run.touched)
+            try:
+                rounds.append(self.round(r, start))
+            except BudgetSpent as exc:
+                stopped = f"{exc} during round {r}"
+                break
+            # its steps' measured time, also where a resumed run read them back (the first step to need the
+            # models counts their loading)
+            rounds[-1]["seconds"] = round(self.run.cost(self.run.touched[mark:]), 1)
             rounds[-1]["memory"] = remember(rounds[-1])
             if rounds[-1]["result"] == start and r < self.plan.rounds:
                 # the agent is deterministic over its evidence: a round from the same start would search the same
@@ -243,7 +265,9 @@ class Loop:
                 self.say(f"converged: {converged}")
                 break
             start = rounds[-1]["result"]
-        return {"rounds": rounds, "best": start, "converged": converged}
+        if stopped:
+            self.say(f"stopped: {stopped}")
+        return {"rounds": rounds, "best": start, "converged": converged, "stopped": stopped}
 
 
 def combine(start: str, parts: list[str]) -> str | None:

@@ -42,6 +42,8 @@ class RunDir:
         self.budget_s = budget_s
         self.ran: list[str] = []  # steps measured by this process
         self.reused: list[str] = []  # steps read back from a previous process
+        self.touched: list[str] = []  # every step asked for, in order (measured or read back)
+        self.seconds: dict[str, float] = self._durations()  # what each finished step took when it was measured
 
     def path(self, name: str) -> Path:
         if not NAME.match(name):
@@ -55,17 +57,33 @@ class RunDir:
         """The step's result: read back if it finished before, else measured now (after checking the budget)
         and written atomically."""
         path = self.path(name)
+        self.touched.append(name)
         if path.is_file():
             self.reused.append(name)
             return json.loads(path.read_text())
         self.check_budget()
         self.log("start", step=name)
+        t0 = time.monotonic()
         result = measure()
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, result)
         self.ran.append(name)
-        self.log("done", step=name)
+        self.seconds[name] = time.monotonic() - t0
+        self.log("done", step=name, seconds=self.seconds[name])
         return result
+
+    def cost(self, names) -> float:
+        """Seconds the named steps took when they were measured (whichever process measured them)."""
+        return sum(self.seconds.get(n, 0.0) for n in set(names))
+
+    def _durations(self) -> dict[str, float]:
+        log = self.root / "log.jsonl"
+        rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+        return {r["step"]: r["seconds"] for r in rows if r.get("event") == "done" and "seconds" in r}
+
+    def left(self) -> float | None:
+        """Seconds of the budget left (None: no budget)."""
+        return None if self.budget_s is None else self.budget_s - (time.monotonic() - self.started)
 
     def check_budget(self) -> None:
         if self.budget_s is not None and time.monotonic() - self.started > self.budget_s:
