@@ -779,7 +779,7 @@ def train_drafter(
 # `specpilot data fetch` brings (MBPP and MATH-500 need local files), outputs of 16 tokens.
 # the main job: minutes on a 2-core CPU; the budget keeps it under ten (a round starts only if the last one fits)
 DEFAULT_LOOP = {"preset": "smollm2", "datasets": ["gsm8k", "humaneval", "mtbench"], "limit": 1,
-                "max_new_tokens": 16, "budget": 540.0}
+                "max_new_tokens": 16, "sealed_tokens": 32, "budget": 540.0}
 
 
 @app.command()
@@ -795,8 +795,9 @@ def loop(
     resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir after a crash, kill or Ctrl-C; "
                                               "nothing finished is measured again.")] = False,
     limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget of the dev requests (the sealed "
-                                                            "final's forcing runs 4x, up to 4096).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget of the dev requests.")] = None,
+    sealed_tokens: Annotated[int | None, typer.Option(help="Output budget of the sealed final's token forcing "
+                                                           "(default 4x --max-new-tokens, at most 4096).")] = None,
     budget: Annotated[float | None, typer.Option(help="Wall-clock seconds: a round starts only if the last one's "
                                                       "duration fits in what is left, and the loop stops cleanly "
                                                       "between two measurements once they are spent.")] = None,
@@ -808,8 +809,8 @@ def loop(
     (4). Writes DIR/best.toml (a deployment with the winning system: `specpilot bench --deployment
     DIR/best.toml` runs it), DIR/loop.json, the memory entries in DIR/memory, and the report (`specpilot report
     DIR`). With no arguments: the SmolLM2 pair (`specpilot models fetch smollm2`, `specpilot data fetch`), one
-    request from each of GSM8K, HumanEval and MT-Bench, 16 tokens, a budget of 540 s: a finished report in under
-    ten minutes on a small CPU."""
+    request from each of GSM8K, HumanEval and MT-Bench, 16 tokens (32 in the sealed forcing), a budget of 540 s: a
+    finished report in under ten minutes on a small CPU."""
     from specpilot.deployment import load_deployment
     from specpilot.loop.main import LoopArgs, run_loop
     from specpilot.loop.report import write_report
@@ -821,6 +822,7 @@ def loop(
         limit = limit if limit is not None else DEFAULT_LOOP["limit"]
         max_new_tokens = max_new_tokens if max_new_tokens is not None else DEFAULT_LOOP["max_new_tokens"]
         budget = budget if budget is not None else DEFAULT_LOOP["budget"]
+        sealed_tokens = sealed_tokens if sealed_tokens is not None else DEFAULT_LOOP["sealed_tokens"]
     dep = load_deployment(preset, deployment)
     if dataset:
         dep = dataclasses.replace(dep, datasets=list(dataset))
@@ -829,7 +831,8 @@ def loop(
         folder.parent.mkdir(parents=True, exist_ok=True)
     args = LoopArgs(dep, {"preset": preset} if preset else {"deployment": str(Path(deployment).resolve())},
                     folder, rounds, agent, limit if limit is not None else (dep.limit or 3),
-                    max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, resume, budget, data_dir)
+                    max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, resume, budget, data_dir,
+                    sealed_tokens)
     kept = f"everything measured so far is in {folder}; continue with --resume --run-dir {folder}"
     with _interruptible(f"loop interrupted: {kept}"), err.status("starting") as status:
         summary = run_loop(args, lambda what: status.update(what))

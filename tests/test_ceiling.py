@@ -238,3 +238,39 @@ def test_candidates_name_real_options():
         for c in entries:
             assert all(o in OPTIONS for o in c["options"]), c
             assert c["built"] == bool(c["options"]), c
+
+
+@pytest.mark.parametrize("system", ["stock", "stock:tree=best_first,nodes=12", "ar"])
+def test_repeated_step_timings_start_from_the_same_state_without_a_new_prefill(system):
+    """A restored snapshot steps exactly as the state it was taken from; a timing repeated on one request prefills
+    once; a request begun since the snapshot voids it."""
+    from specpilot.bench.harness import Runner
+    from specpilot.ceiling.run import step_seconds
+    from specpilot.config.env import parse
+    from specpilot.deployment import load_deployment
+    from specpilot.models.pair import build_pair
+
+    dep = load_deployment("tiny")
+    target, drafter, tok = build_pair(dep)
+    runner, sys_ = Runner(target, drafter, tok, dep.context), parse(system)
+    engine = runner.engine(sys_)
+    prompt = [5, 17, 3, 250, 9, 41]
+    engine.generate(prompt, 3)
+    snap = engine.snapshot()
+    step = engine._spec if sys_.speculative else engine._ar
+
+    def walk() -> list:
+        out = []
+        for _ in range(3):
+            step()
+            out.append((int(engine.pos), engine.token.tolist(), engine.state.out.tolist() if engine.block else None))
+        return out
+
+    first = walk()
+    assert engine.restore(snap) and walk() == first and len({p for p, _, _ in first}) == 3
+    step_seconds(runner, sys_, prompt, 3, reps=2)
+    begun = engine.requests
+    step_seconds(runner, sys_, prompt, 3, reps=2)
+    assert engine.requests == begun  # the second timing restored, it did not generate
+    engine.generate(prompt, 2)
+    assert not engine.restore(snap)

@@ -39,6 +39,11 @@ class LoopArgs:
     resume: bool = False
     budget_s: float | None = None
     data_dir: str | None = None
+    sealed_tokens: int | None = None  # the sealed final's forcing outputs (None: 4x max_new_tokens, up to 4096)
+
+    @property
+    def sealed(self) -> int:
+        return self.sealed_tokens or min(4096, 4 * self.max_new_tokens)
 
 
 def requests(dep: Deployment, split: str, limit: int, data_dir: str | None) -> list:
@@ -56,11 +61,11 @@ def node_budgets(context: int, tokens: int) -> list[int]:
 def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
     if a.agent not in AGENTS:
         raise UserError(f"unknown agent {a.agent!r} (known: {', '.join(AGENTS)})")
-    if a.rounds <= 0 or a.limit <= 0 or a.max_new_tokens <= 0:
-        raise UserError("--rounds, --limit and --max-new-tokens must be positive")
+    if a.rounds <= 0 or a.limit <= 0 or a.max_new_tokens <= 0 or a.sealed <= 0:
+        raise UserError("--rounds, --limit, --max-new-tokens and --sealed-tokens must be positive")
     dev, sealed = (requests(a.dep, s, a.limit, a.data_dir) for s in ("dev", "sealed"))
     on_cpu = a.dep.torch_device().type == "cpu"
-    plan = LoopPlan(a.dep, a.rounds, dev, sealed, a.max_new_tokens, min(4096, 4 * a.max_new_tokens),
+    plan = LoopPlan(a.dep, a.rounds, dev, sealed, a.max_new_tokens, a.sealed,
                     node_budgets(a.dep.context, 16), agent=AGENTS[a.agent]())
     spec = {**a.worker_spec, "datasets": a.dep.datasets, "split": "dev", "limit": a.limit,
             "max_new_tokens": a.max_new_tokens, "data_dir": a.data_dir,
@@ -96,7 +101,8 @@ def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
         run.log("loop", rounds=a.rounds, agent=a.agent, deployment=a.dep.name, resume=a.resume)
         result = loop.loop(lambda r: remember(store, r, a.dep, REPO, commit, dirty, a.agent), run.left)
         summary = {**env, "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
-                   "limit": a.limit, "max_new_tokens": a.max_new_tokens, "budget_s": a.budget_s,
+                   "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
+                   "budget_s": a.budget_s,
                    "measured": run.ran, "reused_steps": run.reused, **result}
         write_json_atomic(a.run_dir / "loop.json", summary)
         if result["best"] is not None:

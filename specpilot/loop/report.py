@@ -101,7 +101,9 @@ def _plots(summary: dict) -> dict[str, bytes]:
 def markdown(summary: dict, image: str | None) -> str:
     lines = [f"# SpecPilot loop: {summary['deployment']}", "",
              f"Agent {summary['agent']}, {len(summary['rounds'])} of {summary['rounds_asked']} rounds, "
-             f"{summary['limit']} dev request(s) per dataset, {summary['max_new_tokens']} tokens each; "
+             f"{summary['limit']} dev request(s) per dataset, {summary['max_new_tokens']} tokens each"
+             + (f" ({summary['sealed_tokens']} in the sealed forcing)" if summary.get("sealed_tokens") else "")
+             + (f", budget {summary['budget_s']:.0f} s" if summary.get("budget_s") else "") + "; "
              f"commit {summary.get('commit')}"
              f"{' (dirty)' if summary.get('dirty') else ''}; {summary.get('date', '')}.", "",
              f"**Best: `{summary['best']}`**" + (f" (stopped: {summary['stopped']})" if summary["stopped"] else "")
@@ -109,7 +111,8 @@ def markdown(summary: dict, image: str | None) -> str:
     if image:
         lines += [f"![tokens/s and ceiling factors]({image})", ""]
     lines += ["## Rounds", "", "| round | start | target | factors (tau / kernel / overhead / lattice) | promoted | "
-              "result | sealed gain over stock | sealed forcing | memory |", "|---|---|---|---|---|---|---|---|---|"]
+              "result | sealed gain over stock | sealed forcing | memory | seconds |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rounds"]:
         f = r["ceiling"]["factors"]
         s = r["sealed"]
@@ -117,7 +120,7 @@ def markdown(summary: dict, image: str | None) -> str:
                      + " / ".join(_fmt(f.get(k, {}).get("value"), ".2f") for k in FACTORS)
                      + f" | {len(r['promoted'])} | `{r['result']}` | "
                      f"{_fmt(s.get('controller', {}).get('gain'))} | {s.get('forcing', {}).get('verdict', '-')} "
-                     f"({s['reason']}) | {', '.join(r.get('memory', [])) or '-'} |")
+                     f"({s['reason']}) | {', '.join(r.get('memory', [])) or '-'} | {_fmt(r.get('seconds'), '.0f')} |")
     lines += ["", "## Candidates", "", "| round | phase | direction | candidate | predicted S | gain | lower bound "
               "| bar | forcing | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in candidate_rows(summary):

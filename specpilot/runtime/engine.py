@@ -81,6 +81,8 @@ class Engine:
         self.pos = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.token = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._ar = StepGraph(self._ar_step, self.use_graphs)
+        self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
+        self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
         self.block = self.rows = 0
         self.builder = None
         if drafter is not None:
@@ -143,6 +145,24 @@ class Engine:
     def _spec_step(self) -> None:
         self.spec()
         self.pad()
+
+    # ----- a decode state kept for repeated step timings ---------------------------------------------
+    def _live(self) -> list[torch.Tensor]:
+        """What a step reads besides the caches below pos: the caches there stay as the request left them until
+        the next request begins, and a step writes (the same values, from the same state) only at and past pos."""
+        spec = [self.state.ctx_feats, self.state.ctx_count, self.state.out] if self.block else []
+        return [self.pos, self.token, *spec]
+
+    def snapshot(self) -> tuple[int, list[torch.Tensor]]:
+        return self.requests, [t.clone() for t in self._live()]
+
+    def restore(self, snap: tuple[int, list[torch.Tensor]]) -> bool:
+        """Back to the snapshot's state; False (nothing done) when a request began since it was taken."""
+        if snap[0] != self.requests:
+            return False
+        for live, kept in zip(self._live(), snap[1], strict=True):
+            live.copy_(kept)
+        return True
 
     # ----- requests ---------------------------------------------------------------------------------
     def _prefill(self, prompt: list[int], with_hidden: bool) -> torch.Tensor | None:
@@ -222,6 +242,7 @@ class Engine:
         decode step's host read, and returns the Generation (times 0). Two engines' requests can so advance
         in lockstep (the controller's timing on a CPU whose speed drifts)."""
         self.check_request(prompt, max_new_tokens)
+        self.requests += 1
         spec = (base or self.system.base) == "stock"
         if spec and self.drafter is None:
             raise UserError("system 'stock' needs a drafter in the deployment")
