@@ -13,9 +13,8 @@ SPEC = {"preset": "tiny", "datasets": ["builtin"], "limit": 4, "max_new_tokens":
 
 def test_aa_and_ab_evidence_card():
     with source_tree(None) as here:
-        card = compare(Side("ar", here), Side("stock", here), SPEC, block=2, timeout=300, reps=2, aa_reps=1)
+        card = compare(Side("ar", here), Side("stock", here), SPEC, block=2, timeout=300)
     ab = card["ab"]
-    assert (card["aa"]["passes"], ab["passes"]) == (1, 2)  # the A/A run's own number of passes
     assert len(ab["requests"]) == 4 and len(ab["ratios"]) == 4
     assert ab["a"]["code_hash"] == ab["b"]["code_hash"] == Side("ar", here).expected_hash
     assert ab["outputs_equal"]  # float32 on the CPU: stock is lossless

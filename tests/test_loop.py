@@ -162,6 +162,25 @@ def test_a_budget_spent_inside_a_round_keeps_the_rounds_that_ended(tmp_path):
     assert "budget" in out["stopped"] and "during round 2" in out["stopped"]
 
 
+def test_a_budget_keeps_time_for_the_sealed_final(tmp_path):
+    """With 150 s left and gates known to take 100 s, a gate would leave no time for the sealed final: the
+    candidates are searched (their evidence is cheap) but not gated, and the round still ends; with 250 s left
+    the planted best is gated, promoted and sealed."""
+    loop, run, gate = synthetic_loop(tmp_path / "short", rounds=1)
+    run.seconds["earlier/gate"] = 100.0  # as if an earlier gate had taken 100 s
+    with run:
+        out = loop.loop(left=lambda: 150.0)
+    first = out["rounds"][0]
+    assert gate.judged == [] and first["result"] == "stock" and out["stopped"] is None
+    refused = [g["refused"] for d in first["directions"] for g in d["gated"]]
+    assert refused and all(r.startswith("budget") for r in refused)
+    loop, run, gate = synthetic_loop(tmp_path / "enough", rounds=1)
+    run.seconds["earlier/gate"] = 100.0
+    with run:
+        out = loop.loop(left=lambda: 250.0)
+    assert PLANTED in gate.judged and out["best"] == PLANTED
+
+
 def test_resume_after_a_kill_at_each_measurement_redoes_nothing(tmp_path):
     loop, run, _ = synthetic_loop(tmp_path / "full")
     with run:

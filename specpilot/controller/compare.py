@@ -321,26 +321,25 @@ def _mode(spec: dict, alternating: bool) -> str:
 
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
             noise: float | None = None, gpus: list[str] | None = None, aa: dict | None = None, reps: int = 1,
-            alternating: bool = False, aa_reps: int | None = None) -> dict:
+            alternating: bool = False) -> dict:
     """The evidence card: the A/A run (unless a noise figure or an earlier A/A run `aa` is given), the
     A/B run, the verdict, and with an A/A run the gain with the slots' difference divided out.
     With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`, or one worker
     alternating request by request (`alternating`); with `reps` passes, each request's ratio is the median of its
-    passes' ratios. aa_reps: the A/A run's passes, if not `reps` (the A/B run may stop early, the A/A run never
-    does)."""
+    passes' ratios."""
     card: dict = {"block": block, "gpu": gpu, "gpus": gpus, "reps": reps,
                   "controller": {"path": str(Path(__file__).resolve().parent),
                                  "code_hash": code_hash(Path(__file__).resolve().parent)}}
     paired = bool(gpus and len(gpus) >= 2)
     mode = "paired" if paired else _mode(spec, alternating)
 
-    def run(x: Side, y: Side, noise: float | None = None, passes: int = reps) -> dict:
+    def run(x: Side, y: Side, noise: float | None = None) -> dict:
         if paired:
             return measure_paired(x, y, spec, block, gpus, timeout)
-        return measure(x, y, spec, block, gpu, timeout, passes, alternating, noise)
+        return measure(x, y, spec, block, gpu, timeout, reps, alternating, noise)
 
     if aa is None and noise is None:
-        aa = run(a, a, passes=aa_reps or reps)
+        aa = run(a, a)
         aa["estimate"] = estimate(aa["ratios"]).to_json()
     if aa is not None:
         if aa.get("mode") != mode:

@@ -27,7 +27,6 @@ class Gate:
     forcing_tokens: int
     alternating: bool
     reps: int
-    aa_reps: int | None = None  # the A/A run's passes, if not `reps`
     timeout: float = 1800
     reference: str = "stock"  # what forcing holds the candidate to: the drafter's released behaviour
     aa: dict = field(default_factory=dict)  # start -> A/A run
@@ -38,7 +37,7 @@ class Gate:
         spec = {**self.spec, **({"split": split} if split else {})}
         key = start
         card = compare(Side(start, REPO), Side(candidate, REPO), spec, gpu=None, timeout=self.timeout,
-                       aa=self.aa.get(key), reps=self.reps, alternating=self.alternating, aa_reps=self.aa_reps)
+                       aa=self.aa.get(key), reps=self.reps, alternating=self.alternating)
         self.aa.setdefault(key, card["aa"])
         return card
 

@@ -130,7 +130,7 @@ def markdown(summary: dict, image: str | None) -> str:
     skipped = [(r["round"], d["direction"], d["evidence"]["skipped"]) for r in summary["rounds"]
                for d in r["directions"] if d["evidence"].get("skipped")]
     if skipped:
-        lines += ["", "## Directions the ceiling ruled out", ""]
+        lines += ["", "## Directions not searched (the ceiling rules them out, or the budget)", ""]
         lines += [f"- round {n}, {d['factor']}: {d['mechanism']}: {why}" for n, d, why in skipped]
     return "\n".join(lines) + "\n"
 

@@ -59,6 +59,7 @@ class Loop:
     gate_factory: Callable[[Runner], Gate]
     memory: list[dict] = field(default_factory=list)  # entries the agent may reuse (index rows + registry)
     say: Callable[[str], None] = lambda s: None
+    left: Callable[[], float | None] = lambda: None  # seconds of the run's budget left (None: no budget)
     _runner: Runner | None = None
     _gate: Gate | None = None
 
@@ -164,10 +165,18 @@ class Loop:
         be predicted to beat them); updated with what this direction promotes. skipped: why the ceiling rules the
         direction out (recorded as its evidence, so a resumed run skips it alike)."""
         self.say(f"phase 1: {d.factor}: {d.mechanism}")
+        short = self._short(f"{step}/evidence", "evidence")
+        if short and not skipped:  # not a step: a resumed run with time left searches it
+            return {"direction": d.to_json(), "evidence": {"skipped": short, "evaluated": [], "chosen": []},
+                    "gated": []}
         tuned = self.run.once(f"{step}/evidence", lambda: {"skipped": skipped, "evaluated": [], "chosen": []}
                               if skipped else self.plan.agent.tune(d, start, ev(), device, self._block(), dict(rivals)))
         gated = []
         for cand in tuned["chosen"]:
+            short = self._short(f"{step}/{slug(cand)}/gate", "gate")
+            if short:
+                gated.append({"candidate": cand, "start": start.name, "promoted": False, "refused": short})
+                continue
             check = {"equals_ar": True} if parse(cand).name == "ar" else self.run.once(  # AR itself: nothing to check
                 f"{step}/{slug(cand)}/correct", lambda c=cand: {"equals_ar": ev().equals_ar(parse(c))})
             if check["equals_ar"] is False:
@@ -193,6 +202,9 @@ class Loop:
         combined = combine(start, parts)
         if combined is None or combined in parts or combined == start:
             return {"parts": parts, "combined": combined, "result": best}
+        short = self._short(f"{step}/gate", "gate")
+        if short:
+            return {"parts": parts, "combined": combined, "refused": short, "result": best}
         self.say(f"phase 2: {combined}")
         g = self.run.once(f"{step}/gate", lambda: self.gate.judge(start, combined))
         better = g["promoted"] and (not promoted or g["controller"]["gain"] >= promoted[0]["controller"]["gain"])
@@ -204,14 +216,33 @@ class Loop:
         if furthest is None:
             return {"class": None}
         d = Direction("kernel", f"kernel configuration of {furthest}", CLASS_OPTIONS[furthest])
+        short = self._short(f"{step}/evidence", "evidence")
+        if short:
+            return {"class": furthest, "refused": short}
         self.say(f"phase 3: {d.mechanism}")
         tuned = self.run.once(f"{step}/evidence",
                               lambda: self.plan.agent.tune(d, parse(start), ev(), device, self._block()))
         out = {"class": furthest, "evidence": tuned}
         if tuned["chosen"]:
             cand = tuned["chosen"][0]
-            out["gated"] = self.run.once(f"{step}/gate", lambda: self.gate.judge(start, cand))
+            short = self._short(f"{step}/gate", "gate")
+            out["gated"] = ({"candidate": cand, "start": start, "promoted": False, "refused": short} if short else
+                            self.run.once(f"{step}/gate", lambda: self.gate.judge(start, cand)))
         return out
+
+    def _short(self, step: str, kind: str) -> str | None:
+        """With a budget, why a step of this kind ("evidence" or "gate") is not started: what is left would not
+        hold it (as long as the longest one measured) and then the sealed final (as long as the longest gate), which
+        a round must end with. None: it runs (also when it finished before: a resumed run reads it back)."""
+        have = self.left()
+        if have is None or self.run.done(step):
+            return None
+        need, reserve = (max((v for k, v in self.run.seconds.items() if k.endswith(f"/{x}")), default=0.0)
+                         for x in (kind, "gate"))
+        if have - need >= reserve:
+            return None
+        return (f"budget: {max(have, 0):.0f} s left, a {kind} step takes up to {need:.0f} s and the sealed final "
+                f"about {reserve:.0f} s")
 
     def _sealed(self, result: str) -> dict:
         """Stock against the result on the sealed requests, then forcing of the result with the longer outputs."""
@@ -243,6 +274,7 @@ class Loop:
         duration fits in it. A budget spent inside a round stops the loop there: the rounds that ended stand, and
         the best is the last one's result."""
         start, rounds, converged, stopped = "stock", [], None, None
+        self.left = left
         for r in range(1, self.plan.rounds + 1):
             have = left()
             if rounds and have is not None and have < rounds[-1]["seconds"]:
