@@ -776,8 +776,8 @@ def train_drafter(
 
 
 # What `specpilot loop` runs with no arguments: the SmolLM2 pair, one short request from each benchmark whose data
-# `specpilot data fetch` brings (MBPP and MATH-500 need local files), outputs of 16 tokens.
-# the main job: minutes on a 2-core CPU; the budget keeps it under ten (a round starts only if the last one fits)
+# `specpilot data fetch` brings (MBPP and MATH-500 need local files), outputs of 16 tokens; the budget keeps it
+# under ten minutes on a 2-core CPU (no step starts that would leave the sealed final no time).
 DEFAULT_LOOP = {"preset": "smollm2", "datasets": ["gsm8k", "humaneval", "mtbench"], "limit": 1,
                 "max_new_tokens": 16, "sealed_tokens": 32, "budget": 540.0}
 

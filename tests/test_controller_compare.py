@@ -176,27 +176,31 @@ def test_lockstep_answers_as_each_system_alone_and_paces_by_tokens(monkeypatch):
 
 
 class _Pacer:
-    """A stand-in worker in lockstep mode: B's decode takes `factor` times A's, with a little per-pass jitter."""
+    """A stand-in worker in lockstep mode: B's decode takes `factor` times A's, with a little per-pass jitter and,
+    with `spread`, a per-request difference (request k's factor times 1 + spread x (k - 1.5))."""
 
-    def __init__(self, factor):
-        self.factor, self.calls = factor, 0
+    def __init__(self, factor, spread=0.0):
+        self.factor, self.spread, self.calls = factor, spread, 0
 
     def lockstep(self, ids, first=0):
         self.calls += 1
         jitter = 1 + 0.002 * (self.calls % 3)
         rows = [{"id": i, "tokens": [1, 2, 3, 4], "decode_s": 1.0, "prefill_s": 0.0, "steps": 3} for i in ids]
-        return rows, [{**r, "decode_s": self.factor * jitter} for r in rows]
+        return rows, [{**r, "decode_s": self.factor * jitter * (1 + self.spread * (int(r["id"][1:]) - 1.5))}
+                      for r in rows]
 
 
-@pytest.mark.parametrize(("factor", "passes"), [(0.5, 3), (2.0, 3), (1.0, 5), (0.995, 5)])
-def test_lockstep_stops_early_only_when_the_verdict_is_beyond_doubt(factor, passes):
-    """B twice as fast (or twice as slow): settled after the minimum of 3 passes; B as fast as A, or 0.5% faster
-    (inside 2x the 1% noise): every one of the 5 passes runs. Without the A/A noise there is no early stop."""
+@pytest.mark.parametrize(("factor", "spread", "passes"), [(0.5, 0.0, 3), (2.0, 0.0, 3), (1.0, 0.0, 3),
+                                                          (0.995, 0.0, 3), (1 / 1.03, 0.02, 5)])
+def test_lockstep_stops_early_only_when_the_verdict_is_beyond_doubt(factor, spread, passes):
+    """Against the bar of 1.03 (1% noise): B twice as fast, twice as slow, as fast, or 0.5% faster is settled
+    after the minimum of 3 passes; B about 3% faster, its requests 1.00-1.06x (the bar inside the interval): every
+    one of the 5 passes runs. Without the A/A noise there is no early stop."""
     from specpilot.controller.compare import lockstep
     from specpilot.controller.gate import settled
 
     ids = ["r0", "r1", "r2", "r3"]
-    rows_a, _ = lockstep(_Pacer(factor), ids, reps=5, noise=0.01)
+    rows_a, _ = lockstep(_Pacer(factor, spread), ids, reps=5, noise=0.01)
     assert 1 + max(r["rep"] for r in rows_a) == passes
     assert 1 + max(r["rep"] for r in lockstep(_Pacer(0.5), ids, reps=5)[0]) == 5
     assert not settled([2.0, 2.0], 0.01, True)  # fewer than three requests settle nothing

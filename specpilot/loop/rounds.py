@@ -241,8 +241,8 @@ class Loop:
                          for x in (kind, "gate"))
         if have - need >= reserve:
             return None
-        return (f"budget: {max(have, 0):.0f} s left, a {kind} step takes up to {need:.0f} s and the sealed final "
-                f"about {reserve:.0f} s")
+        return (f"budget: {max(have, 0):.0f} s left; the longest {kind} step so far took {need:.0f} s and the sealed "
+                f"final needs about {reserve:.0f} s")
 
     def _sealed(self, result: str) -> dict:
         """Stock against the result on the sealed requests, then forcing of the result with the longer outputs."""
