@@ -181,6 +181,18 @@ def test_a_budget_keeps_time_for_the_sealed_final(tmp_path):
     assert PLANTED in gate.judged and out["best"] == PLANTED
 
 
+def test_the_sealed_final_is_estimated_from_the_gates_ab_runs_and_forcing(tmp_path):
+    """A gate of 140 s that paid 80 s for its start's A/A run: the sealed final is its A/B run (50 s) and forcing at
+    4x the outputs (4 x 10 s); a gate that recorded no split counts whole."""
+    loop, run, _ = synthetic_loop(tmp_path, rounds=1)  # dev outputs 8 tokens, sealed forcing 32
+    with run:
+        run.once("round-1/x/gate", lambda: {"seconds": {"timing": 130.0, "aa": 80.0, "ab": 50.0, "forcing": 10.0}})
+        run.seconds["round-1/x/gate"] = 140.0
+        assert loop._sealed_estimate() == pytest.approx(90.0)
+        run.seconds["round-1/y/gate"] = 95.0  # no step file: its whole time
+        assert loop._sealed_estimate() == pytest.approx(95.0)
+
+
 def test_resume_after_a_kill_at_each_measurement_redoes_nothing(tmp_path):
     loop, run, _ = synthetic_loop(tmp_path / "full")
     with run:

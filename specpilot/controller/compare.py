@@ -334,9 +334,10 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
     mode = "paired" if paired else _mode(spec, alternating)
 
     def run(x: Side, y: Side, noise: float | None = None) -> dict:
-        if paired:
-            return measure_paired(x, y, spec, block, gpus, timeout)
-        return measure(x, y, spec, block, gpu, timeout, reps, alternating, noise)
+        t0 = time.monotonic()
+        got = (measure_paired(x, y, spec, block, gpus, timeout) if paired else
+               measure(x, y, spec, block, gpu, timeout, reps, alternating, noise))
+        return {**got, "seconds": time.monotonic() - t0}  # workers' start included: what the run cost
 
     if aa is None and noise is None:
         aa = run(a, a)

@@ -47,13 +47,14 @@ class Gate:
 
     def judge(self, start: str, candidate: str) -> dict:
         """Timing first (cheap to refuse); forcing only for what the controller would promote."""
-        t0 = time.monotonic()
+        t0, measured_aa = time.monotonic(), start not in self.aa  # this judgement pays for the start's A/A run
         try:
             card = self.timing(start, candidate)
         except UserError as exc:  # the worker died or timed out on this candidate: refused, the loop goes on
             return {"candidate": candidate, "start": start, "promoted": False, "refused": str(exc)}
         out = {"candidate": candidate, "start": start, "controller": summary(card),
-               "seconds": {"timing": time.monotonic() - t0}}
+               "seconds": {"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"),
+                           "aa": card["aa"].get("seconds") if measured_aa and "aa" in card else 0.0}}
         if card["decision"]["verdict"] == "promote":
             t0 = time.monotonic()
             out["forcing"] = forcing_summary(self.forcing(candidate))

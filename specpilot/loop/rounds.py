@@ -11,6 +11,7 @@ A promoted mechanism becomes a memory entry; the round's result is the next roun
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -230,6 +231,23 @@ class Loop:
                             self.run.once(f"{step}/gate", lambda: self.gate.judge(start, cand)))
         return out
 
+    def _sealed_estimate(self) -> float:
+        """Seconds the sealed final will take, from the gates measured so far: an A/B run (the start's A/A is
+        measured once and stock's serves the final) and forcing at the sealed outputs' length. A gate that recorded
+        no split counts whole."""
+        scale = self.plan.sealed_tokens / self.plan.max_new_tokens
+        out = 0.0
+        for name, took in self.run.seconds.items():
+            if not name.endswith("/gate"):
+                continue
+            path = self.run.path(name)
+            parts = json.loads(path.read_text()).get("seconds", {}) if path.is_file() else {}
+            if parts.get("ab") is None:
+                out = max(out, took)
+            else:
+                out = max(out, parts["ab"] + scale * parts.get("forcing", 0.0))
+        return out
+
     def _short(self, step: str, kind: str) -> str | None:
         """With a budget, why a step of this kind ("evidence" or "gate") is not started: what is left would not
         hold it (as long as the longest one measured) and then the sealed final (as long as the longest gate), which
@@ -237,8 +255,8 @@ class Loop:
         have = self.left()
         if have is None or self.run.done(step):
             return None
-        need, reserve = (max((v for k, v in self.run.seconds.items() if k.endswith(f"/{x}")), default=0.0)
-                         for x in (kind, "gate"))
+        need = max((v for k, v in self.run.seconds.items() if k.endswith(f"/{kind}")), default=0.0)
+        reserve = self._sealed_estimate()
         if have - need >= reserve:
             return None
         return (f"budget: {max(have, 0):.0f} s left; the longest {kind} step so far took {need:.0f} s and the sealed "
