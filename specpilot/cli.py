@@ -779,7 +779,7 @@ def train_drafter(
 # `specpilot data fetch` brings (MBPP and MATH-500 need local files), outputs of 16 tokens; the budget keeps it
 # under ten minutes on a 2-core CPU (no step starts that would leave the sealed final no time).
 DEFAULT_LOOP = {"preset": "smollm2", "datasets": ["gsm8k", "humaneval", "mtbench"], "limit": 1,
-                "max_new_tokens": 16, "sealed_tokens": 32, "budget": 540.0}
+                "max_new_tokens": 16, "sealed_tokens": 32, "budget": 480.0}
 
 
 @app.command()
@@ -809,7 +809,7 @@ def loop(
     (4). Writes DIR/best.toml (a deployment with the winning system: `specpilot bench --deployment
     DIR/best.toml` runs it), DIR/loop.json, the memory entries in DIR/memory, and the report (`specpilot report
     DIR`). With no arguments: the SmolLM2 pair (`specpilot models fetch smollm2`, `specpilot data fetch`), one
-    request from each of GSM8K, HumanEval and MT-Bench, 16 tokens (32 in the sealed forcing), a budget of 540 s: a
+    request from each of GSM8K, HumanEval and MT-Bench, 16 tokens (32 in the sealed forcing), a budget of 480 s: a
     finished report in under ten minutes on a small CPU."""
     from specpilot.deployment import load_deployment
     from specpilot.loop.main import LoopArgs, run_loop
