@@ -44,17 +44,25 @@ def runner(request):
 
 
 @pytest.fixture(scope="module")
-def requests():
-    return load_requests("builtin", "all")[:6]
+def all_requests():
+    return load_requests("builtin", "all")
+
+
+@pytest.fixture(scope="module")
+def requests(all_requests):
+    return all_requests[:6]
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_faults_are_rejected(runner, requests, fault):
+def test_faults_are_rejected(runner, all_requests, fault):
+    """On 6 requests, doubled (up to all 16) while the tokens scored cannot see the power bound: the judge's own
+    rule. An FP8 head under bf16 (low_head) needed 16 on one CPU (4.56% vs 1.56%, p = 0.00046; on 6: 4.51% vs
+    1.74%, inconclusive), while CI's passed it on 6: bf16 rounding differs between CPU models."""
     runner, dtype, reuse = runner
-    report = force(runner, "stock", f"stock:fault={fault}", requests, 48, reuse=reuse, bound=0.001)
+    report = force(runner, "stock", f"stock:fault={fault}", all_requests, 48, reuse=reuse, bound=0.001, start=6)
     if fault == "kv_low" and dtype is torch.bfloat16:
         # An FP8 K/V cache under bf16 moves ~1.3 points of this tiny model's tokens, all at near-ties (measured on
-        # all 16 builtin requests: 3.26% vs 1.95%, p = 0.07); 288 tokens cannot see that, and the judge says so
+        # all 16 builtin requests: 3.26% vs 1.95%, p = 0.07); 768 tokens cannot see that, and the judge says so
         # instead of passing it.
         assert report["verdict"] == "inconclusive" and report["detectable_rate"] > 0.01, report["reason"]
         return

@@ -111,7 +111,7 @@ def step_seconds(runner: Runner, sys_: System, prompt: list[int], tokens: int, r
     runner.warmup(sys_)
     engine = runner.engine(sys_)
     # a repeated timing from the same request starts from the same state, kept on the engine: no new prefill
-    kept = getattr(engine, "timing_state", None)
+    kept = engine.timing_state
     if kept is None or kept[0] != (tuple(prompt), tokens) or not engine.restore(kept[1]):
         engine.generate(prompt, tokens, ())
         engine.timing_state = ((tuple(prompt), tokens), engine.snapshot())

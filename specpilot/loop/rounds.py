@@ -250,8 +250,8 @@ class Loop:
 
     def _short(self, step: str, kind: str) -> str | None:
         """With a budget, why a step of this kind ("evidence" or "gate") is not started: what is left would not
-        hold it (as long as the longest one measured) and then the sealed final (as long as the longest gate), which
-        a round must end with. None: it runs (also when it finished before: a resumed run reads it back)."""
+        hold it (as long as the longest one measured) and then the sealed final (_sealed_estimate), which a round
+        must end with. None: it runs (also when it finished before: a resumed run reads it back)."""
         have = self.left()
         if have is None or self.run.done(step):
             return None
