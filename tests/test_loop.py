@@ -134,13 +134,15 @@ def test_a_round_that_keeps_its_start_ends_the_loop(tmp_path):
 
 def test_a_budget_starts_no_round_the_last_one_says_will_not_fit(tmp_path):
     loop, run, _ = synthetic_loop(tmp_path, rounds=3)
+    run.budget_s = 3.0
     with run:
-        out = loop.loop(left=lambda: 3.0)
+        out = loop.loop()
     assert len(out["rounds"]) == 2  # the synthetic steps take milliseconds: three seconds hold every round
     loop, run, _ = synthetic_loop(tmp_path / "tight", rounds=3)
     run.seconds["ceilings/stock"] = 5.0  # as if round 1's ceiling had taken five seconds to measure
+    run.budget_s = 3.0
     with run:
-        out = loop.loop(left=lambda: 3.0)
+        out = loop.loop()
     assert [r["round"] for r in out["rounds"]] == [1] and out["rounds"][0]["seconds"] >= 5.0
     assert out["best"] == PLANTED and "round 2 not started" in out["stopped"]
     assert not any(name.startswith("round-2") for name in run.ran)
@@ -168,16 +170,18 @@ def test_a_budget_keeps_time_for_the_sealed_final(tmp_path):
     the planted best is gated, promoted and sealed."""
     loop, run, gate = synthetic_loop(tmp_path / "short", rounds=1)
     run.seconds["earlier/gate"] = 100.0  # as if an earlier gate had taken 100 s
+    run.budget_s = 150.0
     with run:
-        out = loop.loop(left=lambda: 150.0)
+        out = loop.loop()
     first = out["rounds"][0]
     assert gate.judged == [] and first["result"] == "stock" and out["stopped"] is None
     refused = [g["refused"] for d in first["directions"] for g in d["gated"]]
     assert refused and all(r.startswith("budget") for r in refused)
     loop, run, gate = synthetic_loop(tmp_path / "enough", rounds=1)
     run.seconds["earlier/gate"] = 100.0
+    run.budget_s = 250.0
     with run:
-        out = loop.loop(left=lambda: 250.0)
+        out = loop.loop()
     assert PLANTED in gate.judged and out["best"] == PLANTED
 
 

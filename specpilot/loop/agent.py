@@ -93,14 +93,14 @@ class BuiltinAgent:
         margin = 1 + max(self.headroom, 2 * noise)
         rivals = rivals or {}
 
-        def rival(e: dict) -> float:
-            mine = parse_system(e["system"]).base
+        def rival(system: str) -> float:  # the best promoted of another base
+            mine = parse_system(system).base
             return max((v for b, v in rivals.items() if b != mine), default=0.0)
 
         evaluated, best = [], 0.0
         for c in self.candidates(d, start, device, block):
             # what it must reach to be submitted: the start's and rivals' bars, and the best replayed so far
-            needed = max(base.get("speedup", 0.0) * margin, rival({"system": c.name}) * margin,
+            needed = max(base.get("speedup", 0.0) * margin, rival(c.name) * margin,
                          best if self.per_direction == 1 else 0.0)
             up = ev.bound(c)
             if up is not None and up * (1 + 2 * noise) < needed:  # its step is not timed: it cannot be chosen
@@ -121,7 +121,7 @@ class BuiltinAgent:
             if "speedup" in e:
                 e["over_start"] = gain(e)
         ok = sorted((e for e in evaluated if "speedup" in e), key=lambda e: -e["over_start"])
-        chosen = [e["system"] for e in ok if e["over_start"] >= margin and e["speedup"] >= rival(e) * margin]
+        chosen = [e["system"] for e in ok if e["over_start"] >= margin and e["speedup"] >= rival(e["system"]) * margin]
         return {"start": base, "start_run": base_run if ran else None, "noise": noise, "margin": margin,
                 "rivals": rivals,
                 "bar": base.get("speedup", float("inf")) * margin, "evaluated": evaluated,

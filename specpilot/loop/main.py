@@ -98,7 +98,7 @@ def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
     store = Store(a.run_dir / "memory", REPO)
     with run:
         run.log("loop", rounds=a.rounds, agent=a.agent, deployment=a.dep.name, resume=a.resume)
-        result = loop.loop(lambda r: remember(store, r, a.dep, REPO, commit, dirty, a.agent), run.left)
+        result = loop.loop(lambda r: remember(store, r, a.dep, REPO, commit, dirty, a.agent))
         summary = {**env, "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
                    "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
                    "budget_s": a.budget_s,

@@ -60,7 +60,6 @@ class Loop:
     gate_factory: Callable[[Runner], Gate]
     memory: list[dict] = field(default_factory=list)  # entries the agent may reuse (index rows + registry)
     say: Callable[[str], None] = lambda s: None
-    left: Callable[[], float | None] = lambda: None  # seconds of the run's budget left (None: no budget)
     _runner: Runner | None = None
     _gate: Gate | None = None
 
@@ -252,7 +251,7 @@ class Loop:
         """With a budget, why a step of this kind ("evidence" or "gate") is not started: what is left would not
         hold it (as long as the longest one measured) and then the sealed final (_sealed_estimate), which a round
         must end with. None: it runs (also when it finished before: a resumed run reads it back)."""
-        have = self.left()
+        have = self.run.left()
         if have is None or self.run.done(step):
             return None
         need = max((v for k, v in self.run.seconds.items() if k.endswith(f"/{kind}")), default=0.0)
@@ -286,15 +285,13 @@ class Loop:
         """The drafter's block (the models load here, only when a step must run)."""
         return self.runner.engine(parse("stock")).block
 
-    def loop(self, remember: Callable[[dict], list[str]] = lambda r: [],
-             left: Callable[[], float | None] = lambda: None) -> dict:
-        """left: seconds of the run's budget left (None: no budget); a round starts only if the last one's
-        duration fits in it. A budget spent inside a round stops the loop there: the rounds that ended stand, and
-        the best is the last one's result."""
+    def loop(self, remember: Callable[[dict], list[str]] = lambda r: []) -> dict:
+        """With a budget (the run directory's), a round starts only if the last one's duration fits in what is
+        left. A budget spent inside a round stops the loop there: the rounds that ended stand, and the best is the
+        last one's result."""
         start, rounds, converged, stopped = "stock", [], None, None
-        self.left = left
         for r in range(1, self.plan.rounds + 1):
-            have = left()
+            have = self.run.left()
             if rounds and have is not None and have < rounds[-1]["seconds"]:
                 stopped = (f"round {r} not started: round {r - 1} took {rounds[-1]['seconds']:.0f} s and "
                            f"{max(have, 0):.0f} s of the budget are left")
