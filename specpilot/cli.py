@@ -789,7 +789,22 @@ def loop(
     rounds: Annotated[int, typer.Option(help="Rounds of the five phases; each round starts from the last one's "
                                              "result.")] = 2,
     agent: Annotated[str, typer.Option(help="Who proposes candidates: builtin (no LLM: the ceiling's candidates "
-                                            "and the memory, tuned on replay and microbenchmarks).")] = "builtin",
+                                            "and the memory, tuned on replay and microbenchmarks); claude[:EXE] "
+                                            "(Claude Code headless), codex[:EXE] (codex exec) or command:EXE (any "
+                                            "program, given the brief): a coding agent that works each direction "
+                                            "in its own git worktree, judged from a fresh checkout of what it "
+                                            "submits.")] = "builtin",
+    agent_wall: Annotated[float, typer.Option(help="A coding agent's wall-clock seconds per direction; its process "
+                                                   "group is killed then.")] = 1800.0,
+    agent_turns: Annotated[int, typer.Option(help="A coding agent's turns per direction, counted from its output "
+                                                  "(claude, codex).")] = 50,
+    agent_usd: Annotated[float | None, typer.Option(help="A coding agent's money per direction, where the backend "
+                                                         "reports it (claude).")] = None,
+    directions: Annotated[int, typer.Option(help="At most this many directions per round (largest ceiling factor "
+                                                 "first; each is an agent's run with a coding agent).")] = 10,
+    jail: Annotated[bool, typer.Option(help="Run coding agents in a jail where the machine has one (user, mount "
+                                            "and PID namespaces): the install, data and models read-only to them, "
+                                            "every process they start killed when they end.")] = True,
     run_dir: Annotated[Path | None, typer.Option(help="Folder of every measurement, verdict and log (default: "
                                                       "runs/loop-<deployment>).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir after a crash, kill or Ctrl-C; "
@@ -811,6 +826,7 @@ def loop(
     DIR`). With no arguments: the SmolLM2 pair (`specpilot models fetch smollm2`, `specpilot data fetch`), one
     request from each of GSM8K, HumanEval and MT-Bench, 16 tokens (32 in the sealed forcing), a budget of 480 s: a
     finished report in under ten minutes on a small CPU."""
+    from specpilot.agents.backends import Budget
     from specpilot.deployment import load_deployment
     from specpilot.loop.main import LoopArgs, run_loop
     from specpilot.loop.report import write_report
@@ -832,7 +848,7 @@ def loop(
     args = LoopArgs(dep, {"preset": preset} if preset else {"deployment": str(Path(deployment).resolve())},
                     folder, rounds, agent, limit if limit is not None else (dep.limit or 3),
                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, resume, budget, data_dir,
-                    sealed_tokens)
+                    sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions)
     kept = f"everything measured so far is in {folder}; continue with --resume --run-dir {folder}"
     with _interruptible(f"loop interrupted: {kept}"), err.status("starting") as status:
         summary = run_loop(args, lambda what: status.update(what))
@@ -845,7 +861,9 @@ def loop(
         console.print(f"converged: {summary['converged']}")
     if summary["stopped"]:
         err.print(f"[yellow]stopped: {summary['stopped']}; continue with --resume --run-dir {folder}[/yellow]")
-    if summary["best"] is not None:
+    if summary.get("best_commit"):  # code: the patch from the loop's base commit
+        console.print(f"best: {summary['best']} on commit {summary['best_commit'][:12]} -> {folder / 'best.patch'}")
+    elif summary["best"] is not None:
         console.print(f"best: {summary['best']} -> {folder / 'best.toml'}")
     console.print(f"report: {paths[1]}")
 

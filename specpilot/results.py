@@ -58,6 +58,17 @@ def system_record(engine) -> dict:
     return {**engine.system.to_json(), "plan": engine.plan.to_json()}
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write via a temporary file and rename: a crash never leaves a half-written file behind."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_json_atomic(path: str | Path, data: dict) -> None:
     """Write via a temporary file and rename: a crash never leaves a half-written file behind."""
     path = Path(path)

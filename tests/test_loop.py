@@ -67,6 +67,9 @@ class FakeGate:
                                "bar": 1.03, "reason": "synthetic", "a_rate": 100.0, "b_rate": 100.0 * gain},
                 "forcing": {"verdict": "reject" if lossy else "pass", "reason": "synthetic"}}
 
+    def broken(self):
+        return []
+
     def timing(self, a, b, split=None):
         gain = Planted.speed(b) / Planted.speed(a)
         return {"decision": {"verdict": "promote", "reason": "synthetic", "gain": gain, "lower": gain, "upper": gain,

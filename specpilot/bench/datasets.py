@@ -151,6 +151,11 @@ def _locate(dataset: str, data_dir: str | Path | None) -> Path:
     raise UserError(f"{dataset}: expected {rel}, not found in {looked}; {_hint(dataset)}")
 
 
+def data_file(dataset: str, data_dir: str | Path | None = None) -> Path | None:
+    """The file a dataset's requests are read from (None: built in, part of the package)."""
+    return None if dataset == "builtin" else _locate(dataset, data_dir)
+
+
 def _read_text(path: Path) -> str:
     try:
         data = path.read_bytes()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specpilot.controller import tamper
 from specpilot.controller.gate import (
     MIN_PASSES,
     SLOT_DIFF_WARN,
@@ -54,10 +55,11 @@ REPO = Path(__file__).resolve().parents[2]
 class Side:
     system: str
     source: Path
+    code: str | None = None  # the code hash the tree had when it was checked out (None: hash it when asked)
 
     @property
     def expected_hash(self) -> str:
-        return code_hash(self.source / "specpilot")
+        return self.code or code_hash(self.source / "specpilot")
 
 
 def check_outside(tree: Path) -> None:
@@ -140,6 +142,13 @@ class Worker:
         self.send(ids, system)
         return self.receive()
 
+    def outputs(self, ids: list[str], max_new_tokens: int) -> list[dict]:
+        """Each turn's prompt and tokens (what forcing scores), untimed."""
+        self.proc.stdin.write(json.dumps({"outputs": ids, "system": self.side.system,
+                                          "max_new_tokens": max_new_tokens}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["rows"]
+
     def lockstep(self, ids: list[str], first: int = 0) -> tuple[list[dict], list[dict]]:
         """Both of this worker's systems on each request, step by step together: (A's rows, B's rows)."""
         self.proc.stdin.write(json.dumps({"lockstep": ids, "first": first}) + "\n")
@@ -210,21 +219,36 @@ def side_by_side(a: Worker, b: Worker, ids: list[str], block: int) -> tuple[list
     return rows_a, rows_b
 
 
-def _by_request(rows: list[dict]) -> dict[tuple[str, int], tuple[int, float, list[int]]]:
-    """(request, pass) -> decode tokens, decode seconds and output tokens over the request's turns."""
+def _by_request(rows: list[dict], clock: str = "worker") -> dict[tuple[str, int], tuple[int, float, list[int]]]:
+    """(request, pass) -> decode tokens, seconds and output tokens over the request's turns. The seconds are the
+    worker's decode time, or with the controller's clock the request's wall time as the controller saw it."""
     out: dict[tuple[str, int], tuple[int, float, list[int]]] = {}
+    field = "wall_s" if clock == "controller" else "decode_s"
     for r in rows:
         key = (r["id"].split("#")[0], r.get("rep", 0))
         tokens, seconds, seq = out.get(key, (0, 0.0, []))
-        out[key] = (tokens + max(len(r["tokens"]) - 1, 0), seconds + r["decode_s"], seq + r["tokens"])
+        out[key] = (tokens + max(len(r["tokens"]) - 1, 0), seconds + r[field], seq + r["tokens"])
     return out
 
 
-def pair_ratios(rows_a: list[dict], rows_b: list[dict]) -> tuple[list[str], list[float], bool]:
+def clocked(run: Callable[[list[str]], list[dict]]) -> Callable[[list[str]], list[dict]]:
+    """A worker's run with the controller's own clock around it: the request's wall time, stamped on its first
+    row (a tree under judgement reports its own decode times, and those may be made up)."""
+    def go(ids: list[str]) -> list[dict]:
+        if len(ids) != 1:
+            raise ValueError("the controller's clock times one request at a time")
+        t0 = time.perf_counter()
+        rows = run(ids)
+        wall = time.perf_counter() - t0
+        return [{**r, "wall_s": wall if i == 0 else 0.0} for i, r in enumerate(rows)]
+    return go
+
+
+def pair_ratios(rows_a: list[dict], rows_b: list[dict], clock: str = "worker") -> tuple[list[str], list[float], bool]:
     """Each request's rate ratio B/A: with several passes, the median of its passes' ratios, each pass's A and B
     having run back to back (a machine whose speed drifts over seconds, as a shared CPU's does, slows both
     alike). Outputs are equal when every pass of A and of B produced the same tokens."""
-    a, b = _by_request(rows_a), _by_request(rows_b)
+    a, b = _by_request(rows_a, clock), _by_request(rows_b, clock)
     seqs = {}
     for (rid, _), (_, _, seq) in [*a.items(), *b.items()]:
         seqs.setdefault(rid, set()).add(tuple(seq))
@@ -241,7 +265,7 @@ def pair_ratios(rows_a: list[dict], rows_b: list[dict]) -> tuple[list[str], list
 
 def _timing(row: dict) -> dict:
     """A row as the card keeps it: its times and counts, not its tokens (older trees lack steps)."""
-    return {**{k: row[k] for k in ("id", "decode_s", "prefill_s", "steps", "rep") if k in row},
+    return {**{k: row[k] for k in ("id", "decode_s", "prefill_s", "wall_s", "steps", "rep") if k in row},
             "decode_tokens": max(len(row["tokens"]) - 1, 0)}
 
 
@@ -288,10 +312,13 @@ def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], ti
 
 
 def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float, reps: int = 1,
-            alternating: bool = False, noise: float | None = None) -> dict:
+            alternating: bool = False, noise: float | None = None, clock: str = "worker") -> dict:
     """One device. Two workers taking turns over blocks of requests (interleaved), or, for two systems of one
     source tree, one worker that alternates between them request by request (alternating: on a small CPU two
-    processes disturb each other's timing and caches, one process holds both systems' models in one place)."""
+    processes disturb each other's timing and caches, one process holds both systems' models in one place).
+    clock "controller": two workers, one request at a time, each timed by this process (tamper.py's checks)."""
+    if clock == "controller" and alternating:
+        raise UserError("the controller's clock times two workers: not the alternating mode")
     if alternating:
         if a.source != b.source:
             raise UserError("one worker serves two systems of one source tree only; these sides come from "
@@ -305,12 +332,15 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
             hello_a, hello_b = ({**w.hello, "config": w.hello.get("configs", {}).get(s.system)} for s in (a, b))
     else:
         with two_workers(a, b, spec, gpu, gpu, timeout) as (wa, wb):
-            rows_a, rows_b = interleaved(wa.run, wb.run, wa.hello["requests"], block, reps)
+            if clock == "controller":
+                rows_a, rows_b = interleaved(clocked(wa.run), clocked(wb.run), wa.hello["requests"], 1, reps)
+            else:
+                rows_a, rows_b = interleaved(wa.run, wb.run, wa.hello["requests"], block, reps)
             hello_a, hello_b = wa.hello, wb.hello
-    ids, ratios, equal = pair_ratios(rows_a, rows_b)
+    ids, ratios, equal = pair_ratios(rows_a, rows_b, clock)
     _enough(ids)
     passes = 1 + max((r.get("rep", 0) for r in rows_a), default=0)  # fewer than reps: the verdict settled early
-    return {"mode": _mode(spec, alternating), "reps": reps, "passes": passes,
+    return {"mode": _mode(spec, alternating), "clock": clock, "reps": reps, "passes": passes,
             "a": _side(a, hello_a), "b": _side(b, hello_b), "requests": ids, "ratios": ratios,
             "outputs_equal": equal, "rows_a": [_timing(r) for r in rows_a], "rows_b": [_timing(r) for r in rows_b]}
 
@@ -321,13 +351,14 @@ def _mode(spec: dict, alternating: bool) -> str:
 
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
             noise: float | None = None, gpus: list[str] | None = None, aa: dict | None = None, reps: int = 1,
-            alternating: bool = False) -> dict:
+            alternating: bool = False, clock: str = "worker") -> dict:
     """The evidence card: the A/A run (unless a noise figure or an earlier A/A run `aa` is given), the
     A/B run, the verdict, and with an A/A run the gain with the slots' difference divided out.
     With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`, or one worker
     alternating request by request (`alternating`); with `reps` passes, each request's ratio is the median of its
-    passes' ratios."""
-    card: dict = {"block": block, "gpu": gpu, "gpus": gpus, "reps": reps,
+    passes' ratios. clock "controller": this process times each request (for a tree under judgement), and the
+    card carries tamper.py's checks of B against A."""
+    card: dict = {"block": block, "gpu": gpu, "gpus": gpus, "reps": reps, "clock": clock,
                   "controller": {"path": str(Path(__file__).resolve().parent),
                                  "code_hash": code_hash(Path(__file__).resolve().parent)}}
     paired = bool(gpus and len(gpus) >= 2)
@@ -336,22 +367,24 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
     def run(x: Side, y: Side, noise: float | None = None) -> dict:
         t0 = time.monotonic()
         got = (measure_paired(x, y, spec, block, gpus, timeout) if paired else
-               measure(x, y, spec, block, gpu, timeout, reps, alternating, noise))
+               measure(x, y, spec, block, gpu, timeout, reps, alternating, noise, clock))
         return {**got, "seconds": time.monotonic() - t0}  # workers' start included: what the run cost
 
     if aa is None and noise is None:
         aa = run(a, a)
         aa["estimate"] = estimate(aa["ratios"]).to_json()
     if aa is not None:
-        if aa.get("mode") != mode:
-            raise UserError(f"the A/A run was timed in {aa.get('mode')} mode, this run is {mode}: their slots "
-                            "are not comparable")
+        if aa.get("mode") != mode or aa.get("clock", "worker") != clock:
+            raise UserError(f"the A/A run was timed in {aa.get('mode')} mode ({aa.get('clock', 'worker')} clock), "
+                            f"this run is {mode} ({clock} clock): their slots are not comparable")
         card["aa"] = aa
         if noise is None:
             noise = noise_from(GainEstimate(**aa["estimate"]))
     ab = run(a, b, noise)
     card["ab"] = ab
     card["decision"] = decide(estimate(ab["ratios"]), noise, ab["outputs_equal"])
+    if clock == "controller":
+        card["tamper"] = tamper.check(ab["rows_a"], ab["rows_b"])
     if aa is not None:
         corrected = slot_corrected(aa["requests"], aa["ratios"], ab["requests"], ab["ratios"])
         card["slots"] = {"mode": aa["mode"], "aa_gain": aa["estimate"]["gain"],

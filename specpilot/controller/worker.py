@@ -5,6 +5,7 @@ to the system's worktree, so `specpilot` is imported from there; the worker repo
 code it actually imported, then serves one JSON command per line on stdin:
   {"run": [request ids], "system": name} -> {"rows": [{"id", "tokens", "decode_s", "prefill_s", "steps"}, ...]}
   {"lockstep": [request ids], "first": 0 or 1} -> {"rows": [A's rows], "rows_b": [B's rows]}
+  {"outputs": [request ids], "system": name, "max_new_tokens": n} -> {"rows": [{"id", "prompt", "tokens"}, ...]}
 One worker may serve two systems of its tree (the controller's alternating mode); they share the models. On a
 CPU the two answer each request in lockstep, step by step (bench/harness.run_lockstep).
   {"quit": true}
@@ -40,7 +41,7 @@ def _reply(obj: dict) -> None:
 
 def main() -> None:
     import specpilot
-    from specpilot.bench.datasets import load_requests
+    from specpilot.bench.datasets import Request, load_requests
     from specpilot.bench.harness import Runner, run_lockstep
     from specpilot.config.env import parse
     from specpilot.deployment import load_deployment
@@ -59,8 +60,11 @@ def main() -> None:
     dep = load_deployment(spec.get("preset"), spec.get("deployment"))
     names = spec.get("systems") or [spec["system"]]
     systems = {name: parse(name) for name in names}
-    requests = {r.id: r for d in spec["datasets"]
-                for r in load_requests(d, spec.get("split", "dev"), spec.get("data_dir"), spec.get("limit"))}
+    if "requests" in spec:  # given by the controller (a tree under judgement never reads the data files)
+        requests = {r["id"]: Request(r["id"], r["dataset"], tuple(r["turns"]), r["split"]) for r in spec["requests"]}
+    else:
+        requests = {r.id: r for d in spec["datasets"]
+                    for r in load_requests(d, spec.get("split", "dev"), spec.get("data_dir"), spec.get("limit"))}
     speculative = any(s.base == "stock" for s in systems.values())
     target, drafter, tok = build_pair(dep, with_drafter=speculative)
     runner = Runner(target, drafter, tok, dep.context)
@@ -85,6 +89,10 @@ def main() -> None:
             _reply({"rows": a_rows, "rows_b": b_rows})
             continue
         system = systems[cmd.get("system") or names[0]]
+        if "outputs" in cmd:  # what forcing scores: each turn's prompt and tokens
+            recs = [rec for rid in cmd["outputs"] for rec in runner.run(system, requests[rid], cmd["max_new_tokens"])]
+            _reply({"rows": [{"id": r.id, "prompt": r.prompt, "tokens": r.tokens} for r in recs]})
+            continue
         rows = [_row(rec) for rid in cmd["run"] for rec in runner.run(system, requests[rid], spec["max_new_tokens"])]
         _reply({"rows": rows})
 

@@ -9,16 +9,43 @@ a fourth system, reported beside the verdict (how far the deployment's precision
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
+from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.config.env import parse
 from specpilot.deployment import Deployment
+from specpilot.errors import UserError
 from specpilot.forcing.judge import calibrate_delta, compare, first_divergence, tally, verdict
 from specpilot.forcing.noise import margin_noise
 from specpilot.forcing.score import score_output
 from specpilot.models.dense import DenseTarget
 
 ROLES = ("reference", "candidate", "ar")
+Outputs = Callable[[Request, int], list[TurnRecord]]  # a request's turn records from another tree's worker
+
+
+@dataclasses.dataclass(frozen=True)
+class Foreign:
+    """A system of another tree: known here by its name only."""
+
+    name: str
+
+
+def checked(runner: Runner, request: Request, records: list[TurnRecord]) -> list[TurnRecord]:
+    """A foreign worker's records, if each turn's prompt is the one this install builds (the request's text and the
+    candidate's own earlier answers in the chat template); UserError otherwise: its tokens would be scored
+    against a prompt it did not answer."""
+    tok, messages = runner.tokenizer, []
+    if len(records) != len(request.turns):
+        raise UserError(f"{request.id}: the candidate's worker returned {len(records)} turns, not "
+                        f"{len(request.turns)}")
+    for text, rec in zip(request.turns, records, strict=True):
+        messages.append({"role": "user", "content": text})
+        if list(rec.prompt) != tok.chat_prompt(messages):
+            raise UserError(f"{request.id}: the candidate's worker answered a prompt other than the request's")
+        messages.append({"role": "assistant", "content": tok.decode(rec.tokens)})
+    return records
 NOISE_REQUESTS = 4  # AR outputs recomputed for the noise measurement
 EXACT_AR = "ar:graphs=false,kernels=naive"  # AR of the float32 model: the PyTorch references, no capture
 
@@ -46,7 +73,7 @@ def near_tie_gaps(scorer, reference: list[TurnRecord], ar: list[TurnRecord]) -> 
 
 def force(runner: Runner, reference: str, candidate: str, requests, max_new: int, progress=None,
           reuse: dict | None = None, bound: float | None = None, start: int | None = None,
-          exact: DenseTarget | None = None) -> dict:
+          exact: DenseTarget | None = None, outputs: Outputs | None = None) -> dict:
     """Judge the candidate on requests[:start] (default: all); with `bound`, while the smallest excess mismatch
     rate the scored tokens could detect is above it, double the requests (up to all of them). A reject stands
     whatever the power; a pass that never got the power becomes "inconclusive".
@@ -54,14 +81,18 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     reuse: a dict kept across calls on the same runner and budget: each (system, request) of the reference and
     AR runs once (never the candidate's: a candidate equal to the reference is a genuine second run of it); keep
     one per `exact`, whose scores it holds.
-    exact: the FP32-reference mode's float32 model (`exact_target`); None: score under the deployment's target."""
-    systems = dict(zip(ROLES, (parse(reference), parse(candidate), parse("ar")), strict=True))
+    exact: the FP32-reference mode's float32 model (`exact_target`); None: score under the deployment's target.
+    outputs: the candidate's turn records come from there (a tree under judgement, run by its own worker; its
+    system may name options this install does not have); each turn's prompt is checked against the one this
+    install builds from the request and the candidate's own earlier answers, then scored here."""
+    cand = parse(candidate) if outputs is None else Foreign(candidate)
+    systems = dict(zip(ROLES, (parse(reference), cand, parse("ar")), strict=True))
     reuse = {} if reuse is None else reuse
     own: dict = {}  # the candidate's runs, kept across this call's rounds only
     exact_runner = None if exact is None else Runner(exact, None, runner.tokenizer, runner.context)
     n = min(start or len(requests), len(requests))
     while True:
-        report = _judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner)
+        report = _judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner, outputs)
         if report["verdict"] == "reject" or bound is None or report["detectable_rate"] <= bound or n >= len(requests):
             break
         n = min(2 * n, len(requests))
@@ -73,14 +104,17 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     return report
 
 
-def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, scorer) -> tuple[list, list]:
+def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, scorer,
+          outputs: Outputs | None = None) -> tuple[list, list]:
     """Each request's turn records and scores under `scorer`, from memo where this system already ran it."""
-    runner.warmup(system)
+    if outputs is None:
+        runner.warmup(system)
     records, scores = [], []
     for req in requests:
         key = (system.name, req.id)
         if key not in memo:
-            recs = runner.run(system, req, max_new, progress)
+            recs = runner.run(system, req, max_new, progress) if outputs is None else checked(
+                runner, req, outputs(req, max_new))
             memo[key] = (recs, [score_output(scorer, r.prompt, r.tokens) for r in recs])
         records += memo[key][0]
         scores += memo[key][1]
@@ -88,9 +122,10 @@ def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, 
 
 
 def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reuse: dict, own: dict,
-           exact_runner: Runner | None) -> dict:
+           exact_runner: Runner | None, outputs: Outputs | None = None) -> dict:
     scorer = runner.target if exact_runner is None else exact_runner.target
-    runs = {role: _runs(runner, s, requests, max_new, progress, own if role == "candidate" else reuse, scorer)
+    runs = {role: _runs(runner, s, requests, max_new, progress, own if role == "candidate" else reuse, scorer,
+                        outputs if role == "candidate" else None)
             for role, s in systems.items()}
     records = {role: r for role, (r, _) in runs.items()}
     gaps = near_tie_gaps(scorer, records["reference"], records["ar"])

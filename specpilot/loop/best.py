@@ -74,3 +74,13 @@ def write_best(path: Path, dep: Deployment, system: str, comment: str = "") -> P
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_best_patch(path: Path, repo: Path, base: str, commit: str) -> Path:
+    """A result that is code: the patch from the loop's base commit to the result's (`git apply` it to a checkout of
+    the base, then run the system loop.json names)."""
+    from specpilot.memory.faithful import patch_between
+    from specpilot.results import write_text_atomic
+
+    write_text_atomic(path, patch_between(repo, base, commit))
+    return path

@@ -10,11 +10,13 @@ The controller's A/A run is measured once per start system and reused for every 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from contextlib import closing
+from dataclasses import asdict, dataclass, field
 
 from specpilot.bench.datasets import Request
-from specpilot.bench.harness import Runner
-from specpilot.controller.compare import REPO, Side, compare
+from specpilot.bench.harness import Runner, TurnRecord
+from specpilot.config.env import parse
+from specpilot.controller.compare import REPO, Side, Worker, compare
 from specpilot.errors import UserError
 from specpilot.forcing.run import force
 
@@ -31,6 +33,7 @@ class Gate:
     reference: str = "stock"  # what forcing holds the candidate to: the drafter's released behaviour
     aa: dict = field(default_factory=dict)  # start -> A/A run
     reuse: dict = field(default_factory=dict)  # forcing's memo of reference and AR runs
+    seal: object | None = None  # agents/guards.Seal: checked before every judgement of another tree
 
     def timing(self, start: str, candidate: str, split: str | None = None) -> dict:
         """The noise is the machine's and the start system's: one A/A run per start serves every split."""
@@ -45,8 +48,17 @@ class Gate:
         return force(self.runner, self.reference, candidate, requests or self.forcing_requests,
                      tokens or self.forcing_tokens, reuse=self.reuse if requests is None else None)
 
+    def broken(self) -> list[str]:
+        """Why the judges can no longer be trusted (the seal over their install and the sealed data; [] without a
+        seal, as in a loop with no coding agent)."""
+        return self.seal.broken() if self.seal is not None else []
+
     def judge(self, start: str, candidate: str) -> dict:
         """Timing first (cheap to refuse); forcing only for what the controller would promote."""
+        broken = self.broken()
+        if broken:
+            return {"candidate": candidate, "start": start, "promoted": False, "refused": "; ".join(broken),
+                    "fatal": True}
         t0, measured_aa = time.monotonic(), start not in self.aa  # this judgement pays for the start's A/A run
         try:
             card = self.timing(start, candidate)
@@ -87,3 +99,68 @@ def forcing_summary(report: dict) -> dict:
             "detectable_rate": report.get("detectable_rate"),
             "mismatch": {role: s.get("mismatch_rate") for role, s in systems.items()},
             "tokens": {role: s.get("tokens") for role, s in systems.items()}}
+
+
+def foreign_outputs(side: Side, spec: dict, requests: list[Request], max_new: int, timeout: float
+                    ) -> dict[str, list[TurnRecord]]:
+    """Each request's turn records as another tree's own worker produces them (untimed)."""
+    with closing(Worker(side, {**spec, "requests": [asdict(r) for r in requests]}, None, timeout)) as w:
+        rows = w.outputs([r.id for r in requests], max_new)
+    out: dict[str, list[TurnRecord]] = {}
+    by_id = {r.id: r for r in requests}
+    for row in rows:
+        rid = row["id"].split("#")[0]
+        turns = out.setdefault(rid, [])
+        turns.append(TurnRecord(row["id"], by_id[rid].dataset, len(turns) + 1, row["prompt"], row["tokens"], 0.0, 0.0))
+    return out
+
+
+@dataclass
+class TreeGate:
+    """The gate for a candidate from another tree (an agent's frozen commit, checked out afresh): its outputs from
+    its own worker (equal to AR's on a float32 deployment, then scored by token forcing here), its timing against
+    the start's tree with the controller's clock and tamper.py's checks, the seal checked first."""
+
+    gate: Gate
+
+    def judge(self, start: Side, cand: Side, requests: list[Request] | None = None, tokens: int | None = None,
+              split: str | None = None) -> dict:
+        g = self.gate
+        requests, tokens = requests or g.forcing_requests, tokens or g.forcing_tokens
+        out: dict = {"candidate": cand.system, "start": start.system, "promoted": False,
+                     "trees": {"start": str(start.source), "candidate": str(cand.source), "code_hash": cand.code}}
+        broken = g.broken()
+        if broken:
+            return {**out, "refused": "; ".join(broken), "fatal": True}
+        t0 = time.monotonic()
+        spec = {**g.spec, "requests": [asdict(r) for r in requests], **({"split": split} if split else {})}
+        try:
+            outs = foreign_outputs(cand, spec, requests, tokens, g.timeout)
+            if g.runner.target.embed.weight.dtype.itemsize == 4:  # float32: a lossless system answers as AR does
+                ar = parse("ar")
+                for r in requests[:2]:
+                    if [x.tokens for x in outs[r.id]] != [x.tokens for x in g.runner.run(ar, r, tokens)]:
+                        return {**out, "refused": f"its outputs differ from AR's in float32 ({r.id})"}
+            key = ("tree", start.system, start.code, split)
+            card = compare(start, cand, spec, gpu=None, timeout=g.timeout, aa=g.aa.get(key), reps=g.reps,
+                           clock="controller")
+        except UserError as exc:  # its worker died, timed out, or imported other code: refused
+            return {**out, "refused": str(exc)}
+        g.aa.setdefault(key, card["aa"])
+        out["controller"] = summary(card)
+        out["tamper"] = card["tamper"]
+        out["seconds"] = {"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"), "aa": 0.0}
+        if card["tamper"]["refused"]:
+            return {**out, "refused": card["tamper"]["refused"]}
+        if card["decision"]["verdict"] == "promote":
+            t1 = time.monotonic()
+            try:
+                report = force(g.runner, g.reference, cand.system, requests, tokens,
+                               outputs=lambda req, n: outs[req.id])
+            except UserError as exc:
+                return {**out, "refused": str(exc)}
+            out["forcing"] = forcing_summary(report)
+            out["seconds"]["forcing"] = time.monotonic() - t1
+        out["promoted"] = out["controller"]["verdict"] == "promote" and out.get("forcing", {}).get("verdict") in (
+            "pass", "inconclusive")
+        return out

@@ -8,22 +8,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specpilot.bench.datasets import load_requests
+from specpilot.agents.backends import Budget, backend
+from specpilot.agents.guards import Seal
+from specpilot.agents.session import AgentSetup
+from specpilot.agents.worktree import freeze, git
+from specpilot.bench.datasets import data_file, load_requests
 from specpilot.bench.harness import Runner
 from specpilot.controller.compare import REPO
+from specpilot.controller.worker import code_hash
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
 from specpilot.loop.agent import BuiltinAgent
-from specpilot.loop.best import write_best
+from specpilot.loop.best import write_best, write_best_patch
+from specpilot.loop.coding import CodingAgent
 from specpilot.loop.gate import Gate
 from specpilot.loop.remember import remember
 from specpilot.loop.rounds import Loop, LoopPlan
 from specpilot.loop.rundir import RunDir
-from specpilot.memory.faithful import resolve
+from specpilot.memory.faithful import resolve, tree_of
 from specpilot.memory.store import Store
+from specpilot.models.smollm2 import models_dir
 from specpilot.results import environment, write_json_atomic
 
-AGENTS = {"builtin": BuiltinAgent}
 ENGINES = 8  # engines the loop's process keeps (the search visits dozens of systems; see Runner.max_engines)
 
 
@@ -40,6 +46,9 @@ class LoopArgs:
     budget_s: float | None = None
     data_dir: str | None = None
     sealed_tokens: int | None = None  # the sealed final's forcing outputs (None: 4x max_new_tokens, up to 4096)
+    agent_budget: Budget | None = None  # a coding agent's wall seconds, turns and money per direction
+    jail: bool = True  # jail coding agents where the machine allows (agents/jail.py)
+    directions: int = 10  # at most this many directions per round (each costs an agent's run with a coding agent)
 
     @property
     def sealed(self) -> int:
@@ -58,15 +67,41 @@ def node_budgets(context: int, tokens: int) -> list[int]:
     return [n for n in (4, 8, 16, 32, 48, 64) if 18 * n + tokens + 128 <= context] or [4]
 
 
+def coding_agent(a: LoopArgs, sealed: list) -> CodingAgent:
+    """The agent's backend, its budget and guards: the seal over the install and the sealed requests' files, the
+    folders the jail protects, and the base commit (the install's files now, frozen)."""
+    files = [f for f in (data_file(d, a.data_dir) for d in {r.dataset for r in sealed}) if f is not None]
+    install = REPO / "specpilot"
+    seal = Seal.take(install, files)
+    protect = [REPO, *{f.parent for f in files}, models_dir(), a.run_dir.resolve()]
+    setup = AgentSetup(backend(a.agent), REPO, a.run_dir.resolve() / "agents", a.agent_budget or Budget(1800, 50),
+                       seal, protect, use_jail=a.jail)
+    base = freeze(REPO, "HEAD", "specpilot loop: the install's files at the start")
+    head = resolve(REPO, "HEAD")
+    if base.tree != tree_of(REPO, head):  # uncommitted changes: their commit is kept (memory entries name it)
+        git(REPO, "update-ref", f"refs/specpilot/bases/{base.commit}", base.commit)
+    target = (f"--preset {a.worker_spec['preset']}" if "preset" in a.worker_spec else
+              f"--deployment {a.worker_spec['deployment']}")
+    return CodingAgent(setup, BuiltinAgent(max_directions=a.directions),
+                       base=head if base.tree == tree_of(REPO, head) else base.commit,
+                       checkouts=a.run_dir.resolve() / "checkouts", target=target,
+                       install_code=code_hash(install))
+
+
 def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
-    if a.agent not in AGENTS:
-        raise UserError(f"unknown agent {a.agent!r} (known: {', '.join(AGENTS)})")
-    if a.rounds <= 0 or a.limit <= 0 or a.max_new_tokens <= 0 or a.sealed <= 0:
-        raise UserError("--rounds, --limit, --max-new-tokens and --sealed-tokens must be positive")
+    if a.agent != "builtin":
+        backend(a.agent)  # an unknown kind or a missing program is refused before anything runs
+    if min(a.rounds, a.limit, a.max_new_tokens, a.sealed, a.directions) <= 0:
+        raise UserError("--rounds, --limit, --max-new-tokens, --sealed-tokens and --directions must be positive")
+    if a.agent_budget is not None and (a.agent_budget.wall_s <= 0 or (a.agent_budget.turns or 1) <= 0
+                                       or (a.agent_budget.usd or 1) <= 0):
+        raise UserError("--agent-wall, --agent-turns and --agent-usd must be positive")
     dev, sealed = (requests(a.dep, s, a.limit, a.data_dir) for s in ("dev", "sealed"))
     on_cpu = a.dep.torch_device().type == "cpu"
+    run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s)
+    agent = BuiltinAgent(max_directions=a.directions) if a.agent == "builtin" else coding_agent(a, sealed)
     plan = LoopPlan(a.dep, a.rounds, dev, sealed, a.max_new_tokens, a.sealed,
-                    node_budgets(a.dep.context, 16), agent=AGENTS[a.agent]())
+                    node_budgets(a.dep.context, 16), agent=agent)
     spec = {**a.worker_spec, "datasets": a.dep.datasets, "split": "dev", "limit": a.limit,
             "max_new_tokens": a.max_new_tokens, "data_dir": a.data_dir,
             **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {})}
@@ -82,9 +117,9 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         # copy of the models beside the loop's own, where two workers would need two (a 28B twin is 56 GB)
         # on a CPU: 5 lockstep passes (an A/B run stops after 3 once settled); the A/A run's 5 measured 1.6% on
         # SmolLM2's 3 default requests where 3 passes measured 4.7% and 6.7% (a bar no real gain cleared)
-        return Gate(spec, runner, dev, a.max_new_tokens, alternating=True, reps=5 if on_cpu else 1)
+        return Gate(spec, runner, dev, a.max_new_tokens, alternating=True, reps=5 if on_cpu else 1,
+                    seal=getattr(agent, "setup", None) and agent.setup.seal)
 
-    run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s)
     shipped = Store(REPO / "memory", REPO)
     memory = [{"id": i, "registry": shipped.read(i).registry} for i in shipped.ids()]
     return Loop(plan, run, models, gate, memory=memory, say=say), run
@@ -95,16 +130,25 @@ def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
     loop, run = build_loop(a, say)
     env = environment()  # the code the loop starts with, not what the tree holds when it ends
     commit, dirty = resolve(REPO, "HEAD"), bool(env["dirty"])
+    coding = isinstance(loop.plan.agent, CodingAgent)
+    if coding:  # entries (and their patches) start from the base every worktree started from
+        commit, dirty = loop.plan.agent.base, False
     store = Store(a.run_dir / "memory", REPO)
     with run:
         run.log("loop", rounds=a.rounds, agent=a.agent, deployment=a.dep.name, resume=a.resume)
-        result = loop.loop(lambda r: remember(store, r, a.dep, REPO, commit, dirty, a.agent))
+        try:
+            result = loop.loop(lambda r: remember(store, r, a.dep, REPO, commit, dirty, a.agent))
+        finally:
+            if coding:
+                loop.plan.agent.clean()
         summary = {**env, "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
                    "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
                    "budget_s": a.budget_s,
                    "measured": run.ran, "reused_steps": run.reused, **result}
         write_json_atomic(a.run_dir / "loop.json", summary)
-        if result["best"] is not None:
+        if result.get("best_commit"):  # another tree's system: its code delta beside the deployment
+            write_best_patch(a.run_dir / "best.patch", REPO, commit, result["best_commit"])
+        elif result["best"] is not None:
             write_best(a.run_dir / "best.toml", a.dep, result["best"],
                        f"written by `specpilot loop` ({len(result['rounds'])} rounds, agent {a.agent}); "
                        f"run directory {a.run_dir}")

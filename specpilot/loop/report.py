@@ -30,7 +30,7 @@ def candidate_rows(summary: dict) -> list[dict]:
     rows = []
     for r in summary["rounds"]:
         for d in r["directions"]:
-            predicted = {e["system"]: e.get("speedup") for e in d["evidence"]["evaluated"]}
+            predicted = {e["system"]: e.get("speedup") for e in d.get("evidence", {}).get("evaluated", [])}
             for g in d["gated"]:
                 rows.append(_row(r["round"], "1", f"{d['direction']['factor']}: {d['direction']['mechanism']}",
                                  g, predicted.get(g["candidate"])))
@@ -46,7 +46,8 @@ def candidate_rows(summary: dict) -> list[dict]:
 def _row(rnd: int, phase: str, direction: str, g: dict, predicted: float | None) -> dict:
     c, f = g.get("controller", {}), g.get("forcing", {})
     verdict = "promoted" if g.get("promoted") else (g.get("refused") or c.get("reason") or f.get("reason", "-"))
-    return {"round": rnd, "phase": phase, "direction": direction, "candidate": g["candidate"],
+    name = g["candidate"] if not g.get("commit") else f"{g['candidate']} @ {g['commit'][:12]}"
+    return {"round": rnd, "phase": phase, "direction": direction, "candidate": name,
             "predicted": predicted, "gain": c.get("gain"), "lower": c.get("lower"), "bar": c.get("bar"),
             "forcing": f.get("verdict", "-"), "verdict": verdict}
 
@@ -106,7 +107,10 @@ def markdown(summary: dict, image: str | None) -> str:
              + (f", budget {summary['budget_s']:.0f} s" if summary.get("budget_s") else "") + "; "
              f"commit {summary.get('commit')}"
              f"{' (dirty)' if summary.get('dirty') else ''}; {summary.get('date', '')}.", "",
-             f"**Best: `{summary['best']}`**" + (f" (stopped: {summary['stopped']})" if summary["stopped"] else "")
+             f"**Best: `{summary['best']}`**"
+             + (f" on commit {summary['best_commit'][:12]} (its code: best.patch)" if summary.get("best_commit")
+                else "")
+             + (f" (stopped: {summary['stopped']})" if summary["stopped"] else "")
              + (f" (converged: {summary['converged']})" if summary.get("converged") else ""), ""]
     if image:
         lines += [f"![tokens/s and ceiling factors]({image})", ""]
@@ -127,12 +131,29 @@ def markdown(summary: dict, image: str | None) -> str:
         lines.append(f"| {c['round']} | {c['phase']} | {c['direction']} | `{c['candidate']}` | "
                      f"{_fmt(c['predicted'])} | {_fmt(c['gain'])} | {_fmt(c['lower'])} | {_fmt(c['bar'])} | "
                      f"{c['forcing']} | {c['verdict']} |")
+    agents = [(r["round"], d["direction"], d["agent"]) for r in summary["rounds"] for d in r["directions"]
+              if "agent" in d]
+    if agents:
+        lines += ["", "## Agents", "", "| round | direction | seconds | turns | cost | jail | changed | submitted | "
+                  "refused |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [_agent_row(n, d, a) for n, d, a in agents]
     skipped = [(r["round"], d["direction"], d["evidence"]["skipped"]) for r in summary["rounds"]
-               for d in r["directions"] if d["evidence"].get("skipped")]
+               for d in r["directions"] if d.get("evidence", {}).get("skipped")]
     if skipped:
         lines += ["", "## Directions not searched (the ceiling rules them out, or the budget)", ""]
         lines += [f"- round {n}, {d['factor']}: {d['mechanism']}: {why}" for n, d, why in skipped]
     return "\n".join(lines) + "\n"
+
+
+def _agent_row(rnd: int, d: dict, a: dict) -> str:
+    if "skipped" in a:
+        return f"| {rnd} | {d['factor']}: {d['mechanism']} | - | - | - | - | - | - | {a['skipped']} |"
+    cost = a["watch"].get("cost_usd")
+    jail = "yes" if a["jail"]["used"] else f"no ({a['jail']['why_not']})"
+    submitted = ", ".join("`" + c["system"] + "`" for c in a["candidates"]) or "-"
+    return (f"| {rnd} | {d['factor']}: {d['mechanism']} | {a['finished']['seconds']:.0f} | {a['watch']['turns']} | "
+            f"{'-' if cost is None else f'${cost:.2f}'} | {jail} | {len(a['frozen']['changed'])} files | "
+            f"{submitted} | {a['refused'] or '-'} |")
 
 
 def to_html(md: str, png: bytes | None) -> str:

@@ -26,8 +26,9 @@ from specpilot.config.env import parse
 from specpilot.config.system import parse_system
 from specpilot.deployment import Deployment
 from specpilot.loop.agent import BuiltinAgent, Direction
+from specpilot.loop.coding import CodingAgent, Halted, submissions
 from specpilot.loop.evidence import Evidence
-from specpilot.loop.gate import Gate, forcing_summary, summary
+from specpilot.loop.gate import Gate, TreeGate, forcing_summary, summary
 from specpilot.loop.rundir import BudgetSpent, RunDir
 from specpilot.loop.space import variant
 
@@ -49,7 +50,7 @@ class LoopPlan:
     nodes: list[int]  # node budgets the ceiling times
     profile_tokens: int = 8
     ceiling_requests: int = 3  # of the dev requests, the ones the ceiling times, records and profiles
-    agent: BuiltinAgent = field(default_factory=BuiltinAgent)
+    agent: BuiltinAgent | CodingAgent = field(default_factory=BuiltinAgent)
 
 
 @dataclass
@@ -126,22 +127,87 @@ class Loop:
         speedup = ceiling["speedup"] if start_sys.speculative else None
         rivals: dict[str, float] = {}  # base -> the best predicted speedup promoted so far this round
         for i, d in enumerate(self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup)):
-            out["directions"].append(self._direction(f"{name}/phase-1/d{i}", d, start_sys, ev, device, rivals,
-                                                     self._out_of_reach(d, ceiling, start_sys, rivals)))
+            step = f"{name}/phase-1/d{i}"
+            out["directions"].append(
+                self._coding(step, f"r{r}-d{i}", d, start_sys, ceiling, ev)
+                if isinstance(self.plan.agent, CodingAgent) else
+                self._direction(step, d, start_sys, ev, device, rivals, self._out_of_reach(d, ceiling, start_sys,
+                                                                                           rivals)))
         gated = [g for d in out["directions"] for g in d["gated"]]
         promoted = [g for g in gated if g["promoted"]]
         out["integration"] = self._integrate(f"{name}/phase-2", start, gated)
-        result = out["integration"]["result"]
-        out["tuning"] = self._tune_kernels(f"{name}/phase-3", ceiling, result, ev, device)
+        result, commit = out["integration"]["result"], out["integration"].get("commit")
+        if commit:  # Phase 3 configures this install's kernels; the result's code is another tree's
+            out["tuning"] = {"class": None, "skipped": f"the result is code (commit {commit[:12]})"}
+        else:
+            out["tuning"] = self._tune_kernels(f"{name}/phase-3", ceiling, result, ev, device)
         if out["tuning"].get("gated", {}).get("promoted"):
             result = out["tuning"]["gated"]["candidate"]
-        out["sealed"] = self.run.once(f"sealed/{slug(result)}", lambda: self._sealed(result))
+        out["sealed"] = self.run.once(f"sealed/{slug(result)}" + (f"-{commit[:8]}" if commit else ""),
+                                      lambda: self._sealed_tree(result, commit) if commit else self._sealed(result))
         out["result"] = result if out["sealed"]["passed"] else start
-        out["promoted"] = [g["candidate"] for g in promoted] + (
-            [out["tuning"]["gated"]["candidate"]] if out["tuning"].get("gated", {}).get("promoted") else [])
-        if out["result"] != start:
+        out["result_commit"] = commit if out["sealed"]["passed"] else None
+        out["promoted"] = list(dict.fromkeys([g["candidate"] for g in promoted] + (  # a tree judged once counts once
+            [out["tuning"]["gated"]["candidate"]] if out["tuning"].get("gated", {}).get("promoted") else [])))
+        if out["result"] != start and not out["result_commit"]:
             out["ceiling_after"] = self.ceiling(out["result"])  # the next round's Phase 0, measured once
         return out
+
+    def _coding(self, step: str, name: str, d: Direction, start: System, ceiling: dict, ev) -> dict:
+        """A coding agent's direction: its work (one step), then each of its submissions gated."""
+        agent = self.plan.agent
+        self.say(f"phase 1: {d.factor}: {d.mechanism} ({agent.name})")
+        short = self._short(f"{step}/agent", "agent")
+        if short:
+            return {"direction": d.to_json(), "agent": {"skipped": short}, "gated": []}
+        report = self.run.once(f"{step}/agent", lambda: agent.work(name, agent.brief(d, start.name, ceiling,
+                                                                                     self.memory)))
+        if report.get("fatal"):
+            raise Halted(report["refused"])
+        judge, gated = submissions(report, start.name)
+        for c in judge:
+            # code is judged once per round and tree: agents of several directions may well write the same
+            key = (f"{step.split('/')[0]}/trees/{c['tree'][:12]}-{slug(c['system'])}" if c["code"] else
+                   f"{step}/{slug(c['system'])}")
+            short = self._short(f"{key}/gate", "gate")
+            if short:
+                gated.append({"candidate": c["system"], "start": start.name, "promoted": False, "refused": short})
+                continue
+            self.say(f"gate: {c['system']}" + (f" (commit {c['commit'][:12]})" if c["code"] else ""))
+            if c["code"]:
+                gated.append(self.run.once(f"{key}/gate", lambda c=c: self._judge_tree(start.name, c)))
+            else:
+                cand = parse(c["system"]).name
+                check = {"equals_ar": True} if cand == "ar" else self.run.once(
+                    f"{key}/correct", lambda c=cand: {"equals_ar": ev().equals_ar(parse(c))})
+                gated.append({"candidate": cand, "start": start.name, "promoted": False,
+                              "refused": "its outputs differ from AR's in float32"} if check["equals_ar"] is False
+                             else self.run.once(f"{key}/gate", lambda c=cand: self.gate.judge(start.name, c)))
+            if gated[-1].get("fatal"):
+                raise Halted(gated[-1]["refused"])
+        return {"direction": d.to_json(), "agent": report, "gated": gated}
+
+    def _judge_tree(self, start: str, c: dict) -> dict:
+        agent = self.plan.agent
+        g = TreeGate(self.gate).judge(agent.side(start, agent.base), agent.side(c["system"], c["commit"]))
+        return {**g, "commit": c["commit"], "tree": c["tree"]}
+
+    def _sealed_tree(self, result: str, commit: str) -> dict:
+        """The sealed final of a result that is code: stock's checkout against the result's, as TreeGate judges
+        (sealed requests, forcing with the longer outputs)."""
+        self.say(f"phase 4: sealed final of {result} (commit {commit[:12]})")
+        agent = self.plan.agent
+        g = TreeGate(self.gate).judge(agent.side("stock", agent.base), agent.side(result, commit), self.plan.sealed,
+                                      self.plan.sealed_tokens, split="sealed")
+        if g.get("fatal"):
+            raise Halted(g["refused"])
+        forcing = g.get("forcing", {})
+        reason = (g.get("refused") or ("forcing rejected it" if forcing.get("verdict") == "reject" else
+                  f"not proven faster than stock on the sealed requests ({g['controller']['reason']})"
+                  if g["controller"]["verdict"] != "promote" else "held"))
+        return {"passed": g["promoted"], "result": result, "commit": commit, "reason": reason,
+                "controller": g.get("controller"), "forcing": g.get("forcing"), "tamper": g.get("tamper"),
+                "seconds": g.get("seconds")}
 
     def _out_of_reach(self, d: Direction, ceiling: dict, start: System, rivals: dict[str, float]) -> str | None:
         """Why a kernel or host direction need not be searched: the ceiling bounds what its factor can give the
@@ -193,10 +259,18 @@ class Loop:
 
     def _integrate(self, step: str, start: str, gated: list[dict]) -> dict:
         """The promoted candidates and those that gained without being proven, combined; gated against the start.
-        Without a combination, the best promoted candidate (by its gain) is the result."""
-        promoted = sorted((g for g in gated if g["promoted"]), key=lambda g: -g["controller"]["gain"])
+        Without a combination, the best promoted candidate (by its gain) is the result. A code candidate (another
+        tree's) combines with nothing: when it gained most it is the result, with its commit."""
+        promoted = sorted((g for g in gated if g["promoted"] and not g.get("commit")),
+                          key=lambda g: -g["controller"]["gain"])
+        code = sorted((g for g in gated if g["promoted"] and g.get("commit")), key=lambda g: -g["controller"]["gain"])
+        if code and (not promoted or code[0]["controller"]["gain"] > promoted[0]["controller"]["gain"]):
+            promoted = code
+        if promoted and promoted[0].get("commit"):  # code: judged alone (options of two trees do not combine)
+            top = promoted[0]
+            return {"parts": [], "combined": None, "result": top["candidate"], "commit": top["commit"]}
         small = [g for g in gated if not g["promoted"] and "controller" in g and g["controller"]["gain"] > 1
-                 and g.get("forcing", {}).get("verdict") != "reject"]
+                 and g.get("forcing", {}).get("verdict") != "reject" and not g.get("commit")]
         parts = [g["candidate"] for g in promoted + small]
         best = promoted[0]["candidate"] if promoted else start
         combined = combine(start, parts)
@@ -266,6 +340,8 @@ class Loop:
         self.say(f"phase 4: sealed final of {result}")
         if result == "stock":
             return {"passed": True, "result": result, "reason": "the round kept stock"}
+        if self.gate.broken():  # before the sealed requests are used: the judges and the data as they were
+            raise Halted("; ".join(self.gate.broken()))
         t0 = time.monotonic()
         card = self.gate.timing("stock", result, split="sealed")
         t1 = time.monotonic()
@@ -302,10 +378,19 @@ class Loop:
             except BudgetSpent as exc:
                 stopped = f"{exc} during round {r}"
                 break
+            except Halted as exc:
+                stopped = f"halted in round {r}: {exc}"
+                break
             # its steps' measured time, also where a resumed run read them back (the first step to need the
             # models counts their loading)
             rounds[-1]["seconds"] = round(self.run.cost(self.run.touched[mark:]), 1)
             rounds[-1]["memory"] = remember(rounds[-1])
+            if rounds[-1].get("result_commit"):
+                start = rounds[-1]["result"]
+                converged = (f"round {r}'s result is code (commit {rounds[-1]['result_commit'][:12]}): a next round "
+                             "starts from that commit's own install")
+                self.say(f"converged: {converged}")
+                break
             if rounds[-1]["result"] == start and r < self.plan.rounds:
                 # the agent is deterministic over its evidence: a round from the same start would search the same
                 # candidates again (and a promoted one would meet its cached sealed verdict again)
@@ -315,7 +400,8 @@ class Loop:
             start = rounds[-1]["result"]
         if stopped:
             self.say(f"stopped: {stopped}")
-        return {"rounds": rounds, "best": start, "converged": converged, "stopped": stopped}
+        commit = next((r.get("result_commit") for r in rounds[::-1] if r["result"] == start), None)
+        return {"rounds": rounds, "best": start, "best_commit": commit, "converged": converged, "stopped": stopped}
 
 
 def combine(start: str, parts: list[str]) -> str | None:

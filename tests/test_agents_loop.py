@@ -1,0 +1,54 @@
+"""`specpilot loop --agent command:...` end to end on the tiny deployment, one direction: the honest stand-in's code
+is promoted, passes the sealed final, becomes a memory entry with its patch (replayed byte for byte) and
+best.patch; the report renders the agent's row. A missing program is refused before anything runs."""
+
+import subprocess
+
+import pytest
+
+from specpilot.controller.compare import REPO
+from specpilot.deployment import load_deployment
+from specpilot.errors import UserError
+from specpilot.loop.main import LoopArgs, run_loop
+from specpilot.loop.report import write_report
+from specpilot.memory.faithful import applied_tree
+from specpilot.memory.store import Store
+
+BIN = REPO / "specpilot" / "fixtures" / "agents" / "bin"
+
+
+def args(tmp_path, agent, **kw):
+    return LoopArgs(load_deployment("tiny"), {"preset": "tiny"}, tmp_path / "run", 1, agent, 3, 32,
+                    sealed_tokens=32, directions=1, **kw)
+
+
+@pytest.mark.slow
+def test_a_loop_with_the_honest_stand_in_promotes_its_code(tmp_path):
+    summary = run_loop(args(tmp_path, f"command:{BIN / 'honest'}"))
+    try:
+        (r,) = summary["rounds"]
+        assert summary["best"] == "stock:fallback_ar=4" and summary["best_commit"] == r["result_commit"]
+        assert r["sealed"]["passed"] and r["sealed"]["forcing"]["verdict"] in ("pass", "inconclusive")
+        assert (tmp_path / "run" / "best.patch").read_text().startswith("diff --git")
+        store = Store(tmp_path / "run" / "memory", REPO)
+        (eid,) = store.ids()
+        entry = store.read(eid)
+        assert store.replay() == {eid: None} and entry.patch
+        assert applied_tree(REPO, entry.base_commit, entry.patch) == r["directions"][0]["gated"][0]["tree"]
+        assert entry.provenance["agent"].startswith("command:") and entry.provenance["cost"]["agent_s"] > 0
+        md = write_report(tmp_path / "run")[0].read_text()
+        assert "## Agents" in md and "best.patch" in md and "stock:fallback_ar=4" in md
+        assert not any((tmp_path / "run" / "checkouts").iterdir())  # the timing checkouts are removed
+    finally:
+        for r in summary["rounds"]:
+            for d in r["directions"]:
+                commit = d.get("agent", {}).get("frozen", {}).get("commit")
+                if commit:
+                    subprocess.run(["git", "-C", str(REPO), "update-ref", "-d", f"refs/specpilot/agents/{commit}"],
+                                   capture_output=True)
+
+
+def test_a_missing_agent_program_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(UserError, match="not an executable"):
+        run_loop(args(tmp_path, "command:/no/such/agent"))
+    assert not (tmp_path / "run").exists()
