@@ -39,7 +39,9 @@ def test_a_loop_with_the_honest_stand_in_promotes_its_code(tmp_path):
         md = write_report(tmp_path / "run")[0].read_text()
         assert "## Agents" in md and "best.patch" in md and "stock:fallback_ar=4" in md
         assert not any((tmp_path / "run" / "checkouts").iterdir())  # the timing checkouts are removed
-    finally:
+    finally:  # the refs the run kept its commits under: a test's are dropped (the repository is the developer's)
+        subprocess.run(["git", "-C", str(REPO), "update-ref", "-d", f"refs/specpilot/bases/{summary['base_commit']}"],
+                       capture_output=True)
         for r in summary["rounds"]:
             for d in r["directions"]:
                 commit = d.get("agent", {}).get("frozen", {}).get("commit")

@@ -143,7 +143,7 @@ def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
                 loop.plan.agent.clean()
         summary = {**env, "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
                    "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
-                   "budget_s": a.budget_s,
+                   "budget_s": a.budget_s, **({"base_commit": commit} if coding else {}),
                    "measured": run.ran, "reused_steps": run.reused, **result}
         write_json_atomic(a.run_dir / "loop.json", summary)
         if result.get("best_commit"):  # another tree's system: its code delta beside the deployment
