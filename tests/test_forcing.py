@@ -199,3 +199,33 @@ def test_exact_target_is_the_float32_function():
     a, b = wide.normed_hidden(tokens).float() @ wide.head_weight.float().t(), exact.normed_hidden(tokens) @ \
         exact.head_weight.t()
     assert (a - b).norm() / b.norm() < 0.05  # the same logits, up to bf16 rounding
+
+
+def test_a_foreign_worker_s_records_are_scored_only_on_the_request_s_own_prompts():
+    """Forcing of another tree's outputs (forcing/run.checked): each turn's prompt must be the one this install
+    builds from the request and the candidate's earlier answers; a worker that answered something else is refused,
+    and its turns must be the request's."""
+    from specpilot.bench.datasets import Request
+    from specpilot.bench.harness import Runner, TurnRecord
+    from specpilot.deployment import load_deployment
+    from specpilot.errors import UserError
+    from specpilot.forcing.run import checked
+    from specpilot.models.pair import build_pair
+
+    dep = load_deployment("tiny")
+    target, drafter, tok = build_pair(dep)
+    runner = Runner(target, drafter, tok, dep.context)
+    req = Request("builtin/x", "builtin", ("first question", "second question"), "dev")
+    one = tok.chat_prompt([{"role": "user", "content": "first question"}])
+    answer = list(b"an answer")
+    two = tok.chat_prompt([{"role": "user", "content": "first question"},
+                           {"role": "assistant", "content": tok.decode(answer)},
+                           {"role": "user", "content": "second question"}])
+    good = [TurnRecord("builtin/x#turn1", "builtin", 1, one, answer, 0, 0),
+            TurnRecord("builtin/x#turn2", "builtin", 2, two, answer, 0, 0)]
+    assert checked(runner, req, good) == good
+    easier = [good[0], TurnRecord("builtin/x#turn2", "builtin", 2, one, answer, 0, 0)]
+    with pytest.raises(UserError, match="prompt other than"):
+        checked(runner, req, easier)
+    with pytest.raises(UserError, match="1 turns, not 2"):
+        checked(runner, req, good[:1])

@@ -22,6 +22,8 @@ from specpilot.forcing.score import score_output
 from specpilot.models.dense import DenseTarget
 
 ROLES = ("reference", "candidate", "ar")
+NOISE_REQUESTS = 4  # AR outputs recomputed for the noise measurement
+EXACT_AR = "ar:graphs=false,kernels=naive"  # AR of the float32 model: the PyTorch references, no capture
 Outputs = Callable[[Request, int], list[TurnRecord]]  # a request's turn records from another tree's worker
 
 
@@ -46,8 +48,6 @@ def checked(runner: Runner, request: Request, records: list[TurnRecord]) -> list
             raise UserError(f"{request.id}: the candidate's worker answered a prompt other than the request's")
         messages.append({"role": "assistant", "content": tok.decode(rec.tokens)})
     return records
-NOISE_REQUESTS = 4  # AR outputs recomputed for the noise measurement
-EXACT_AR = "ar:graphs=false,kernels=naive"  # AR of the float32 model: the PyTorch references, no capture
 
 
 def exact_target(dep: Deployment) -> DenseTarget:
