@@ -800,6 +800,10 @@ def loop(
                                                   "(claude, codex).")] = 50,
     agent_usd: Annotated[float | None, typer.Option(help="A coding agent's money per direction, where the backend "
                                                          "reports it (claude).")] = None,
+    master: Annotated[str, typer.Option(help="Who names the directions: builtin (the ceiling's factors, the base, "
+                                             "the memory), or claude[:EXE] / codex[:EXE] / command:EXE, an LLM "
+                                             "master whose proposals are tried first (needs a coding --agent).")
+                      ] = "builtin",
     directions: Annotated[int, typer.Option(help="At most this many directions per round (largest ceiling factor "
                                                  "first; each is an agent's run with a coding agent).")] = 10,
     jail: Annotated[bool, typer.Option(help="Run coding agents in a jail where the machine has one (user, mount "
@@ -848,7 +852,7 @@ def loop(
     args = LoopArgs(dep, {"preset": preset} if preset else {"deployment": str(Path(deployment).resolve())},
                     folder, rounds, agent, limit if limit is not None else (dep.limit or 3),
                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, resume, budget, data_dir,
-                    sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions)
+                    sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions, master)
     kept = f"everything measured so far is in {folder}; continue with --resume --run-dir {folder}"
     with _interruptible(f"loop interrupted: {kept}"), err.status("starting") as status:
         summary = run_loop(args, lambda what: status.update(what))

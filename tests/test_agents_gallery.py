@@ -184,3 +184,27 @@ def test_a_jailed_agent_cannot_erase_the_record_of_its_writes(tmp_path):
                           timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == ""  # the stage is an empty tmpfs from inside
     assert jail.written(stage) == ["0/f"] and not (protected / "f").exists()
+
+
+def test_an_llm_master_proposes_directions_tried_first(judges, tmp_path, base):
+    """`--master`: the master's directions come first, options this install lacks dropped; a master that breaks a
+    rule (here: writes the judges' install) proposes nothing."""
+    from specpilot.agents.session import propose
+    from specpilot.loop.agent import BuiltinAgent, Direction
+    from specpilot.loop.coding import CodingAgent
+
+    install, data = judges
+
+    def setup(name):
+        return AgentSetup(backend(command(name)), REPO, tmp_path / "agents", DEFAULT,
+                          Seal.take(install / "specpilot", [data]), [install, data.parent])
+
+    named = [Direction("kernel", "fused kernels", ["gemv"]), Direction("base", "speculation on or off", [])]
+    brief = {**BRIEF, "named": [d.to_json() for d in named]}
+    out = propose(setup("master"), "m0", base, brief)
+    assert out["refused"] is None and len(out["directions"]) == 1
+    agent = CodingAgent(setup("honest"), BuiltinAgent(max_directions=2))
+    dirs = agent.with_proposed(named, out)
+    assert [d.factor for d in dirs] == ["tau", "kernel"] and dirs[0].options == ["block_size"]
+    bad = propose(setup("edit_judge"), "m1", base, brief)
+    assert bad["refused"] and bad["directions"] == []

@@ -54,3 +54,8 @@ def test_a_missing_agent_program_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(UserError, match="not an executable"):
         run_loop(args(tmp_path, "command:/no/such/agent"))
     assert not (tmp_path / "run").exists()
+
+
+def test_an_llm_master_needs_a_coding_agent(tmp_path):
+    with pytest.raises(UserError, match="needs|give --agent"):
+        run_loop(args(tmp_path, "builtin", master=f"command:{BIN / 'master'}"))

@@ -7,6 +7,13 @@ import json
 from pathlib import Path
 
 SUBMIT = "submit.json"
+DIRECTIONS = "directions.json"
+MASTER_RULES = """\
+1. Propose mechanisms the directions below do not cover, each one a coding agent could build in one worktree
+   as an engine option whose default reproduces stock; say which factor of the ceiling it moves and why.
+2. Reason from the evidence here and the code in this worktree; change nothing (your worktree is not judged).
+3. Propose nothing rather than something the evidence gives under {headroom:.0%} of headroom.
+4. Write .specpilot/directions.json (below); nothing else is read."""
 RULES = """\
 1. Every change is an engine option whose default reproduces stock, in the options registry
    (specpilot/config/options.py): what an existing system computes must not change.
@@ -51,6 +58,47 @@ def write(folder: Path, brief: dict) -> Path:
     path = folder / "BRIEF.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def write_master(folder: Path, brief: dict) -> Path:
+    """The master's brief: the ceiling, the directions the builtin master names, the memory; it answers with
+    directions of its own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".gitignore").write_text("*\n")
+    (folder / "brief.json").write_text(json.dumps(brief, indent=1) + "\n")
+    b = brief["budget"]
+    lines = ["# SpecPilot brief: propose directions", "",
+             f"You work in the git worktree `{brief['worktree']}` (commit {brief['base']}), read-only in effect.",
+             f"The deployment: {brief['target']}. The round starts from the system `{brief['start']}`.", "",
+             "## Ceiling evidence", "", "```json", json.dumps(brief["ceiling"], indent=1), "```", "",
+             "## Directions already named", ""]
+    lines += [f"- {d['factor']}: {d['mechanism']} (options: {', '.join(d['options']) or 'none'})"
+              for d in brief["named"]] or ["- none"]
+    lines += ["", "## Memory entries", ""] + ([f"- {m}" for m in brief["memory"]] or ["- none"])
+    lines += ["", "## Rules", "", brief["rules"], "", "## Budget", "",
+              f"- wall time: {b['wall_s']:.0f} s; turns: {b['turns'] if b['turns'] is not None else 'not capped'}",
+              "", "## How to answer", "", f"Write `.specpilot/{DIRECTIONS}`:", "", "```json",
+              json.dumps({"directions": [{"factor": "tau | kernel | overhead | lattice",
+                                          "mechanism": "what to build and why it pays here",
+                                          "options": ["existing options it touches, if any"]}]}, indent=1),
+              "```", ""]
+    path = folder / "BRIEF.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def read_directions(folder: Path) -> tuple[list[dict], str | None]:
+    """The directions a master proposed ([] and why not, when the file is missing or malformed)."""
+    path = folder / DIRECTIONS
+    if not path.is_file():
+        return [], "it proposed nothing (no .specpilot/directions.json)"
+    try:
+        given = json.loads(path.read_text())["directions"]
+        out = [{"factor": str(d["factor"])[:40], "mechanism": str(d["mechanism"])[:500],
+                "options": [str(o) for o in d.get("options", [])][:20]} for d in given]
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        return [], f"its directions are not valid JSON of the briefed form ({exc.__class__.__name__}: {exc})"
+    return out, None
 
 
 def read_submission(folder: Path) -> tuple[list[dict], str | None]:

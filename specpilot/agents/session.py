@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specpilot.agents import jail
 from specpilot.agents.backends import Backend, Budget
-from specpilot.agents.brief import read_submission, rules, write
+from specpilot.agents.brief import MASTER_RULES, read_directions, read_submission, rules, write, write_master
 from specpilot.agents.guards import Seal
 from specpilot.agents.process import run_watched
 from specpilot.agents.worktree import PRIVATE, add, freeze, git, remove
@@ -74,14 +74,34 @@ def run_agent(setup: AgentSetup, name: str, base: str, brief: dict) -> dict:
     return out
 
 
-def _run(setup: AgentSetup, name: str, wt: Path, base: str, brief: dict) -> dict:
+def propose(setup: AgentSetup, name: str, base: str, brief: dict) -> dict:
+    """An LLM master's turn: in a worktree of the base (read, not judged), it answers the brief with directions
+    beyond the builtin master's. -> {"agent", "jail", "finished", "watch", "directions", "refused", "fatal"}; a
+    master that broke a rule (killed, left processes, wrote protected files, broke the seal) proposes nothing."""
+    wt = add(setup.repo, base, setup.root / name)
+    try:
+        out = _run(setup, name, wt, base, brief, master=True)
+        directions, problem = read_directions(wt / PRIVATE)
+    finally:
+        remove(setup.repo, wt)
+    broken = setup.seal.broken()
+    wrote = out.pop("wrote")
+    refused = "; ".join(broken) or wrote or _killed(out)
+    out.update(fatal=bool(broken), refused=refused or None, directions=[] if refused else directions,
+               problem=problem)
+    return out
+
+
+def _run(setup: AgentSetup, name: str, wt: Path, base: str, brief: dict, master: bool = False) -> dict:
     """The brief written, the agent run to its end (jailed where it can be), what it did recorded."""
     jailed, why_not = setup.jailed()
     brief = {**brief, "worktree": str(wt), "base": base, "budget": setup.budget.to_json(),
-             "rules": rules(setup.headroom, brief["target"]), "install": str(setup.seal.install)}
-    path = write(wt / PRIVATE, brief)
-    prompt = (f"Read the brief in {path} and follow it: improve the engine in this worktree along its direction, "
-              f"check it, and submit as it says.")
+             "rules": (MASTER_RULES.format(headroom=setup.headroom) if master else
+                       rules(setup.headroom, brief["target"])), "install": str(setup.seal.install)}
+    path = (write_master if master else write)(wt / PRIVATE, brief)
+    prompt = (f"Read the brief in {path} and follow it: " + (
+        "propose directions as it says." if master else
+        "improve the engine in this worktree along its direction, check it, and submit as it says."))
     argv = setup.backend.argv(wt, path, prompt, brief["rules"], setup.budget)
     stage = Path(tempfile.mkdtemp(prefix="specpilot-jail-"))
     if jailed:

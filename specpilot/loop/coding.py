@@ -1,6 +1,7 @@
 """Phase 1 with a coding agent (`--agent claude|codex|command:EXE`): the builtin master names the directions (the
-ceiling's factors, the base, the memory); for each one the agent works in its own worktree from the round's base
-commit (agents/session.py), and what it submits is judged:
+ceiling's factors, the base, the memory), and an LLM master (`--master`, optional) proposes more, tried first; for
+each one the agent works in its own worktree from the round's base commit (agents/session.py), and what it
+submits is judged:
 
 - a submission that changed no code is a system of this install: gated as the builtin agent's are;
 - one that changed code is a frozen commit, checked out afresh once the agent is gone, and judged against the
@@ -18,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specpilot.agents.session import AgentSetup, run_agent
+from specpilot.agents.session import AgentSetup, propose, run_agent
 from specpilot.agents.worktree import checkout, remove
+from specpilot.config.options import OPTIONS
 from specpilot.config.system import parse_system
 from specpilot.controller.compare import Side
 from specpilot.controller.worker import code_hash
@@ -39,6 +41,7 @@ class CodingAgent:
     checkouts: Path | None = None  # where frozen commits are checked out for timing
     target: str = ""  # how the agent's own commands name the deployment (`--preset tiny`, `--deployment F`)
     install_code: str = ""  # code hash of the install at the start: a checkout of the base must have it
+    proposer: AgentSetup | None = None  # an LLM master (`--master`): directions beyond the builtin master's
 
     @property
     def name(self) -> str:
@@ -63,6 +66,19 @@ class CodingAgent:
 
     def work(self, name: str, brief: dict) -> dict:
         return run_agent(self.setup, name, self.base, brief)
+
+    def propose(self, name: str, start: str, ceiling: dict, named: list[Direction], memory: list[dict]) -> dict:
+        """The LLM master's directions for the round (its report; `directions` [] when it proposed none)."""
+        brief = {**self.brief(named[0] if named else Direction("none", "none", []), start, ceiling, memory),
+                 "named": [d.to_json() for d in named]}
+        return propose(self.proposer, name, self.base, brief)
+
+    def with_proposed(self, named: list[Direction], report: dict) -> list[Direction]:
+        """The master's directions first (a user who asked for an LLM master wants them tried), then the builtin
+        master's, capped as the builtin master caps its own. Options the install lacks are dropped."""
+        mine = [Direction(d["factor"], d["mechanism"], [o for o in d["options"] if o in OPTIONS])
+                for d in report["directions"]]
+        return (mine + named)[: self.master.max_directions]
 
     def side(self, system: str, commit: str) -> Side:
         """A commit checked out afresh for timing, with the code hash it has now (what its worker must report)."""

@@ -49,6 +49,7 @@ class LoopArgs:
     agent_budget: Budget | None = None  # a coding agent's wall seconds, turns and money per direction
     jail: bool = True  # jail coding agents where the machine allows (agents/jail.py)
     directions: int = 10  # at most this many directions per round (each costs an agent's run with a coding agent)
+    master: str = "builtin"  # who names the directions: the builtin master, or an LLM's (beside it; coding agents)
 
     @property
     def sealed(self) -> int:
@@ -82,15 +83,19 @@ def coding_agent(a: LoopArgs, sealed: list) -> CodingAgent:
         git(REPO, "update-ref", f"refs/specpilot/bases/{base.commit}", base.commit)
     target = (f"--preset {a.worker_spec['preset']}" if "preset" in a.worker_spec else
               f"--deployment {a.worker_spec['deployment']}")
-    return CodingAgent(setup, BuiltinAgent(max_directions=a.directions),
+    proposer = None if a.master == "builtin" else AgentSetup(backend(a.master), REPO, setup.root, setup.budget,
+                                                             seal, protect, use_jail=a.jail)
+    return CodingAgent(setup, BuiltinAgent(max_directions=a.directions), proposer=proposer,
                        base=head if base.tree == tree_of(REPO, head) else base.commit,
                        checkouts=a.run_dir.resolve() / "checkouts", target=target,
                        install_code=code_hash(install))
 
 
 def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
-    if a.agent != "builtin":
-        backend(a.agent)  # an unknown kind or a missing program is refused before anything runs
+    for who in {a.agent, a.master} - {"builtin"}:
+        backend(who)  # an unknown kind or a missing program is refused before anything runs
+    if a.master != "builtin" and a.agent == "builtin":
+        raise UserError("--master proposes directions for a coding agent to build: give --agent too")
     if min(a.rounds, a.limit, a.max_new_tokens, a.sealed, a.directions) <= 0:
         raise UserError("--rounds, --limit, --max-new-tokens, --sealed-tokens and --directions must be positive")
     if a.agent_budget is not None and (a.agent_budget.wall_s <= 0 or (a.agent_budget.turns or 1) <= 0

@@ -133,6 +133,11 @@ def markdown(summary: dict, image: str | None) -> str:
                      f"{c['forcing']} | {c['verdict']} |")
     agents = [(r["round"], d["direction"], d["agent"]) for r in summary["rounds"] for d in r["directions"]
               if "agent" in d]
+    masters = [(r["round"], r["master"]) for r in summary["rounds"] if r.get("master")]
+    for n, m in masters:
+        lines += ["", f"Round {n}'s LLM master ({m['agent']}): "
+                  + ("; ".join(f"{d['factor']}: {d['mechanism']}" for d in m["directions"]) or "no directions")
+                  + (f" (refused: {m['refused']})" if m["refused"] else "")]
     if agents:
         lines += ["", "## Agents", "", "| round | direction | seconds | turns | cost | jail | changed | submitted | "
                   "refused |", "|---|---|---|---|---|---|---|---|---|"]

@@ -126,7 +126,15 @@ class Loop:
         device = self.plan.dep.torch_device().type
         speedup = ceiling["speedup"] if start_sys.speculative else None
         rivals: dict[str, float] = {}  # base -> the best predicted speedup promoted so far this round
-        for i, d in enumerate(self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup)):
+        directions = self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup)
+        if isinstance(self.plan.agent, CodingAgent) and self.plan.agent.proposer is not None:
+            agent = self.plan.agent
+            out["master"] = self.run.once(f"{name}/phase-1/master", lambda: agent.propose(
+                f"r{r}-master", start, ceiling, directions, self.memory))
+            if out["master"].get("fatal"):
+                raise Halted(out["master"]["refused"])
+            directions = agent.with_proposed(directions, out["master"])
+        for i, d in enumerate(directions):
             step = f"{name}/phase-1/d{i}"
             out["directions"].append(
                 self._coding(step, f"r{r}-d{i}", d, start_sys, ceiling, ev)
