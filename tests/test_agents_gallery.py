@@ -71,7 +71,7 @@ def test_the_honest_stand_in_submits_its_mechanism_as_code(judges, tmp_path, bas
     out = agent(command("honest"), judges, tmp_path, base)
     assert out["refused"] is None and not out["fatal"]
     (cand,) = out["candidates"]
-    assert cand["system"] == "stock:fallback_ar=4" and cand["code"]
+    assert cand["system"] == "stock:fallback_ar=2" and cand["code"]
     assert set(out["frozen"]["changed"]) == {"specpilot/config/options.py", "specpilot/runtime/engine.py"}
 
 
@@ -128,7 +128,7 @@ def test_an_agent_that_spends_past_its_money_is_killed(judges, tmp_path, base):
 
 def test_the_claude_stand_in_runs_through_the_claude_backend(judges, tmp_path, base):
     out = agent(f"claude:{BIN / 'claude'}", judges, tmp_path, base)
-    assert out["refused"] is None and out["candidates"][0]["system"] == "stock:fallback_ar=4"
+    assert out["refused"] is None and out["candidates"][0]["system"] == "stock:fallback_ar=2"
     w = out["watch"]
     assert w["turns"] == 2 and w["result"]["subtype"] == "success" and w["result"]["num_turns"] == 2
     assert w["cost_usd"] == pytest.approx(0.02)

@@ -18,8 +18,8 @@ BIN = REPO / "specpilot" / "fixtures" / "agents" / "bin"
 
 
 def args(tmp_path, agent, **kw):
-    return LoopArgs(load_deployment("tiny"), {"preset": "tiny"}, tmp_path / "run", 1, agent, 3, 32,
-                    sealed_tokens=32, directions=1, **kw)
+    return LoopArgs(load_deployment("tiny"), {"preset": "tiny"}, tmp_path / "run", 1, agent, 3, 16,
+                    sealed_tokens=16, directions=1, **kw)
 
 
 @pytest.mark.slow
@@ -27,7 +27,7 @@ def test_a_loop_with_the_honest_stand_in_promotes_its_code(tmp_path):
     summary = run_loop(args(tmp_path, f"command:{BIN / 'honest'}"))
     try:
         (r,) = summary["rounds"]
-        assert summary["best"] == "stock:fallback_ar=4" and summary["best_commit"] == r["result_commit"]
+        assert summary["best"] == "stock:fallback_ar=2" and summary["best_commit"] == r["result_commit"]
         assert r["sealed"]["passed"] and r["sealed"]["forcing"]["verdict"] in ("pass", "inconclusive")
         assert (tmp_path / "run" / "best.patch").read_text().startswith("diff --git")
         store = Store(tmp_path / "run" / "memory", REPO)
@@ -37,7 +37,7 @@ def test_a_loop_with_the_honest_stand_in_promotes_its_code(tmp_path):
         assert applied_tree(REPO, entry.base_commit, entry.patch) == r["directions"][0]["gated"][0]["tree"]
         assert entry.provenance["agent"].startswith("command:") and entry.provenance["cost"]["agent_s"] > 0
         md = write_report(tmp_path / "run")[0].read_text()
-        assert "## Agents" in md and "best.patch" in md and "stock:fallback_ar=4" in md
+        assert "## Agents" in md and "best.patch" in md and "stock:fallback_ar=2" in md
         assert not any((tmp_path / "run" / "checkouts").iterdir())  # the timing checkouts are removed
     finally:  # the refs the run kept its commits under: a test's are dropped (the repository is the developer's)
         subprocess.run(["git", "-C", str(REPO), "update-ref", "-d", f"refs/specpilot/bases/{summary['base_commit']}"],

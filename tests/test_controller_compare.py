@@ -204,3 +204,29 @@ def test_lockstep_stops_early_only_when_the_verdict_is_beyond_doubt(factor, spre
     assert 1 + max(r["rep"] for r in rows_a) == passes
     assert 1 + max(r["rep"] for r in lockstep(_Pacer(0.5), ids, reps=5)[0]) == 5
     assert not settled([2.0, 2.0], 0.01, True)  # fewer than three requests settle nothing
+
+
+def test_tamper_checks_hold_b_to_a_s_own_share_and_repeats():
+    """controller/tamper.py: an honest pair passes; B reporting a third of its wall time is refused; B answering
+    repeats 5x faster than its first sight is refused; one pass (nothing to repeat) checks only the share."""
+    from specpilot.controller import tamper
+
+    def rows(first, later, share, passes=3, ids=("r1", "r2", "r3")):
+        out = []
+        for rep in range(passes):
+            for rid in ids:
+                wall = first if rep == 0 else later
+                out.append({"id": rid, "rep": rep, "wall_s": wall, "decode_s": share * wall * 0.9,
+                            "prefill_s": share * wall * 0.1})
+        return out
+
+    a = rows(1.0, 1.0, 0.95)
+    assert tamper.check(a, rows(0.7, 0.7, 0.94))["refused"] is None  # faster, honestly
+    fake = tamper.check(a, rows(0.7, 0.7, 0.3))
+    assert "timings are not its own" in fake["refused"] and fake["reported"]["b"] == pytest.approx(0.3)
+    cache = tamper.check(a, rows(1.0, 0.2, 0.95))
+    assert "faster than the first time" in cache["refused"] and cache["repeat"]["b"] == pytest.approx(5.0)
+    warm = tamper.check(rows(1.2, 1.0, 0.95), rows(1.2, 1.0, 0.95))  # both warm up alike: no refusal
+    assert warm["refused"] is None
+    once = tamper.check(rows(1.0, 1.0, 0.95, passes=1), rows(0.1, 0.1, 0.95, passes=1))
+    assert once["refused"] is None and once["repeat"]["b"] is None

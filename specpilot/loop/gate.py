@@ -141,7 +141,7 @@ class TreeGate:
                 for r in requests[:2]:
                     if [x.tokens for x in outs[r.id]] != [x.tokens for x in g.runner.run(ar, r, tokens)]:
                         return {**out, "refused": f"its outputs differ from AR's in float32 ({r.id})"}
-            key = ("tree", start.system, start.code, split)
+            key = ("tree", start.system, start.code)  # the noise is the machine's and the start's, not the split's
             card = compare(start, cand, spec, gpu=None, timeout=g.timeout, aa=g.aa.get(key), reps=g.reps,
                            clock="controller")
         except UserError as exc:  # its worker died, timed out, or imported other code: refused
