@@ -25,6 +25,8 @@ app.add_typer(data_app, name="data")
 models_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Real models from package registries.")
 app.add_typer(models_app, name="models")
 app.add_typer(memory_app, name="memory")
+w12_app = typer.Typer(add_completion=False, no_args_is_help=True, help="W12, the lossless 12-bit weight format.")
+app.add_typer(w12_app, name="w12")
 # Piped, a console is 80 columns by default and cuts tables there: give it room instead.
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -983,6 +985,57 @@ def models_fetch(
     if name != "smollm2":
         raise UserError(f"unknown model {name!r} (known: smollm2)")
     console.print(str(fetch_smollm2(dest, progress=lambda s: err.print(f"[dim]{s}[/dim]"))))
+
+
+@w12_app.command("inspect")
+def w12_inspect(
+    checkpoint: Annotated[Path | None, typer.Argument(help="A target checkpoint folder.")] = None,
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write every tensor's figures here.")] = None,
+) -> None:
+    """Encode every weight matrix of a target in W12 (its BF16 weights), decode it back and compare bit for bit:
+    bits per weight per tensor and for the model, escapes, and which tensors stay BF16 (and why)."""
+    import dataclasses
+
+    import torch
+
+    from specpilot.deployment import load_deployment
+    from specpilot.models.loading import load_target
+    from specpilot.models.pair import build_pair
+    from specpilot.results import environment, write_json_atomic
+    from specpilot.w12.inspect import inspect_model
+
+    if sum(x is not None for x in (checkpoint, preset, deployment)) != 1:
+        raise UserError("name exactly one of CHECKPOINT, --preset or --deployment")
+    _check_output(json_path)
+    if checkpoint is not None:
+        if not checkpoint.is_dir():
+            raise UserError(f"checkpoint folder not found: {checkpoint}")
+        target, source = load_target(checkpoint, torch.bfloat16, "cpu"), str(checkpoint)
+    else:
+        dep = dataclasses.replace(load_deployment(preset, deployment), dtype="bfloat16", device="cpu")
+        if dep.twin_width > 1:
+            raise UserError(f"{dep.name} is a twin ({dep.twin_width}x wider): inspect its source model instead "
+                            "(the widening repeats its weights)")
+        target, source = build_pair(dep, with_drafter=False)[0], dep.name
+    with err.status("encoding") as status:
+        report = inspect_model(target, lambda name: status.update(f"encoding {name}"))
+    report = {**environment(), "command": "specpilot w12 inspect", "source": source, **report}
+    if json_path is not None:
+        write_json_atomic(json_path, report)
+    table = Table("tensor", "shape", "bits/weight", "escapes", "stored", "bit-exact")
+    for r in report["tensors"]:
+        table.add_row(r["name"], "x".join(map(str, r["shape"])), f"{r['bits_per_weight']:.4f}",
+                      f"{r['escapes']} ({100 * r['escape_rate']:.3f}%)",
+                      r["stored"] + (f" ({r['bf16_because']})" if r["bf16_because"] else ""),
+                      "yes" if r["bit_exact"] else "[red]NO[/red]")
+    console.print(table)
+    console.print(f"{source}: {report['weights']:,} weights, {report['bits_per_weight']:.4f} bits/weight, "
+                  f"{report['bf16_bytes'] / 2**20:.1f} MiB -> {report['w12_bytes'] / 2**20:.1f} MiB "
+                  f"({100 * report['saved']:.1f}% saved), bit-exact: {'yes' if report['bit_exact'] else 'NO'}")
+    if not report["bit_exact"]:
+        raise typer.Exit(1)
 
 
 def main() -> None:
