@@ -27,7 +27,7 @@ class AgentSetup:
     root: Path  # where the worktrees go (the run directory's agents/)
     budget: Budget
     seal: Seal
-    protect: list[Path] = field(default_factory=list)  # read-only in the jail (the install, data, models, run dir)
+    protect: list[Path] = field(default_factory=list)  # overlaid in the jail (the install, data, models, run dir)
     use_jail: bool = True
     headroom: float = 0.03
     env: dict = field(default_factory=dict)  # added to the agent's environment
