@@ -61,6 +61,8 @@ def system_record(engine) -> dict:
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write via a temporary file and rename: a crash never leaves a half-written file behind."""
     path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text)
@@ -70,13 +72,4 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
-    """Write via a temporary file and rename: a crash never leaves a half-written file behind."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")

@@ -92,7 +92,8 @@ class Watch:
                 self.usage = e["usage"]
 
     def to_json(self) -> dict:
-        return {"turns": self.turns, "cost_usd": self.cost_usd, "usage": self.usage, "result": self.result}
+        return {"turns": self.turns, "cost_usd": self.cost_usd, "usage": self.usage, "result": self.result,
+                "unparsed": self.unparsed}
 
 
 @dataclass

@@ -33,11 +33,16 @@ def rules(headroom: float, target: str) -> str:
     return RULES.format(headroom=headroom, target=target)
 
 
+def _private(folder: Path, brief: dict) -> None:
+    """The private folder with the brief's JSON twin; its .gitignore keeps it out of `git add -A`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".gitignore").write_text("*\n")
+    (folder / "brief.json").write_text(json.dumps(brief, indent=1) + "\n")
+
+
 def write(folder: Path, brief: dict) -> Path:
     """BRIEF.md and brief.json in folder; -> the Markdown file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ".gitignore").write_text("*\n")  # `git add -A` in the worktree leaves the private folder out
-    (folder / "brief.json").write_text(json.dumps(brief, indent=1) + "\n")
+    _private(folder, brief)
     d, b = brief["direction"], brief["budget"]
     lines = [f"# SpecPilot brief: {d['factor']}: {d['mechanism']}", "",
              f"You work in the git worktree `{brief['worktree']}`, a copy of the engine at commit {brief['base']}.",
@@ -63,9 +68,7 @@ def write(folder: Path, brief: dict) -> Path:
 def write_master(folder: Path, brief: dict) -> Path:
     """The master's brief: the ceiling, the directions the builtin master names, the memory; it answers with
     directions of its own."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ".gitignore").write_text("*\n")
-    (folder / "brief.json").write_text(json.dumps(brief, indent=1) + "\n")
+    _private(folder, brief)
     b = brief["budget"]
     lines = ["# SpecPilot brief: propose directions", "",
              f"You work in the git worktree `{brief['worktree']}` (commit {brief['base']}), read-only in effect.",

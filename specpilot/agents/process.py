@@ -52,13 +52,11 @@ def marked(mark: str) -> list[int]:
     return out
 
 
-def _kill_group(pgid: int) -> bool:
-    """SIGKILL the group; True if anything was in it."""
+def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    except (ProcessLookupError, PermissionError):  # nothing left in it
+        pass
 
 
 def run_watched(argv: list[str], cwd: Path, timeout: float, env: dict | None = None, stdin: Path | None = None,
@@ -103,9 +101,10 @@ def _follow(proc: subprocess.Popen, t0: float, timeout: float, watch: Callable[[
                 break
             continue
         chunk = os.read(out.fileno(), 65536)
-        if not chunk:  # stdout closed: it ended, or it closed its output and goes on (waited for below)
-            out = None
-        *done, buf = (buf + chunk).split(b"\n") if chunk else ([buf] if buf else []) + [b""]
+        if chunk:
+            *done, buf = (buf + chunk).split(b"\n")
+        else:  # stdout closed: it ended, or it closed its output and goes on (waited for below)
+            done, buf, out = [buf] if buf else [], b"", None
         for raw in done:
             line = raw.decode("utf-8", "replace")
             lines.append(line)

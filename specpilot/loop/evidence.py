@@ -12,6 +12,7 @@ Every figure is measured here, on the deployment's own models, in the loop's pro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specpilot.bench.datasets import Request
@@ -147,11 +148,22 @@ class Evidence:
     def equals_ar(self, system: System, requests: int = 2) -> bool | None:
         """On a float32 deployment: does the candidate answer exactly as AR does? None where bf16 arithmetic makes
         token equality no test (token forcing decides there)."""
-        if self.runner.target.embed.weight.dtype.itemsize != 4:
+        if not exact_arithmetic(self.runner):
             return None
-        ar = parse("ar")
-        for r in self.requests[:requests]:
-            mine = [rec.tokens for rec in self.runner.run(system, r, self.max_new_tokens)]
-            if mine != [rec.tokens for rec in self.runner.run(ar, r, self.max_new_tokens)]:
-                return False
-        return True
+        answer = lambda r: [rec.tokens for rec in self.runner.run(system, r, self.max_new_tokens)]  # noqa: E731
+        return differs_from_ar(self.runner, self.requests[:requests], self.max_new_tokens, answer) is None
+
+
+def exact_arithmetic(runner: Runner) -> bool:
+    """A float32 deployment, where a lossless system's tokens equal AR's (in bf16 only forcing can tell)."""
+    return runner.target.embed.weight.dtype.itemsize == 4
+
+
+def differs_from_ar(runner: Runner, requests: list[Request], tokens: int,
+                    answer: Callable[[Request], list[list[int]]]) -> str | None:
+    """The first request whose answer (each turn's tokens) is not AR's, or None."""
+    ar = parse("ar")
+    for r in requests:
+        if answer(r) != [rec.tokens for rec in runner.run(ar, r, tokens)]:
+            return r.id
+    return None

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 
 from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
-from specpilot.config.env import parse
 from specpilot.controller.compare import REPO, Side, Worker, compare
 from specpilot.errors import UserError
 from specpilot.forcing.run import force
+from specpilot.loop.evidence import differs_from_ar, exact_arithmetic
 
 
 @dataclass
@@ -123,8 +123,8 @@ class TreeGate:
 
     gate: Gate
 
-    def judge(self, start: Side, cand: Side, requests: list[Request] | None = None, tokens: int | None = None,
-              split: str | None = None) -> dict:
+    def judge(self, start: Side, cand: Side, requests: list[Request] | None = None, tokens: int | None = None
+              ) -> dict:
         g = self.gate
         requests, tokens = requests or g.forcing_requests, tokens or g.forcing_tokens
         out: dict = {"candidate": cand.system, "start": start.system, "promoted": False,
@@ -133,15 +133,15 @@ class TreeGate:
         if broken:
             return {**out, "refused": "; ".join(broken), "fatal": True}
         t0 = time.monotonic()
-        spec = {**g.spec, "requests": [asdict(r) for r in requests], **({"split": split} if split else {})}
+        spec = {**g.spec, "requests": [asdict(r) for r in requests]}  # the workers read no data file
         try:
             outs = foreign_outputs(cand, spec, requests, tokens, g.timeout)
-            if g.runner.target.embed.weight.dtype.itemsize == 4:  # float32: a lossless system answers as AR does
-                ar = parse("ar")
-                for r in requests[:2]:
-                    if [x.tokens for x in outs[r.id]] != [x.tokens for x in g.runner.run(ar, r, tokens)]:
-                        return {**out, "refused": f"its outputs differ from AR's in float32 ({r.id})"}
+            differs = exact_arithmetic(g.runner) and differs_from_ar(
+                g.runner, requests[:2], tokens, lambda r: [x.tokens for x in outs[r.id]])
+            if differs:
+                return {**out, "refused": f"its outputs differ from AR's in float32 ({differs})"}
             key = ("tree", start.system, start.code)  # the noise is the machine's and the start's, not the split's
+            measured_aa = key not in g.aa
             card = compare(start, cand, spec, gpu=None, timeout=g.timeout, aa=g.aa.get(key), reps=g.reps,
                            clock="controller")
         except UserError as exc:  # its worker died, timed out, or imported other code: refused
@@ -149,7 +149,8 @@ class TreeGate:
         g.aa.setdefault(key, card["aa"])
         out["controller"] = summary(card)
         out["tamper"] = card["tamper"]
-        out["seconds"] = {"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"), "aa": 0.0}
+        out["seconds"] = {"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"),
+                          "aa": card["aa"].get("seconds") if measured_aa else 0.0}
         if card["tamper"]["refused"]:
             return {**out, "refused": card["tamper"]["refused"]}
         if card["decision"]["verdict"] == "promote":

@@ -79,14 +79,15 @@ def coding_agent(a: LoopArgs, sealed: list) -> CodingAgent:
                        seal, protect, use_jail=a.jail)
     base = freeze(REPO, "HEAD", "specpilot loop: the install's files at the start")
     head = resolve(REPO, "HEAD")
-    if base.tree != tree_of(REPO, head):  # uncommitted changes: their commit is kept (memory entries name it)
+    clean = base.tree == tree_of(REPO, head)
+    if not clean:  # uncommitted changes: their commit is kept (memory entries name it)
         git(REPO, "update-ref", f"refs/specpilot/bases/{base.commit}", base.commit)
     target = (f"--preset {a.worker_spec['preset']}" if "preset" in a.worker_spec else
               f"--deployment {a.worker_spec['deployment']}")
     proposer = None if a.master == "builtin" else AgentSetup(backend(a.master), REPO, setup.root, setup.budget,
                                                              seal, protect, use_jail=a.jail)
     return CodingAgent(setup, BuiltinAgent(max_directions=a.directions), proposer=proposer,
-                       base=head if base.tree == tree_of(REPO, head) else base.commit,
+                       base=head if clean else base.commit,
                        checkouts=a.run_dir.resolve() / "checkouts", target=target,
                        install_code=code_hash(install))
 

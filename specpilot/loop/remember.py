@@ -78,7 +78,8 @@ def tuned(start: str, candidate: str) -> dict:
 def _cost(direction: dict, g: dict) -> dict | None:
     """What finding it cost where the evidence says: the gate's seconds, the agent's wall time, turns and money."""
     agent = direction.get("agent_report") or {}
-    out = {"gate_s": sum(v for v in (g.get("seconds") or {}).values() if isinstance(v, int | float))}
+    seconds = g.get("seconds") or {}  # "timing" holds the A/A and A/B runs ("aa", "ab") already
+    out = {"gate_s": seconds.get("timing", 0.0) + seconds.get("forcing", 0.0)}
     if agent.get("finished"):
         out.update({"agent_s": agent["finished"]["seconds"], "turns": agent["watch"]["turns"],
                     "usd": agent["watch"]["cost_usd"]})

@@ -206,7 +206,7 @@ class Loop:
         self.say(f"phase 4: sealed final of {result} (commit {commit[:12]})")
         agent = self.plan.agent
         g = TreeGate(self.gate).judge(agent.side("stock", agent.base), agent.side(result, commit), self.plan.sealed,
-                                      self.plan.sealed_tokens, split="sealed")
+                                      self.plan.sealed_tokens)
         if g.get("fatal"):
             raise Halted(g["refused"])
         forcing = g.get("forcing", {})
