@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from specpilot.config.plan import KernelPlan  # noqa: E402
+from specpilot.kernels import nvrtc  # noqa: E402
 from specpilot.kernels.attention import cluster  # noqa: E402
 from specpilot.kernels.attention import triton as kernel_module  # noqa: E402
 from specpilot.kernels.attention.naive import attend_naive  # noqa: E402
@@ -25,7 +26,7 @@ from specpilot.kernels.tuning import candidates  # noqa: E402
 from specpilot.speculative.visibility import Visibility  # noqa: E402
 
 CUDA = torch.cuda.is_available()
-RUNS = CUDA and cluster.bindings_available()
+RUNS = CUDA and nvrtc.bindings_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 needs_cluster = pytest.mark.skipif(not RUNS, reason="needs cuda-bindings and a GPU of compute capability 9+")
 

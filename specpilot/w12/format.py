@@ -3,7 +3,10 @@
 BF16 is [sign | 8-bit exponent e | 7-bit mantissa m]. Each row keeps a base exponent b (one byte) and its weights
 are split into two planes:
 - the byte plane, one byte per weight: [s | c3 c2 c1 c0 | m6 m5 m4] with c = e - b in 1..15;
-- the nibble plane, half a byte per weight: m3 m2 m1 m0 (two weights per byte, the even column in the low half).
+- the nibble plane, half a byte per weight: m3 m2 m1 m0, eight columns to a little-endian 32-bit word whose
+  nibble i (bits 4i..4i+3) holds column 2i for i < 4 and column 2(i-4)+1 for i >= 4 (the last word zero-padded):
+  a kernel holding a pair of adjacent columns in the two 16-bit halves of a register gets their nibbles into
+  the same halves with one shift and one mask, (word >> 4p) & 0x000F000F (kernels/w12).
 c = 0 is the escape: the weight's exact 16 bits are kept in the row's escape list (CSR: a row pointer, the
 column, the bits) and the planes hold a benign value there (c = 0 decodes to 2^(b-127) x 1.m, below the window,
 never NaN). Escapes are what the window cannot hold: zeros of both signs, subnormals, outliers on either side,
@@ -29,7 +32,7 @@ class W12:
     shape: tuple[int, int]
     base: torch.Tensor  # uint8 [rows]
     byte_plane: torch.Tensor  # uint8 [rows, cols]
-    nibble_plane: torch.Tensor  # uint8 [rows, ceil(cols / 2)]
+    nibble_plane: torch.Tensor  # uint8 [rows, 4 * ceil(cols / 8)]
     esc_ptr: torch.Tensor  # int32 [rows + 1]: row r's escapes are esc_col/esc_bits[ptr[r]:ptr[r+1]]
     esc_col: torch.Tensor  # int32 [escapes]
     esc_bits: torch.Tensor  # int16 [escapes]: the exact BF16 bit patterns
@@ -82,10 +85,7 @@ def encode(w: torch.Tensor) -> W12:
     escape = (code < 1) | (code > WINDOW) | ((code == WINDOW) & ((mantissa >> 4) == 7))
     code = torch.where(escape, torch.zeros_like(code), code)
     byte_plane = ((sign << 7) | (code << 3) | (mantissa >> 4)).to(torch.uint8)
-    low = mantissa & 0xF
-    if cols % 2:
-        low = torch.cat([low, torch.zeros(rows, 1, dtype=low.dtype, device=low.device)], 1)
-    nibble_plane = (low[:, 0::2] | (low[:, 1::2] << 4)).to(torch.uint8)
+    nibble_plane = pack_nibbles(mantissa & 0xF)
     r, c = escape.nonzero(as_tuple=True)  # row-major order: CSR by row
     esc_ptr = torch.zeros(rows + 1, dtype=torch.int32, device=w.device)
     esc_ptr[1:] = torch.bincount(r, minlength=rows).cumsum(0).to(torch.int32)
@@ -95,9 +95,25 @@ def encode(w: torch.Tensor) -> W12:
 
 def decode(f: W12) -> torch.Tensor:
     """The BF16 matrix back, bit for bit (the reference every kernel's decode is held to)."""
-    rows, cols = f.shape
-    nib = f.nibble_plane.to(torch.int32)
-    return _assemble(f, torch.stack([nib & 0xF, nib >> 4], 2).reshape(rows, -1)[:, :cols])
+    return _assemble(f, unpack_nibbles(f.nibble_plane, f.shape[1]))
+
+
+def pack_nibbles(low: torch.Tensor) -> torch.Tensor:
+    """int32 [rows, cols] values 0..15 -> the nibble plane (the module docstring's word order)."""
+    rows, cols = low.shape
+    pad = -cols % 8
+    if pad:
+        low = torch.cat([low, torch.zeros(rows, pad, dtype=low.dtype, device=low.device)], 1)
+    words = low.reshape(rows, -1, 8)
+    seq = torch.cat([words[..., 0::2], words[..., 1::2]], 2)  # nibble order: the even columns, then the odd
+    return (seq[..., 0::2] | (seq[..., 1::2] << 4)).to(torch.uint8).reshape(rows, -1)
+
+
+def unpack_nibbles(plane: torch.Tensor, cols: int) -> torch.Tensor:
+    """The nibble plane -> int32 [rows, cols] (pack_nibbles inverted)."""
+    b = plane.to(torch.int32).reshape(plane.shape[0], -1, 4)
+    seq = torch.stack([b & 0xF, b >> 4], 3).reshape(plane.shape[0], -1, 8)
+    return torch.stack([seq[..., :4], seq[..., 4:]], 3).reshape(plane.shape[0], -1)[:, :cols]
 
 
 def view8(f: W12) -> torch.Tensor:

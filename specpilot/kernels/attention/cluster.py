@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from specpilot.kernels import nvrtc
 from specpilot.speculative.visibility import Visibility
 
 SOURCE = Path(__file__).with_name("cluster.cu")
@@ -38,16 +39,6 @@ def smem_bytes(g: int, d: int, splits: int) -> int:
     return 4 * (WARPS + splits) * g * (d + 2)
 
 
-@functools.cache
-def bindings_available() -> bool:
-    """cuda-bindings (the driver API and NVRTC) imports, and a CUDA device of compute capability 9+ is there."""
-    try:
-        from cuda.bindings import driver, nvrtc  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-
-
 def eligible(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility, splits: int) -> bool:
     """Whether this kernel can run this call (otherwise the Triton kernel does)."""
     b, t, hq, d = q.shape
@@ -59,38 +50,13 @@ def eligible(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis:
             and all(x.stride(-1) == 1 for x in (q, k_cache, v_cache))
             and all(s % (d // 32) == 0 for x in (q, k_cache, v_cache) for s in x.stride()[:-1])
             and all(x.data_ptr() % 16 == 0 for x in (q, k_cache, v_cache))
-            and smem_bytes(g, d, splits) <= STATIC_SMEM and bindings_available()
+            and smem_bytes(g, d, splits) <= STATIC_SMEM and nvrtc.bindings_available()
             and torch.cuda.get_device_capability(q.device)[0] >= 9)
 
 
-def _check(res, what: str):
-    """cuda-bindings calls return (status, *values): raise on a failing status, else the value(s)."""
-    err, *vals = res if isinstance(res, tuple) else (res,)
-    if int(err) != 0:
-        raise RuntimeError(f"{what} failed: {err}")
-    return vals[0] if len(vals) == 1 else vals
-
-
 def build(macros: dict[str, int], arch: str, verbose: bool = False) -> tuple[bytes, str]:
-    """cluster.cu compiled by NVRTC for `arch` (e.g. sm_90; no GPU needed): (cubin, NVRTC's log). verbose:
-    the log holds ptxas's report (registers, spills, shared memory), which the CPU tests read."""
-    from cuda.bindings import nvrtc
-
-    prog = _check(nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), b"cluster.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"-std=c++17",
-            *(f"-D{k}={v}".encode() for k, v in macros.items()), *([b"--ptxas-options=-v"] if verbose else [])]
-    try:
-        err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
-        log = b" " * _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        log = log.decode(errors="replace").rstrip(" \0")
-        if int(err) != 0:
-            raise RuntimeError(f"NVRTC could not compile {SOURCE.name} ({macros}): {log}")
-        cubin = b" " * _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    return cubin, log
+    """cluster.cu compiled by NVRTC for `arch` (kernels/nvrtc.build)."""
+    return nvrtc.build(SOURCE, macros, arch, verbose)
 
 
 def macros_for(g: int, d: int, splits: int, late: bool, preload: bool, half: bool) -> dict[str, int]:
@@ -102,16 +68,8 @@ def macros_for(g: int, d: int, splits: int, late: bool, preload: bool, half: boo
 @functools.cache
 def _function(device: int, g: int, d: int, splits: int, late: bool, preload: bool, half: bool):
     """(module, function) for one configuration, loaded into the device's primary context (PyTorch's)."""
-    from cuda.bindings import driver
-
-    major, minor = torch.cuda.get_device_capability(device)
-    cubin, _ = build(macros_for(g, d, splits, late, preload, half), f"sm_{major}{minor}")
-    _check(driver.cuInit(0), "cuInit")
-    ctx = _check(driver.cuDevicePrimaryCtxRetain(_check(driver.cuDeviceGet(device), "cuDeviceGet")),
-                 "cuDevicePrimaryCtxRetain")
-    _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    module = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
-    return module, _check(driver.cuModuleGetFunction(module, b"decode_attention"), "cuModuleGetFunction")
+    module = nvrtc.load(device, build(macros_for(g, d, splits, late, preload, half), nvrtc.arch_of(device))[0])
+    return module, nvrtc.function(module, "decode_attention")
 
 
 def _attr(driver, kind: str, fill) -> object:
@@ -155,6 +113,6 @@ def attend_cluster(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
               out.data_ptr(), q.stride(0), q.stride(2), *k_cache.stride()[:3], *v_cache.stride()[:3],
               out.stride(0), out.stride(2), hkv, length, float(scale) * LOG2E)
     types = (ptr,) * 6 + (i64,) * 10 + (ctypes.c_int, ctypes.c_int, ctypes.c_float)
-    _check(driver.cuLaunchKernelEx(cfg, func, (values, types), 0), "cuLaunchKernelEx")
+    nvrtc.check(driver.cuLaunchKernelEx(cfg, func, (values, types), 0), "cuLaunchKernelEx")
     return out
 

@@ -48,7 +48,7 @@ CLUSTER = [{"CLUSTER": s, **late} for s in (4, 8) for late in ({}, {"LATE": True
 
 
 def _cluster_runs() -> bool:
-    from specpilot.kernels.attention.cluster import bindings_available
+    from specpilot.kernels.nvrtc import bindings_available
 
     return bindings_available()
 
