@@ -54,8 +54,13 @@ def environment() -> dict:
 
 
 def system_record(engine) -> dict:
-    """A system as an engine ran it: every option, and the kernel plan with the tuning table it ran under."""
-    return {**engine.system.to_json(), "plan": engine.plan.to_json()}
+    """A system as an engine ran it: every option, the kernel plan with the tuning table it ran under, and (with
+    weights=w12) what the target's projections are stored as and the memory that saves."""
+    record = {**engine.system.to_json(), "plan": engine.plan.to_json()}
+    w12 = getattr(engine, "w12_report", None)
+    if w12 is not None:
+        record["w12"] = {k: w12[k] for k in ("bf16_bytes", "stored_bytes", "saved", "kept_bf16")}
+    return record
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -81,6 +81,11 @@ OPTIONS: dict[str, Option] = _options(
     Option("embed_kernel", bool, True, "the one-row step's embedding gather hands the first norm its inputs",
            "kernel"),
     Option("greedy_kernel", bool, True, "the AR step's argmax, token and position in one launch", "kernel"),
+    Option("weights", str, "bf16", "the target's projection weights: bf16, or w12 (lossless 12 bits a weight, "
+           "checked bit for bit at load, decoded in registers by the few-row tensor-core kernel for 1..64 rows; "
+           "kernels/fewrow)", "kernel", choices=("bf16", "w12")),
+    Option("fewrow", bool, False, "BF16 target projections of 1..64 rows through the few-row tensor-core kernel "
+           "(kernels/fewrow; batch-invariant) in place of cuBLAS and the gemv kernels", "kernel"),
     # tuning (what the gemv step tuning offers and how long it searches)
     Option("staged", bool, True, "offer the shared-memory weight rings (gemv/staged.py) to the step tuning",
            "tuning"),

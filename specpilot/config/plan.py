@@ -27,6 +27,8 @@ class KernelPlan:
     l2: str
     embed_kernel: bool
     greedy_kernel: bool
+    weights: str
+    fewrow: bool
     staged: bool
     attn_late: bool
     cluster: bool

@@ -70,6 +70,11 @@ class Engine:
         if self.fault in ("unverified_accept", "rare_unverified") and drafter is None:
             raise UserError(f"fault {self.fault} needs a drafter (system stock)")
         self.use_graphs = self.system.get("graphs") and self.device.type == "cuda"
+        self.w12_report = None
+        if self.plan.weights == "w12":  # the projections' W12 forms, made and checked once per target
+            from specpilot.w12.attach import attach
+
+            self.w12_report = attach(target)
         self.lookahead = self.system.get("lookahead")
         self.pad = Pad(self.system.get("pad_us"), self.device)
         self.recorder = None  # replay/record.Recorder: each speculative step's lattice (steps run one by one)

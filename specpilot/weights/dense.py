@@ -2,7 +2,9 @@
 
 `project` is what every projection of the target and drafter calls: cuBLAS, with the norm before it, SwiGLU's
 activation and the residual add after it as separate kernels; or, for a few rows under the plan's `gemv`,
-the weight-streaming Triton GEMV that fuses them all (kernels/gemv). `qkv_rope` is the one-row q/k/v
+the weight-streaming Triton GEMV that fuses them all (kernels/gemv); or, for 1..64 rows under the plan's
+`weights=w12` (once w12/attach.py gave the weight its W12 form) or `fewrow`, the few-row tensor-core kernel
+(kernels/fewrow), the residual added in its epilogue. `qkv_rope` is the one-row q/k/v
 projection fused with rope and the K/V write (kernels/qkv_rope). `rows` gathers rows (the embedding, whose
 table a tied LM head shares). `reference` is the plain PyTorch the kernels are tested against.
 """
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.config.plan import KernelPlan
+from specpilot.kernels import fewrow
 from specpilot.kernels.gemv import gemv_applies, stream_of
 from specpilot.kernels.gemv.naive import gemv_naive
 from specpilot.kernels.norm import rms_norm
@@ -30,6 +33,7 @@ class DenseWeight(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.w12: fewrow.FewRowWeight | None = None  # the W12 form, checked against `weight` (w12/attach.py)
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> DenseWeight:
@@ -37,6 +41,7 @@ class DenseWeight(nn.Module):
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.weight, self.bias = weight, bias
+        self.w12 = None
         return self
 
     @property
@@ -48,6 +53,9 @@ class DenseWeight(nn.Module):
         """[residual +] act(rms_norm?(x) W^T + b), act = silu(gate) * up when gate_up (W = [gate; up]). x and
         residual may be NormedStreams. next_norm: the weight of the norm that will read the result; a one-row
         streaming GEMV then returns a NormedStream for it (kernels/gemv), anything else a tensor."""
+        few = self.fewrow_weight(x, plan)
+        if few is not None:
+            return self._project_fewrow(few, x, plan, norm_weight, eps, residual, gate_up)
         if gemv_applies(x, plan):
             from specpilot.kernels.gemv.triton import gemv_triton
 
@@ -62,6 +70,32 @@ class DenseWeight(nn.Module):
             y = silu_mul(y, plan)
         return y if residual is None else residual + y
 
+    def fewrow_weight(self, x, plan: KernelPlan) -> fewrow.FewRowWeight | None:
+        """The form the few-row kernel reads, when the plan sends this call there: W12 under weights=w12 (once
+        attached), BF16 under fewrow; for 1..64 rows on a GPU that runs the kernel. Elsewhere (the CPU, a
+        prefill's rows) the projection reads `weight`, whose bits the W12 form was checked to hold."""
+        x = stream_of(x)
+        rows = x.numel() // x.shape[-1]
+        if not (x.is_cuda and rows <= fewrow.MAX_ROWS and x.dtype == torch.bfloat16 and fewrow.runs()):
+            return None
+        if plan.weights == "w12" and self.w12 is not None:
+            return self.w12
+        if plan.fewrow and self.weight.dtype == torch.bfloat16 and fewrow.fits(self.weight.shape[1]) is None:
+            return fewrow.FewRowWeight.bf16(self.weight, self.bias)
+        return None
+
+    def _project_fewrow(self, few: fewrow.FewRowWeight, x, plan: KernelPlan, norm_weight, eps, residual,
+                        gate_up: bool) -> torch.Tensor:
+        x, residual = stream_of(x), stream_of(residual)
+        h = rms_norm(x, norm_weight, eps, plan) if norm_weight is not None else x
+        fused = residual is not None and not gate_up  # the kernel adds it after rounding, as `residual + y` does
+        with region("gemm"):
+            y = fewrow.product(h.reshape(-1, h.shape[-1]), few,
+                               residual=residual.reshape(-1, few.n) if fused else None).view(*h.shape[:-1], few.n)
+        if gate_up:
+            y = silu_mul(y, plan)
+        return y if residual is None or fused else residual + y
+
     def reference(self, x: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                   residual: torch.Tensor | None = None, gate_up: bool = False) -> torch.Tensor:
         """What `project` computes, in plain PyTorch."""
@@ -69,7 +103,7 @@ class DenseWeight(nn.Module):
                           gate_up=gate_up)
 
     def qkv_rope_applies(self, x, plan: KernelPlan, qk_norm: bool, head_dim: int) -> bool:
-        return qkv_rope_applies(x, plan, qk_norm, head_dim)
+        return qkv_rope_applies(x, plan, qk_norm, head_dim) and self.fewrow_weight(x, plan) is None
 
     def qkv_rope(self, x, plan: KernelPlan, norm_weight, eps, positions, rope, k_cache, v_cache, slots,
                  num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:

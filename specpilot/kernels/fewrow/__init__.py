@@ -61,6 +61,11 @@ class FewRowWeight:
         return decode(self.w12) if self.w12 is not None else self.planes
 
 
+def runs() -> bool:
+    """Whether the kernel can run here: cuda-bindings and NVRTC, a GPU of compute capability 9+."""
+    return nvrtc.bindings_available()
+
+
 def fits(k: int) -> str | None:
     """Why a weight with k columns cannot run here (None when it can)."""
     return None if k % LANE_COLUMNS == 0 else f"{k} columns is not a multiple of {LANE_COLUMNS}"
