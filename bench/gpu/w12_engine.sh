@@ -14,6 +14,7 @@ python3 -m specpilot.cli bench --preset smollm2-twin -s ar -s ar:fewrow=true -s 
     --limit "${TWIN_LIMIT:-1}" --max-new-tokens "${TWIN_NEW:-128}" --json "$OUT/twin_ar_w12.json"
 echo "twin bench: exit $?"
 for base in ar stock; do
+    [ "${FORCE:-1}" = 1 ] || break  # FORCE=0: the timings alone
     python3 -m specpilot.cli force --deployment bench/gpu/smollm2-pair.toml --reference "$base" \
         --candidate "$base:weights=w12" --limit "${LIMIT:-5}" --max-new-tokens "${MAXNEW:-256}" \
         --json "$OUT/force_w12_$base.json"
