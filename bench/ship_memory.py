@@ -18,12 +18,17 @@ from specpilot.memory.store import Store
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 
-# (title, direction, sweep file, system as the sweep names it, forcing file or None)
+# (title, direction, sweep file, system as the sweep names it, forcing file or None, the baseline it is set
+# against in the sweep)
 SHIPPED = [
     ("best-first draft tree, 32 nodes (the pair)", "tau", "2026-12-03_trees_pair_sweep_4eb8239_h200.json",
-     "stock:nodes=32,tree=best_first", "2026-12-03_force_tree_best_first_bf18272_h200.json"),
+     "stock:nodes=32,tree=best_first", "2026-12-03_force_tree_best_first_bf18272_h200.json", "stock"),
     ("best-first draft tree, 48 nodes (the twin)", "tau", "2026-12-03_trees_twin_sweep_4eb8239_h200.json",
-     "stock:nodes=48,tree=best_first", None),
+     "stock:nodes=48,tree=best_first", None, "stock"),
+    ("W12 target weights in the few-row kernel (the twin, AR)", "weights", "2026-12-04_twin_ar_w12_a72135e_h200.json",
+     "ar:weights=w12", None, "ar"),
+    ("BF16 target projections in the few-row kernel (the twin, AR)", "kernels",
+     "2026-12-04_twin_ar_w12_a72135e_h200.json", "ar:fewrow=true", None, "ar"),
 ]
 
 
@@ -35,13 +40,16 @@ def fingerprint(record: dict) -> dict:
             "dtype": dep["dtype"].removeprefix("torch.")}
 
 
-def shipped_entry(title: str, direction: str, sweep: str, system: str, forcing: str | None) -> Entry:
+def shipped_entry(title: str, direction: str, sweep: str, system: str, forcing: str | None,
+                  baseline: str) -> Entry:
     record = json.loads((RESULTS / sweep).read_text())
     base = resolve(REPO, record["commit"])
-    measured, stock = record["systems"][system], record["systems"]["stock"]
+    measured, against = record["systems"][system], record["systems"][baseline]
     bench = {"file": f"bench/results/{sweep}", "requests": measured["n_requests"], "tau": measured["tau"],
-             "speedup_vs_ar": measured["speedup_vs_ar"], "stock_tau": stock["tau"],
-             "stock_speedup_vs_ar": stock["speedup_vs_ar"]}
+             "speedup_vs_ar": measured["speedup_vs_ar"], f"{baseline}_tau": against["tau"],
+             f"{baseline}_speedup_vs_ar": against["speedup_vs_ar"]}
+    if "w12" in measured.get("config", {}):  # the memory the W12 forms save
+        bench["w12_saved"] = measured["config"]["w12"]["saved"]
     evidence = {"fingerprint": fingerprint(record), "bench": bench, "controller": None, "forcing": None}
     if forcing:
         verdict = json.loads((RESULTS / forcing).read_text())

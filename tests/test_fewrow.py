@@ -1,0 +1,154 @@
+"""The few-row products (kernels/fewrow): the kernel's W12 decode (its PyTorch twin, decode_pairs) against the
+format on every bit pattern and on random matrices, the load-time check catching a corrupted plane or escape,
+the reference's roundings, the split chosen from the shape alone, the NVRTC builds for sm_90, the engine's
+weights=w12 on the CPU; on a Hopper GPU, the kernel against the reference (escapes of every kind, bias,
+residual), batch invariance and determinism."""
+
+import importlib.util
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specpilot.config import parse_system
+from specpilot.fixtures.random_models import random_target, tiny_target_config
+from specpilot.kernels import fewrow, nvrtc
+from specpilot.runtime.engine import Engine
+from specpilot.w12.attach import attach, projections
+from specpilot.w12.format import bits_of, encode
+
+GPU = fewrow.runs()
+
+
+def from_bits(bits) -> torch.Tensor:
+    return torch.as_tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+def weights(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Trained-like weights with every special value mixed in: zeros of both signs, subnormals, infinities,
+    NaNs, outliers."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(rows, cols, generator=g) * 0.02).to(torch.bfloat16)
+    specials = from_bits([0x0000, 0x8000, 0x0001, 0x807F, 0x7F80, 0xFF80, 0x7FC1, 0x4480, 0xC2F0])
+    idx = torch.randperm(rows * cols, generator=g)[:specials.numel()]
+    w.view(-1)[idx] = specials[: idx.numel()]
+    return w
+
+
+def test_the_kernels_decode_gives_every_bf16_bit_pattern():
+    """All 65,536 patterns: the pair decode holds each one's bits wherever it is not an escape."""
+    w = from_bits(torch.randperm(65536, generator=torch.Generator().manual_seed(1))).reshape(512, 128)
+    f = encode(w)
+    dec = fewrow.decode_pairs(f.byte_plane, f.nibble_plane, f.base)
+    escaped = torch.zeros(w.shape, dtype=torch.bool)
+    rows = torch.repeat_interleave(torch.arange(512), (f.esc_ptr[1:] - f.esc_ptr[:-1]).long())
+    escaped[rows, f.esc_col.long()] = True
+    assert (~escaped).sum() > 0.1 * w.numel()
+    assert torch.equal(dec[~escaped], bits_of(w)[~escaped])
+    assert fewrow.check_w12(f, w, on_device=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 24), words=st.integers(1, 12), seed=st.integers(0, 2**31 - 1),
+       random_bits=st.booleans())
+def test_the_load_check_passes_on_random_matrices(rows, words, seed, random_bits):
+    g = torch.Generator().manual_seed(seed)
+    cols = 8 * words
+    w = (from_bits(torch.randint(0, 65536, (rows, cols), generator=g)) if random_bits
+         else weights(rows, cols, seed))
+    assert fewrow.check_w12(encode(w), w, on_device=False)
+
+
+@pytest.mark.parametrize("damage", ["byte", "nibble", "escape_bits", "base"])
+def test_the_load_check_fails_on_damage(damage):
+    w = weights(16, 64, 3)
+    f = encode(w)
+    assert f.escapes > 0 and fewrow.check_w12(f, w, on_device=False)
+    escaped = torch.zeros(w.shape, dtype=torch.bool)
+    escaped[torch.repeat_interleave(torch.arange(16), (f.esc_ptr[1:] - f.esc_ptr[:-1]).long()), f.esc_col.long()] = 1
+    r, c = (int(i) for i in (~escaped).nonzero()[0])  # a weight the planes hold
+    if damage == "byte":
+        f.byte_plane[r, c] ^= 0x01
+    elif damage == "nibble":  # column c's nibble: word c // 8, nibble (c % 8) / 2 for even columns, 4 + that for odd
+        i = c % 8
+        j = i // 2 + 4 * (i % 2)
+        f.nibble_plane[r, 4 * (c // 8) + j // 2] ^= 1 << (4 * (j % 2))
+    elif damage == "escape_bits":
+        f.esc_bits[0] ^= 0x0001
+    else:
+        f.base[r] ^= 0x01
+    assert not fewrow.check_w12(f, w, on_device=False)
+
+
+def test_reference_rounds_the_sum_then_adds_the_residual():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    w = weights(40, 64, 5).nan_to_num(0.0, 1.0, -1.0)
+    b = torch.randn(40, generator=g).to(torch.bfloat16)
+    res = torch.randn(3, 40, generator=g).to(torch.bfloat16)
+    want = ((x.double() @ w.double().t() + b.double()).float().to(torch.bfloat16).float() + res.float())
+    got = fewrow.reference(x, fewrow.FewRowWeight.of_w12(encode(w), b), residual=res)
+    assert torch.allclose(got.float(), want.to(torch.bfloat16).float(), rtol=2 ** -7, atol=1e-3)
+    same = fewrow.reference(x, fewrow.FewRowWeight.bf16(w, b), residual=res)
+    assert torch.equal(got, same)  # the W12 form is the same matrix
+
+
+def test_layout_and_split_follow_the_shape_not_the_rows():
+    assert [fewrow.m_tiles(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 4, 4, 8, 8]
+    for n, k in ((48, 5120), (1024, 5120), (5120, 17408), (248320, 5120), (64, 128)):
+        s = fewrow.split_for(n, k, 132)
+        assert 1 <= s and (s == 1 or -(-k // fewrow.CHUNK) // s >= fewrow.MIN_CHUNKS)
+    assert fewrow.fits(576) is None and fewrow.fits(100) is not None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cuda") is None, reason="needs cuda-bindings' NVRTC")
+@pytest.mark.parametrize("w12,rows", [(True, 1), (False, 8)])
+def test_the_kernel_builds_for_hopper(w12, rows):
+    log = nvrtc.build(fewrow.SOURCE, fewrow.macros(w12, rows, *fewrow.LAYOUT[rows]), "sm_90", verbose=True)[1]
+    assert "few_row_product" in log and "w12_decode" in log
+
+
+def test_weights_w12_in_the_engine_on_the_cpu():
+    """The W12 forms are made and checked at engine start (a matrix the kernel cannot take stays BF16, with the
+    reason), the memory saved is reported, and the tokens are AR's (the CPU reads the checked BF16)."""
+    target = random_target(tiny_target_config(intermediate_size=176), seed=0, dtype=torch.bfloat16)
+    ar = Engine(target, None, parse_system("ar"), context=96)
+    w12 = Engine(target, None, parse_system("ar:weights=w12"), context=96)
+    report = w12.w12_report
+    assert report["saved"] > 0.15 and set(report["kept_bf16"]) == {f"layers.{i}.mlp.w2" for i in range(4)}
+    assert all("176 columns" in why for why in report["kept_bf16"].values())
+    assert all(dw.w12 is not None for name, dw in projections(target) if name not in report["kept_bf16"])
+    assert ar.generate([1, 2, 3, 4], 12).tokens == w12.generate([1, 2, 3, 4], 12).tokens
+    assert attach(target)["saved"] == report["saved"]  # attaching again keeps the forms made once
+
+
+# ---------------------------------------------------------------- on a Hopper GPU
+
+@pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")
+@pytest.mark.parametrize("n,k", [(48, 512), (200, 576), (1024, 2048)])
+def test_the_kernel_matches_the_reference_at_every_row_count(n, k):
+    w = weights(n, k, n + k).cuda()
+    w = w.nan_to_num(0.0, 1.0, -1.0)  # finite sums: compared with a tolerance
+    b = torch.randn(n, device="cuda").to(torch.bfloat16)
+    x64 = torch.randn(64, k, device="cuda").to(torch.bfloat16)
+    res = torch.randn(64, n, device="cuda").to(torch.bfloat16)
+    forms = {"w12": fewrow.encode_checked(w, b), "bf16": fewrow.FewRowWeight.bf16(w, b)}
+    for name, form in forms.items():
+        outs = {}
+        for m in (1, 3, 16, 33, 64):
+            y = fewrow.product(x64[:m], form, residual=res[:m])
+            ref = fewrow.reference(x64[:m], forms["bf16"], residual=res[:m])
+            torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2, msg=f"{name} {m} rows")
+            assert torch.equal(y, fewrow.product(x64[:m], form, residual=res[:m]))  # deterministic
+            outs[m] = y
+        assert all(torch.equal(outs[m], outs[64][:m]) for m in outs)  # batch-invariant
+
+
+@pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")
+def test_infinities_and_nans_in_the_weights_reach_the_outputs():
+    w = torch.full((32, 128), 0.01, device="cuda").to(torch.bfloat16)
+    w[3, 5], w[7, 9] = float("inf"), float("nan")
+    x = torch.ones(2, 128, device="cuda").to(torch.bfloat16)
+    y = fewrow.product(x, fewrow.encode_checked(w)).float()
+    assert torch.isinf(y[:, 3]).all() and torch.isnan(y[:, 7]).all() and torch.isfinite(y[:, 0]).all()
