@@ -30,6 +30,7 @@ from specpilot.speculative.proposal import TOP_K
 from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
 from specpilot.speculative.tree import TreeBuilder
+from specpilot.speculative.two_level import TwoLevelStep
 
 
 @dataclass
@@ -103,16 +104,22 @@ class Engine:
             drafter.set_rope_length(self.context + 1, device=self.device)
         # One extra slot at the end absorbs the K/V of context rows that are not valid this step.
         self.dcache = drafter.new_cache(1, self.context + 1)
+        self.builder = self._builder(drafter)
+        rows = self.builder.rows if self.builder is not None else self.block  # one round's rows
+        tlv = self.system.get("verify") == "tlv"
+        if tlv and self.plan.weights != "w12":
+            raise UserError("verify=tlv reads W12's 8-bit view: it needs weights=w12 too")
+        paths = 2 * self.block if tlv else self.block  # the longest committed path (two rounds' with tlv)
         feats = len(drafter.cfg.target_layer_ids) * self.target.cfg.hidden_size
         dev, dtype = self.device, self.dcache[0].k.dtype
         self.state = SpecState(token=self.token, pos=self.pos,
-                               ctx_feats=torch.zeros(1, self.block, feats, dtype=dtype, device=dev),
+                               ctx_feats=torch.zeros(1, paths, feats, dtype=dtype, device=dev),
                                ctx_count=torch.zeros(1, dtype=torch.int64, device=dev),
-                               out=torch.zeros(1, 1 + self.block, dtype=torch.int64, device=dev))
-        self.builder = self._builder(drafter)
-        self.rows = self.builder.rows if self.builder is not None else self.block  # slots a step writes past pos
-        self.spec = SpecStep(self.target, drafter, self.cache, self.dcache, self.state, self.block, self.plan,
-                             self.fault, self.builder)
+                               out=torch.zeros(1, 1 + paths, dtype=torch.int64, device=dev))
+        self.rows = 2 * rows if tlv else rows  # slots a step writes past pos
+        args = (self.target, drafter, self.cache, self.dcache, self.state, self.block, self.plan, self.fault,
+                self.builder)
+        self.spec = TwoLevelStep(*args, rows=rows, path=self.block) if tlv else SpecStep(*args)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
 
     def _builder(self, drafter: DFlashDrafter) -> TreeBuilder | None:

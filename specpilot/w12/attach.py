@@ -1,7 +1,8 @@
 """`weights=w12`: a loaded target's projections given their W12 form (the few-row kernel reads it for 1..64
 rows; kernels/fewrow). Each matrix is encoded once, on its device, and checked bit for bit with the kernel's
 own decode (on the GPU; its PyTorch twin on the CPU) before it is used; a matrix stays BF16 when it does not
-pay (past MAX_BITS, w12/inspect.py) or the kernel cannot take it (its columns), with the reason. The BF16
+pay (past MAX_BITS, w12/inspect.py), the kernel cannot take it (its columns) or its values are not all BF16
+(a float32 matrix of BF16 values, as a BF16 checkpoint loaded on the CPU, is encoded), with the reason. The BF16
 tensor stays beside it in this version: prefill's many rows read it, and other systems in the process may too."""
 
 from __future__ import annotations
@@ -21,14 +22,22 @@ def projections(target) -> list[tuple[str, DenseWeight]]:
     return [*found, ("lm_head", target.head)]
 
 
+def as_bf16(w: torch.Tensor) -> torch.Tensor | None:
+    """w in BF16 when that holds every value exactly (a BF16 checkpoint loaded in float32 on the CPU), else None."""
+    if w.dtype == torch.bfloat16:
+        return w
+    b = w.to(torch.bfloat16)
+    return b if w.dtype in (torch.float32, torch.float64) and torch.equal(b.to(w.dtype), w) else None
+
+
 def attach(target, progress: Callable[[str], None] = lambda s: None) -> dict:
     """Give each projection its W12 form (once: a projection that has one keeps it); the report: per tensor
     what is stored and why, and the bytes of the projections in BF16 and as stored."""
     rows = []
     for name, dw in projections(target):
-        w = dw.weight.detach()
-        entry = {"name": name, "shape": list(w.shape), "bf16_bytes": 2 * w.numel()}
-        because = (f"{w.dtype}, not bf16" if w.dtype != torch.bfloat16 else fewrow.fits(w.shape[1]))
+        w = as_bf16(dw.weight.detach())
+        entry = {"name": name, "shape": list(dw.weight.shape), "bf16_bytes": 2 * dw.weight.numel()}
+        because = (f"{dw.weight.dtype} values that BF16 does not hold" if w is None else fewrow.fits(w.shape[1]))
         if because is None and dw.w12 is None:
             progress(name)
             few = fewrow.encode_checked(w, dw.bias)

@@ -120,7 +120,12 @@ def view8(f: W12) -> torch.Tensor:
     """The 8-bit view (two-level verification's cheap pass): the byte plane with the nibble at its midpoint
     (0b1000), escapes patched exactly; float32 [rows, cols]. 4 significant bits: a relative error of at most
     2^-4 on every in-window weight."""
-    return _assemble(f, 0x8).float()
+    return view8_bf16(f).float()
+
+
+def view8_bf16(f: W12) -> torch.Tensor:
+    """The 8-bit view as BF16 (exactly representable: 4 significant bits)."""
+    return _assemble(f, 0x8)
 
 
 def _assemble(f: W12, low: torch.Tensor | int) -> torch.Tensor:

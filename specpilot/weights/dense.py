@@ -11,6 +11,9 @@ table a tied LM head shares). `reference` is the plain PyTorch the kernels are t
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +26,26 @@ from specpilot.kernels.norm import rms_norm
 from specpilot.kernels.qkv_rope import qkv_rope, qkv_rope_applies
 from specpilot.kernels.swiglu import silu_mul
 from specpilot.runtime.regions import region
+
+_VIEW8 = contextvars.ContextVar("view8", default=False)
+
+
+def _kernel_takes(x) -> bool:
+    """Whether the few-row kernel can run this input: 1..64 BF16 rows on a GPU it runs on."""
+    x = stream_of(x)
+    return (x.is_cuda and x.numel() // x.shape[-1] <= fewrow.MAX_ROWS and x.dtype == torch.bfloat16
+            and fewrow.runs())
+
+
+@contextlib.contextmanager
+def eight_bit_view():
+    """Inside: projections that have a W12 form read its 8-bit view (two-level verification's cheap pass:
+    speculative/two_level.py); the others are unchanged. Lossy by design: nothing it computes is committed."""
+    token = _VIEW8.set(True)
+    try:
+        yield
+    finally:
+        _VIEW8.reset(token)
 
 
 class DenseWeight(nn.Module):
@@ -53,6 +76,8 @@ class DenseWeight(nn.Module):
         """[residual +] act(rms_norm?(x) W^T + b), act = silu(gate) * up when gate_up (W = [gate; up]). x and
         residual may be NormedStreams. next_norm: the weight of the norm that will read the result; a one-row
         streaming GEMV then returns a NormedStream for it (kernels/gemv), anything else a tensor."""
+        if _VIEW8.get() and self.w12 is not None and (_kernel_takes(x) or not stream_of(x).is_cuda):
+            return self._project_view8(x, plan, norm_weight, eps, residual, gate_up)
         few = self.fewrow_weight(x, plan)
         if few is not None:
             return self._project_fewrow(few, x, plan, norm_weight, eps, residual, gate_up)
@@ -74,9 +99,7 @@ class DenseWeight(nn.Module):
         """The form the few-row kernel reads, when the plan sends this call there: W12 under weights=w12 (once
         attached), BF16 under fewrow; for 1..64 rows on a GPU that runs the kernel. Elsewhere (the CPU, a
         prefill's rows) the projection reads `weight`, whose bits the W12 form was checked to hold."""
-        x = stream_of(x)
-        rows = x.numel() // x.shape[-1]
-        if not (x.is_cuda and rows <= fewrow.MAX_ROWS and x.dtype == torch.bfloat16 and fewrow.runs()):
+        if not _kernel_takes(x):
             return None
         if plan.weights == "w12" and self.w12 is not None:
             return self.w12
@@ -85,16 +108,34 @@ class DenseWeight(nn.Module):
         return None
 
     def _project_fewrow(self, few: fewrow.FewRowWeight, x, plan: KernelPlan, norm_weight, eps, residual,
-                        gate_up: bool) -> torch.Tensor:
+                        gate_up: bool, view8: bool = False) -> torch.Tensor:
         x, residual = stream_of(x), stream_of(residual)
         h = rms_norm(x, norm_weight, eps, plan) if norm_weight is not None else x
         fused = residual is not None and not gate_up  # the kernel adds it after rounding, as `residual + y` does
         with region("gemm"):
-            y = fewrow.product(h.reshape(-1, h.shape[-1]), few,
-                               residual=residual.reshape(-1, few.n) if fused else None).view(*h.shape[:-1], few.n)
+            y = fewrow.product(h.reshape(-1, h.shape[-1]), few, residual=residual.reshape(-1, few.n) if fused else None,
+                               view8=view8).view(*h.shape[:-1], few.n)
         if gate_up:
             y = silu_mul(y, plan)
         return y if residual is None or fused else residual + y
+
+    def _project_view8(self, x, plan: KernelPlan, norm_weight, eps, residual, gate_up: bool) -> torch.Tensor:
+        """The 8-bit view's projection: the few-row kernel where it runs; on the CPU a copy of the view in the
+        weight's dtype (made once per weight). A GPU call the kernel cannot take (past 64 rows) reads the exact
+        weights instead: a copy would cost the memory W12 saves, and the Q pass may be exact."""
+        if _kernel_takes(x):
+            return self._project_fewrow(self.w12, x, plan, norm_weight, eps, residual, gate_up, view8=True)
+        form, cached = self.__dict__.get("_view8", (None, None))
+        if form is not self.w12:  # made once per W12 form
+            cached = self.w12.matrix(view8=True).to(self.weight.dtype)
+            self.__dict__["_view8"] = (self.w12, cached)
+        x, residual = stream_of(x), stream_of(residual)
+        h = rms_norm(x, norm_weight, eps, plan) if norm_weight is not None else x
+        with region("gemm"):
+            y = F.linear(h, cached, self.bias)
+        if gate_up:
+            y = silu_mul(y, plan)
+        return y if residual is None else residual + y
 
     def reference(self, x: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                   residual: torch.Tensor | None = None, gate_up: bool = False) -> torch.Tensor:
@@ -103,7 +144,8 @@ class DenseWeight(nn.Module):
                           gate_up=gate_up)
 
     def qkv_rope_applies(self, x, plan: KernelPlan, qk_norm: bool, head_dim: int) -> bool:
-        return qkv_rope_applies(x, plan, qk_norm, head_dim) and self.fewrow_weight(x, plan) is None
+        return (qkv_rope_applies(x, plan, qk_norm, head_dim) and self.fewrow_weight(x, plan) is None
+                and not (_VIEW8.get() and self.w12 is not None))
 
     def qkv_rope(self, x, plan: KernelPlan, norm_weight, eps, positions, rope, k_cache, v_cache, slots,
                  num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:

@@ -54,11 +54,15 @@ class FewRowWeight:
     def bytes(self) -> int:
         return self.w12.bytes if self.w12 is not None else self.planes.numel() * self.planes.element_size()
 
-    def matrix(self) -> torch.Tensor:
-        """W in BF16 (decoded when W12)."""
-        from specpilot.w12.format import decode
+    def matrix(self, view8: bool = False) -> torch.Tensor:
+        """W in BF16 (decoded when W12; view8: W12's 8-bit view, w12/format.view8, in BF16)."""
+        from specpilot.w12.format import decode, view8_bf16
 
-        return decode(self.w12) if self.w12 is not None else self.planes
+        if view8 and self.w12 is None:
+            raise ValueError("the 8-bit view is W12's: this weight is BF16")
+        if self.w12 is None:
+            return self.planes
+        return view8_bf16(self.w12) if view8 else decode(self.w12)
 
 
 def runs() -> bool:
@@ -99,10 +103,11 @@ def decode_pairs(byte_plane: torch.Tensor, nibble_plane: torch.Tensor, base: tor
     return torch.stack([w & 0xFFFF, w >> 16], 3).reshape(rows, cols).to(torch.int32)
 
 
-def reference(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = None) -> torch.Tensor:
+def reference(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = None,
+              view8: bool = False) -> torch.Tensor:
     """What `product` computes, in PyTorch: float32 sums of x W^T, the bias added before the rounding to x's
     dtype, the residual after it."""
-    y = x.float() @ w.matrix().float().t()
+    y = x.float() @ w.matrix(view8).float().t()
     if w.bias is not None:
         y = y + w.bias.float()
     y = y.to(x.dtype)
@@ -111,14 +116,15 @@ def reference(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = 
 
 # ---------------------------------------------------------------- CUDA
 
-def macros(w12: bool, row_tiles: int, tiles: int, ahead: int, x_ahead: int, prefetch: int) -> dict[str, int]:
+def macros(w12: bool, row_tiles: int, tiles: int, ahead: int, x_ahead: int, prefetch: int,
+           view8: bool = False) -> dict[str, int]:
     return {"WEIGHTS_W12": int(w12), "M_TILES": row_tiles, "TILES": tiles, "AHEAD": ahead,
-            "X_AHEAD": int(x_ahead and row_tiles == 1), "PREFETCH": prefetch}
+            "X_AHEAD": int(x_ahead and row_tiles == 1), "PREFETCH": prefetch, "VIEW8": int(view8)}
 
 
 @functools.cache
-def _module(device: int, w12: bool, row_tiles: int, layout: tuple[int, int, int, int]):
-    cubin, _ = nvrtc.build(SOURCE, macros(w12, row_tiles, *layout), nvrtc.arch_of(device))
+def _module(device: int, w12: bool, row_tiles: int, layout: tuple[int, int, int, int], view8: bool = False):
+    cubin, _ = nvrtc.build(SOURCE, macros(w12, row_tiles, *layout, view8=view8), nvrtc.arch_of(device))
     module = nvrtc.load(device, cubin)
     return module, {name: nvrtc.function(module, name) for name in ("few_row_product", "reduce_parts", "w12_decode")}
 
@@ -153,10 +159,10 @@ def _launch(func, grid: tuple[int, int], threads: int, values: tuple, types: tup
 
 
 def product(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = None, *, split: int | None = None,
-            layout: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+            layout: tuple[int, int, int, int] | None = None, view8: bool = False) -> torch.Tensor:
     """x [M, K] (M <= 64, bf16, rows contiguous) times W^T (+ bias, + residual [M, N]) on the GPU: [M, N] bf16.
     split: K pieces (default split_for; a row's result depends on it); layout: (TILES, AHEAD, X_AHEAD, PREFETCH)
-    (default LAYOUT; the same result)."""
+    (default LAYOUT; the same result). view8: W12's 8-bit view (the byte plane alone; escapes exact)."""
     import ctypes
 
     m, k = x.shape
@@ -170,7 +176,9 @@ def product(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = No
     mt = m_tiles(m)
     layout = layout or LAYOUT[mt]
     tiles = layout[0]
-    _, fn = _module(device, w.w12 is not None, mt, layout)
+    if view8 and w.w12 is None:
+        raise ValueError("the 8-bit view is W12's: this weight is BF16")
+    _, fn = _module(device, w.w12 is not None, mt, layout, view8)
     s = split or split_for(w.n, w.k, _sms(device))
     y = torch.empty(m, w.n, dtype=x.dtype, device=x.device)
     parts = torch.empty(s, m, w.n, dtype=torch.float32, device=x.device) if s > 1 else None

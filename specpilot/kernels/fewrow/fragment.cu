@@ -25,13 +25,17 @@
 // a row's result is the same bits whether it runs alone or with 63 others. No atomic adds a value (one counts
 // arrivals). Columns past K (a multiple of 32) are zeros on both sides.
 
-// Compiled by NVRTC (kernels/nvrtc.py) with the macros WEIGHTS_W12 (1: W12, 0: BF16), TILES, M_TILES, AHEAD,
-// X_AHEAD and PREFETCH (few_row's T, MT, D, XAHEAD and PF); no headers: bf16 values travel as their 16 bits.
+// Compiled by NVRTC (kernels/nvrtc.py) with the macros WEIGHTS_W12 (1: W12, 0: BF16), VIEW8, TILES, M_TILES,
+// AHEAD, X_AHEAD and PREFETCH (few_row's T, MT, D, XAHEAD and PF); no headers: bf16 values travel as their 16 bits.
 
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef uint16_t bf16;
+
+#ifndef VIEW8  // 1: W12's 8-bit view (two-level verification's cheap pass): the byte plane alone, each weight's
+#define VIEW8 0  // low mantissa bits read as their midpoint 1000, escapes exact
+#endif
 
 namespace {
 
@@ -59,7 +63,8 @@ __device__ __forceinline__ void load_rows(Rows& r, const uint8_t* __restrict__ p
     if (W12) {
       const uint4* b = reinterpret_cast<const uint4*>(planes + row * K + col);
       const uint4 b0 = __ldcs(b), b1 = __ldcs(b + 1);
-      const uint4 n = __ldcs(reinterpret_cast<const uint4*>(nibbles + row * (K / 2) + col / 2));
+      const uint4 n = VIEW8 ? make_uint4(0, 0, 0, 0)
+                            : __ldcs(reinterpret_cast<const uint4*>(nibbles + row * (K / 2) + col / 2));
       const uint32_t v[12] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w, n.x, n.y, n.z, n.w};
 #pragma unroll
       for (int q = 0; q < 12; ++q) r.w[h][q] = v[q];
@@ -113,7 +118,7 @@ template <bool W12>
 __device__ __forceinline__ uint32_t pair(const uint32_t* w, int q, uint32_t base2) {
   if (!W12) return w[q];
   const uint32_t h = __byte_perm(w[q >> 1], 0, (q & 1) ? 0x4342 : 0x4140);
-  const uint32_t n = ((w[NIB + (q >> 2)] >> (4 * (q & 3))) & 0x000F000Fu) | base2;
+  const uint32_t n = (VIEW8 ? 0x00080008u : (w[NIB + (q >> 2)] >> (4 * (q & 3))) & 0x000F000Fu) | base2;
   return h * 16u + (h & 0x00800080u) * 240u + n;
 }
 
@@ -178,7 +183,8 @@ __device__ __forceinline__ float escape_fix(const int* __restrict__ esc_ptr, con
   for (int e = esc_ptr[n]; e < esc_ptr[n + 1]; ++e) {
     const uint32_t bits = esc_bits[e];
     const float xv = to_float(x[(long)m * ldx + esc_col[e]]);
-    fix += xv * bf16_bits(bits) - xv * bf16_bits((bits & 0x807Fu) | (base << 7));
+    const uint32_t held = VIEW8 ? (bits & 0x8070u) | 0x8u : bits & 0x807Fu;  // sign and mantissa the planes hold
+    fix += xv * bf16_bits(bits) - xv * bf16_bits(held | (base << 7));
   }
   return fix;
 }
