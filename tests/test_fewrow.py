@@ -152,3 +152,16 @@ def test_infinities_and_nans_in_the_weights_reach_the_outputs():
     x = torch.ones(2, 128, device="cuda").to(torch.bfloat16)
     y = fewrow.product(x, fewrow.encode_checked(w)).float()
     assert torch.isinf(y[:, 3]).all() and torch.isnan(y[:, 7]).all() and torch.isfinite(y[:, 0]).all()
+
+
+@pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")
+def test_the_8bit_view_matches_its_reference():
+    w = weights(96, 256, 11).cuda().nan_to_num(0.0, 1.0, -1.0)
+    x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)
+    form = fewrow.encode_checked(w)
+    y = fewrow.product(x, form, view8=True)
+    torch.testing.assert_close(y.float(), fewrow.reference(x, form, view8=True).float(), rtol=2e-2, atol=2e-2)
+    exact = fewrow.reference(x, form).float()
+    assert (y.float() - exact).abs().max() > 0  # it is the view, not the weights
+    with pytest.raises(ValueError, match="8-bit view"):
+        fewrow.product(x, fewrow.FewRowWeight.bf16(w), view8=True)

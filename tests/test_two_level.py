@@ -1,13 +1,12 @@
 """Two-level verification (`verify=tlv`, speculative/two_level.py) on the CPU, in float32 with BF16-valued
 weights (so W12 holds them exactly and AR is an exact reference): outputs equal AR's for a chain and for trees,
 more tokens per exact pass than stock; a Q pass over wrong weights changes how much is accepted, never what;
-the joined tree's shape; the option's requirement."""
+the joined tree's shape; the 8-bit pass beside BF16 exact weights."""
 
 import pytest
 import torch
 
 from specpilot.config import parse_system
-from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.kernels.fewrow import FewRowWeight
 from specpilot.runtime.engine import Engine
@@ -62,9 +61,12 @@ def test_a_wrong_q_pass_changes_how_much_is_accepted_not_what(pair):
     assert sum(tlv.accepted) / len(tlv.accepted) < 1.3  # the wrong guesses were refused, not committed
 
 
-def test_tlv_needs_w12(pair):
-    with pytest.raises(UserError, match="weights=w12"):
-        Engine(*pair, parse_system("stock:verify=tlv"), context=256)
+def test_tlv_with_bf16_exact_weights(pair):
+    """verify=tlv alone: W12 forms are made for the 8-bit pass, the exact passes read the BF16 weights."""
+    target, drafter = pair
+    engine = Engine(target, drafter, parse_system("stock:verify=tlv"), context=256)
+    assert engine.w12_report is not None and engine.plan.weights == "bf16"
+    assert engine.generate(PROMPT, 40).tokens == run(target, drafter, "ar").tokens
 
 
 def test_the_second_round_hangs_below_the_q_path(pair):

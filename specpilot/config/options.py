@@ -59,9 +59,10 @@ OPTIONS: dict[str, Option] = _options(
            minimum=1, maximum=64),
     Option("tree_accept", str, "", "sequoia: acceptance by child rank, p0/p1/... (specpilot replay measures it); "
            "empty = the default profile (speculative/sequoia.py)", "engine", bases=("stock",)),
-    Option("verify", str, "exact", "exact: one target pass verifies each draft; tlv (two-level, needs "
-           "weights=w12): a pass over W12's 8-bit view picks the first draft's likely path, the drafter drafts a "
-           "second round from its end, one exact pass verifies both as one tree (the 8-bit pass accepts nothing)",
+    Option("verify", str, "exact", "exact: one target pass verifies each draft; tlv (two-level): a pass over "
+           "W12's 8-bit view (made at load) picks the first draft's likely path, the drafter drafts a second "
+           "round from its end, one exact pass (BF16 or weights=w12) verifies both as one tree (the 8-bit pass "
+           "accepts nothing)",
            "engine", bases=("stock",), choices=("exact", "tlv")),
     Option("lookahead", int, 1, "steps the host enqueues ahead of the one whose tokens it reads (CUDA graphs)",
            "engine", minimum=1, maximum=4),

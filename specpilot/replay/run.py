@@ -8,6 +8,7 @@ from collections.abc import Callable
 from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner
 from specpilot.config import System
+from specpilot.errors import UserError
 from specpilot.replay.record import Recorder, TurnLattices
 from specpilot.speculative.tree import BUILDERS
 
@@ -15,6 +16,9 @@ from specpilot.speculative.tree import BUILDERS
 def record(runner: Runner, system: System, requests: list[Request], max_new_tokens: int,
            progress: Callable[[], None] | None = None) -> list[TurnLattices]:
     """One harness run of a speculative system with every step's lattice recorded (steps one by one)."""
+    if system.get("verify") == "tlv":
+        raise UserError(f"{system.name}: a recording holds one drafting round a step and verify=tlv drafts two; "
+                        "record the system with verify=exact")
     recorder = Recorder()
     runner.warmup(system)
     for request in requests:

@@ -72,7 +72,8 @@ class Engine:
             raise UserError(f"fault {self.fault} needs a drafter (system stock)")
         self.use_graphs = self.system.get("graphs") and self.device.type == "cuda"
         self.w12_report = None
-        if self.plan.weights == "w12":  # the projections' W12 forms, made and checked once per target
+        if self.plan.weights == "w12" or self.system.get("verify") == "tlv":
+            # the projections' W12 forms (tlv reads their 8-bit view), made and checked once per target
             from specpilot.w12.attach import attach
 
             self.w12_report = attach(target)
@@ -107,8 +108,6 @@ class Engine:
         self.builder = self._builder(drafter)
         rows = self.builder.rows if self.builder is not None else self.block  # one round's rows
         tlv = self.system.get("verify") == "tlv"
-        if tlv and self.plan.weights != "w12":
-            raise UserError("verify=tlv reads W12's 8-bit view: it needs weights=w12 too")
         paths = 2 * self.block if tlv else self.block  # the longest committed path (two rounds' with tlv)
         feats = len(drafter.cfg.target_layer_ids) * self.target.cfg.hidden_size
         dev, dtype = self.device, self.dcache[0].k.dtype

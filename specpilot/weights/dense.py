@@ -87,10 +87,15 @@ class DenseWeight(nn.Module):
             with region("gemm"):
                 return gemv_triton(x, self.weight, self.bias, plan=plan, norm_weight=norm_weight, eps=eps,
                                    residual=stream_of(residual), gate_up=gate_up, next_norm=next_norm)
+        return self._project_unfused(self.weight, x, plan, norm_weight, eps, residual, gate_up)
+
+    def _project_unfused(self, matrix: torch.Tensor, x, plan: KernelPlan, norm_weight, eps, residual,
+                         gate_up: bool) -> torch.Tensor:
+        """The norm, F.linear with `matrix` (cuBLAS on a GPU), the activation and the residual, one by one."""
         x, residual = stream_of(x), stream_of(residual)
         h = rms_norm(x, norm_weight, eps, plan) if norm_weight is not None else x
         with region("gemm"):
-            y = F.linear(h, self.weight, self.bias)
+            y = F.linear(h, matrix, self.bias)
         if gate_up:
             y = silu_mul(y, plan)
         return y if residual is None else residual + y
@@ -129,13 +134,7 @@ class DenseWeight(nn.Module):
         if form is not self.w12:  # made once per W12 form
             cached = self.w12.matrix(view8=True).to(self.weight.dtype)
             self.__dict__["_view8"] = (self.w12, cached)
-        x, residual = stream_of(x), stream_of(residual)
-        h = rms_norm(x, norm_weight, eps, plan) if norm_weight is not None else x
-        with region("gemm"):
-            y = F.linear(h, cached, self.bias)
-        if gate_up:
-            y = silu_mul(y, plan)
-        return y if residual is None else residual + y
+        return self._project_unfused(cached, x, plan, norm_weight, eps, residual, gate_up)
 
     def reference(self, x: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                   residual: torch.Tensor | None = None, gate_up: bool = False) -> torch.Tensor:
