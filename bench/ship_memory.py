@@ -29,6 +29,8 @@ SHIPPED = [
      "ar:weights=w12", None, "ar"),
     ("BF16 target projections in the few-row kernel (the twin, AR)", "kernels",
      "2026-12-04_twin_ar_w12_a72135e_h200.json", "ar:fewrow=true", None, "ar"),
+    ("two-level verification over W12's 8-bit view (the pair, CPU)", "tau", "2026-12-04_tlv_pair_25a6fc8_cpu.json",
+     "stock:verify=tlv,weights=w12", None, "stock"),
 ]
 
 
