@@ -16,7 +16,7 @@ from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.kernels import fewrow, nvrtc
 from specpilot.runtime.engine import Engine
 from specpilot.w12.attach import attach, projections
-from specpilot.w12.format import bits_of, encode
+from specpilot.w12.format import bits_of, encode, untile
 
 GPU = fewrow.runs()
 
@@ -133,7 +133,9 @@ def test_the_kernel_matches_the_reference_at_every_row_count(n, k):
     b = torch.randn(n, device="cuda").to(torch.bfloat16)
     x64 = torch.randn(64, k, device="cuda").to(torch.bfloat16)
     res = torch.randn(64, n, device="cuda").to(torch.bfloat16)
-    forms = {"w12": fewrow.encode_checked(w, b), "bf16": fewrow.FewRowWeight.bf16(w, b)}
+    tiled = fewrow.encode_checked(w, b)
+    forms = {"w12": tiled, "w12 in rows": fewrow.FewRowWeight.of_w12(untile(tiled.w12), b),
+             "bf16": fewrow.FewRowWeight.bf16(w, b)}
     for name, form in forms.items():
         outs = {}
         for m in (1, 3, 16, 33, 64):

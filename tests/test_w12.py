@@ -120,3 +120,20 @@ def test_the_inspect_command_writes_its_figures(tmp_path):
 def test_encode_refuses_what_it_cannot_store(bad):
     with pytest.raises((ValueError, TypeError)):
         encode(bad)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 40), cols=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
+def test_the_tiled_layout_round_trips(rows, cols, seed):
+    """tile() pads to 16 x 128 and stores tile by tile; untile() gives the planes back; decode and the 8-bit view
+    read either layout."""
+    from specpilot.w12.format import TILE_COLS, TILE_ROWS, tile, untile
+
+    g = torch.Generator().manual_seed(seed)
+    w = from_bits(torch.randint(0, 65536, (rows, cols), generator=g))
+    f = encode(w)
+    t = tile(f)
+    assert t.tiled and t.byte_plane.numel() == -(-rows // TILE_ROWS) * TILE_ROWS * -(-cols // TILE_COLS) * TILE_COLS
+    back = untile(t)
+    assert torch.equal(back.byte_plane, f.byte_plane) and torch.equal(back.nibble_plane, f.nibble_plane)
+    assert same_bits(decode(t), w) and torch.equal(view8(t).nan_to_num(), view8(f).nan_to_num())

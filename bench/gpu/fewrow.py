@@ -28,12 +28,11 @@ import torch.nn.functional as F
 from specpilot.config.plan import KernelPlan
 from specpilot.kernels import fewrow
 from specpilot.results import environment
+from specpilot.w12.format import untile
 
 ROWS = (1, 16, 32, 64)
-# (row tiles, (TILES, AHEAD, X_AHEAD, PREFETCH)) timed beside the default layout (kernels/fewrow.LAYOUT); the
-# same arithmetic
-SWEEP = [(1, (1, 1, 1, 0)), (1, (1, 2, 0, 0)), (1, (2, 1, 0, 0)), (1, (1, 1, 0, 8)), (2, (2, 1, 0, 0)),
-         (4, (2, 1, 0, 0)), (8, (2, 1, 0, 0))]
+# (row tiles, (TILES, AHEAD, X_AHEAD)) timed beside the default layout (kernels/fewrow.LAYOUT); the same arithmetic
+SWEEP = [(1, (1, 1, 1)), (1, (1, 2, 0)), (1, (2, 1, 0)), (2, (2, 1, 0)), (4, (2, 1, 0)), (8, (2, 1, 0))]
 REPEATS = 15
 L2_MULTIPLE = 3
 # (name, in K, out N). Qwen3.5-27B: hidden 5120, 48 GDN layers (16 QK / 48 V heads of 128) and 16 attention
@@ -117,6 +116,7 @@ def bench_shape(name: str, k: int, n: int, l2: int, quick: bool) -> dict:
            "check": check_shape(name, w, x, w12, bf)}
     bf_copies = rotating(lambda i: w.clone() if i else w, 2 * n * k, l2)
     w12_copies = rotating(lambda i: fewrow.encode_checked(w) if i else w12, w12.bytes, l2)
+    rows_copies = [fewrow.FewRowWeight.of_w12(untile(c.w12)) for c in w12_copies]  # the planes in rows
     fb_copies = [fewrow.FewRowWeight.bf16(c) for c in bf_copies]
     plan = KernelPlan.stock(gemv=True)
     from specpilot.kernels.gemv.triton import gemv_triton
@@ -127,13 +127,14 @@ def bench_shape(name: str, k: int, n: int, l2: int, quick: bool) -> dict:
         times[f"cublas_{m}"] = time_impl(lambda c, xm=xm: F.linear(xm, c), bf_copies)
         times[f"bf16_{m}"] = time_impl(lambda c, xm=xm: fewrow.product(xm, c), fb_copies)
         times[f"w12_{m}"] = time_impl(lambda c, xm=xm: fewrow.product(xm, c), w12_copies)
+        times[f"w12rows_{m}"] = time_impl(lambda c, xm=xm: fewrow.product(xm, c), rows_copies)
         if m == 1:
             times["triton_1"] = time_impl(lambda c, xm=xm: gemv_triton(xm, c, plan=plan), bf_copies)
         for mt, layout in SWEEP:
             if mt != fewrow.m_tiles(m):
                 continue
             for fmt, copies in (("w12", w12_copies), ("bf16", fb_copies)):
-                times[f"{fmt}_{m}_t{layout[0]}a{layout[1]}x{layout[2]}p{layout[3]}"] = time_impl(
+                times[f"{fmt}_{m}_t{layout[0]}a{layout[1]}x{layout[2]}"] = time_impl(
                     lambda c, xm=xm, lo=layout: fewrow.product(xm, c, layout=lo), copies)
         default = fewrow.split_for(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
         for split in sorted({1, max(1, default // 2), default * 2} - {default}):
@@ -141,7 +142,7 @@ def bench_shape(name: str, k: int, n: int, l2: int, quick: bool) -> dict:
                 times[f"{fmt}_{m}_split{split}"] = time_impl(
                     lambda c, xm=xm, sp=split: fewrow.product(xm, c, split=sp), copies)
     row["us"] = {key: 1000 * v for key, v in times.items()}
-    del bf_copies, w12_copies, fb_copies
+    del bf_copies, w12_copies, fb_copies, rows_copies
     torch.cuda.empty_cache()
     return row
 
@@ -164,11 +165,12 @@ def table(rows: list, ceiling: float) -> str:
                          f"{cell('triton_1' if m == 1 else 'none', r['bf16_bytes'])} "
                          f"{cell(f'bf16_{m}', r['bf16_bytes'])} {cell(f'w12_{m}', r['w12_bytes'])} "
                          f"{us[f'cublas_{m}'] / best_w12:9.2f}x {ours / best_w12:7.2f}x")
-    lines.append("best variant per format (key: fmt_rows[_tTILESaAHEADxX_AHEADpPREFETCH | _splitS], us)")
+    lines.append("best variant per format (key: fmt_rows[_tTILESaAHEADxX_AHEAD | _splitS]; w12rows: planes in rows)")
     for r in rows:
         for m in ROWS:
             for fmt in ("w12", "bf16"):
-                keys = [key for key in r["us"] if key == f"{fmt}_{m}" or key.startswith(f"{fmt}_{m}_")]
+                keys = [key for key in r["us"] if key == f"{fmt}_{m}" or key.startswith(f"{fmt}_{m}_")
+                        or (fmt == "w12" and key == f"w12rows_{m}")]
                 if keys:
                     best = min(keys, key=r["us"].get)
                     lines.append(f"  {r['name']:18} {m:>3} {fmt:5} default {r['us'][f'{fmt}_{m}']:7.1f}  "
@@ -191,7 +193,7 @@ def main() -> int:
         shapes = [s for s in shapes if s[0] in ("attn.k", "mlp.down", "gdn.in_proj_qkv")]
     ceiling = read_ceiling()
     layouts = sorted(set(fewrow.LAYOUT.items()) | set(SWEEP))
-    occupancy = {f"{'w12' if w12 else 'bf16'}_m{mt}_t{lo[0]}a{lo[1]}x{lo[2]}p{lo[3]}":
+    occupancy = {f"{'w12' if w12 else 'bf16'}_m{mt}_t{lo[0]}a{lo[1]}x{lo[2]}":
                  fewrow.blocks_per_sm(0, w12, mt, lo) for w12 in (True, False) for mt, lo in layouts}
     print("blocks per SM:", occupancy, flush=True)
     rows = []

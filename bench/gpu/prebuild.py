@@ -30,11 +30,12 @@ def main() -> int:
         print(f"installed {len(list(folder.glob('*.cubin')))} cubins")
         return 0
     folder.mkdir(parents=True, exist_ok=True)
-    for w12 in (True, False):
-        for mt, layout in LAYOUTS:
-            macros = fewrow.macros(w12, mt, *layout)
-            nvrtc.build(fewrow.SOURCE, macros, args.arch)
-            shutil.copy(nvrtc.cache_path(fewrow.SOURCE, macros, args.arch), folder)
+    forms = ((True, True), (True, False), (False, False))  # W12 tiled, W12 in rows, BF16
+    builds = [fewrow.macros(w12, mt, *layout, tiled=tiled) for w12, tiled in forms for mt, layout in LAYOUTS]
+    builds.append(fewrow.macros(True, 1, *fewrow.LAYOUT[1], view8=True, tiled=True))  # two-level verification's pass
+    for macros in builds:
+        nvrtc.build(fewrow.SOURCE, macros, args.arch)
+        shutil.copy(nvrtc.cache_path(fewrow.SOURCE, macros, args.arch), folder)
     print(f"{len(list(folder.glob('*.cubin')))} cubins in {folder}")
     return 0
 

@@ -20,11 +20,13 @@ weight: 12 + (8 per row for the base + 32 per row for the pointer + 48 per escap
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 WINDOW = 15  # exponent codes 1..15 above the row's base; 0 is the escape
+TILE_ROWS, TILE_COLS = 16, 128  # the tiled layout (tile()): what one warp of the few-row kernel reads a step
 
 
 @dataclass
@@ -36,6 +38,7 @@ class W12:
     esc_ptr: torch.Tensor  # int32 [rows + 1]: row r's escapes are esc_col/esc_bits[ptr[r]:ptr[r+1]]
     esc_col: torch.Tensor  # int32 [escapes]
     esc_bits: torch.Tensor  # int16 [escapes]: the exact BF16 bit patterns
+    tiled: bool = False  # planes stored by tile (tile()): 16 rows x 128 columns contiguous, padded with zeros
 
     @property
     def escapes(self) -> int:
@@ -95,7 +98,43 @@ def encode(w: torch.Tensor) -> W12:
 
 def decode(f: W12) -> torch.Tensor:
     """The BF16 matrix back, bit for bit (the reference every kernel's decode is held to)."""
+    f = untile(f)
     return _assemble(f, unpack_nibbles(f.nibble_plane, f.shape[1]))
+
+
+def tile(f: W12) -> W12:
+    """The planes in the tiled layout the few-row kernel streams (kernels/fewrow): rows padded to 16 and columns
+    to 128 with zeros, then each tile of 16 rows x 128 columns stored contiguously (byte plane: 2 KB, nibble
+    plane: 1 KB), the tiles of a row band in column order. A warp's step reads one tile of each plane whole,
+    where row-major planes gave it 128 and 64 bytes of each of 16 rows."""
+    if f.tiled:
+        return f
+    return dataclasses.replace(f, byte_plane=_tiles(f.byte_plane, TILE_COLS),
+                               nibble_plane=_tiles(f.nibble_plane, TILE_COLS // 2), tiled=True)
+
+
+def untile(f: W12) -> W12:
+    """The planes back in rows (tile() inverted; padding dropped)."""
+    if not f.tiled:
+        return f
+    rows, cols = f.shape
+    return dataclasses.replace(f, byte_plane=_rows(f.byte_plane, rows, cols, TILE_COLS),
+                               nibble_plane=_rows(f.nibble_plane, rows, 4 * -(-cols // 8), TILE_COLS // 2),
+                               tiled=False)
+
+
+def _tiles(plane: torch.Tensor, span: int) -> torch.Tensor:
+    rows, width = plane.shape
+    padded = torch.zeros(-(-rows // TILE_ROWS) * TILE_ROWS, -(-width // span) * span, dtype=plane.dtype,
+                         device=plane.device)
+    padded[:rows, :width] = plane
+    t, c = padded.shape[0] // TILE_ROWS, padded.shape[1] // span
+    return padded.reshape(t, TILE_ROWS, c, span).permute(0, 2, 1, 3).contiguous().reshape(-1)
+
+
+def _rows(tiles: torch.Tensor, rows: int, width: int, span: int) -> torch.Tensor:
+    t, c = -(-rows // TILE_ROWS), -(-width // span)
+    return tiles.reshape(t, c, TILE_ROWS, span).permute(0, 2, 1, 3).reshape(t * TILE_ROWS, c * span)[:rows, :width]
 
 
 def pack_nibbles(low: torch.Tensor) -> torch.Tensor:
@@ -125,7 +164,7 @@ def view8(f: W12) -> torch.Tensor:
 
 def view8_bf16(f: W12) -> torch.Tensor:
     """The 8-bit view as BF16 (exactly representable: 4 significant bits)."""
-    return _assemble(f, 0x8)
+    return _assemble(untile(f), 0x8)
 
 
 def _assemble(f: W12, low: torch.Tensor | int) -> torch.Tensor:

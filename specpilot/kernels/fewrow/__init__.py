@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specpilot.kernels import nvrtc
-from specpilot.w12.format import W12, encode
+from specpilot.w12.format import TILE_COLS, W12, encode, tile, untile
 
 SOURCE = Path(__file__).with_name("fragment.cu")
 WARPS = 4  # fragment.cu's __launch_bounds__
@@ -26,15 +26,16 @@ CHUNK = 128  # columns a warp takes per step
 LANE_COLUMNS = 32  # K must be a multiple: a lane's share of a chunk is all in or all out
 MAX_ROWS = 64
 MIN_CHUNKS = 2  # the fewest chunks a K piece holds: shorter pieces cost more in partial sums than they spread
-# (TILES, AHEAD, X_AHEAD, PREFETCH) by the row tiles a launch needs (M_TILES = rows / 8, rounded up to a power of
-# two). A row's arithmetic does not depend on them: they may differ between row counts.
-LAYOUT = {1: (1, 1, 0, 0), 2: (1, 1, 0, 0), 4: (1, 1, 0, 0), 8: (1, 1, 0, 0)}
+# (TILES, AHEAD, X_AHEAD) by the row tiles a launch needs (M_TILES = rows / 8, rounded up to a power of two). A
+# row's arithmetic does not depend on them: they may differ between row counts.
+LAYOUT = {1: (1, 1, 0), 2: (1, 1, 0), 4: (1, 1, 0), 8: (1, 1, 0)}
 FUSED_SUM_ROWS = 8  # up to this many rows the last block of a split adds the pieces; past it, reduce_parts
 
 
 @dataclass
 class FewRowWeight:
-    """W [n, k] as the kernel reads it: BF16 (`planes` is W itself) or W12 (`w12`, whose planes it reads)."""
+    """W [n, k] as the kernel reads it: BF16 (`planes` is W itself) or W12 (`w12`, whose planes it reads, tiled or
+    in rows)."""
 
     n: int
     k: int
@@ -116,15 +117,17 @@ def reference(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = 
 
 # ---------------------------------------------------------------- CUDA
 
-def macros(w12: bool, row_tiles: int, tiles: int, ahead: int, x_ahead: int, prefetch: int,
-           view8: bool = False) -> dict[str, int]:
+def macros(w12: bool, row_tiles: int, tiles: int, ahead: int, x_ahead: int, view8: bool = False,
+           tiled: bool = False) -> dict[str, int]:
     return {"WEIGHTS_W12": int(w12), "M_TILES": row_tiles, "TILES": tiles, "AHEAD": ahead,
-            "X_AHEAD": int(x_ahead and row_tiles == 1), "PREFETCH": prefetch, "VIEW8": int(view8)}
+            "X_AHEAD": int(x_ahead and row_tiles == 1), "VIEW8": int(view8), "TILED": int(w12 and tiled)}
 
 
 @functools.cache
-def _module(device: int, w12: bool, row_tiles: int, layout: tuple[int, int, int, int], view8: bool = False):
-    cubin, _ = nvrtc.build(SOURCE, macros(w12, row_tiles, *layout, view8=view8), nvrtc.arch_of(device))
+def _module(device: int, w12: bool, row_tiles: int, layout: tuple[int, int, int], view8: bool = False,
+            tiled: bool = False):
+    cubin, _ = nvrtc.build(SOURCE, macros(w12, row_tiles, *layout, view8=view8, tiled=tiled),
+                           nvrtc.arch_of(device))
     module = nvrtc.load(device, cubin)
     return module, {name: nvrtc.function(module, name) for name in ("few_row_product", "reduce_parts", "w12_decode")}
 
@@ -136,11 +139,11 @@ def _arrivals(device: int) -> torch.Tensor:
     return torch.zeros(1 << 16, dtype=torch.int32, device=f"cuda:{device}")
 
 
-def blocks_per_sm(device: int, w12: bool, row_tiles: int, layout: tuple[int, int, int, int]) -> int:
+def blocks_per_sm(device: int, w12: bool, row_tiles: int, layout: tuple[int, int, int], tiled: bool = True) -> int:
     """How many of the product's blocks a multiprocessor holds at once (the driver's occupancy calculator)."""
     from cuda.bindings import driver
 
-    _, fn = _module(device, w12, row_tiles, layout)
+    _, fn = _module(device, w12, row_tiles, layout, False, tiled)
     return nvrtc.check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn["few_row_product"], 32 * WARPS, 0),
                        "occupancy")
 
@@ -159,10 +162,10 @@ def _launch(func, grid: tuple[int, int], threads: int, values: tuple, types: tup
 
 
 def product(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = None, *, split: int | None = None,
-            layout: tuple[int, int, int, int] | None = None, view8: bool = False) -> torch.Tensor:
+            layout: tuple[int, int, int] | None = None, view8: bool = False) -> torch.Tensor:
     """x [M, K] (M <= 64, bf16, rows contiguous) times W^T (+ bias, + residual [M, N]) on the GPU: [M, N] bf16.
-    split: K pieces (default split_for; a row's result depends on it); layout: (TILES, AHEAD, X_AHEAD, PREFETCH)
-    (default LAYOUT; the same result). view8: W12's 8-bit view (the byte plane alone; escapes exact)."""
+    split: K pieces (default split_for; a row's result depends on it); layout: (TILES, AHEAD, X_AHEAD) (default
+    LAYOUT; the same result). view8: W12's 8-bit view (the byte plane alone; escapes exact)."""
     import ctypes
 
     m, k = x.shape
@@ -178,7 +181,7 @@ def product(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = No
     tiles = layout[0]
     if view8 and w.w12 is None:
         raise ValueError("the 8-bit view is W12's: this weight is BF16")
-    _, fn = _module(device, w.w12 is not None, mt, layout, view8)
+    _, fn = _module(device, w.w12 is not None, mt, layout, view8, w.w12 is not None and w.w12.tiled)
     s = split or split_for(w.n, w.k, _sms(device))
     y = torch.empty(m, w.n, dtype=x.dtype, device=x.device)
     parts = torch.empty(s, m, w.n, dtype=torch.float32, device=x.device) if s > 1 else None
@@ -209,6 +212,7 @@ def decode_on_device(f: W12) -> torch.Tensor:
     the planes hold them), what `check_w12` compares."""
     import ctypes
 
+    f = untile(f)
     rows, cols = f.shape
     device = f.byte_plane.device.index if f.byte_plane.device.index is not None else torch.cuda.current_device()
     _, fn = _module(device, True, 1, LAYOUT[1])
@@ -227,6 +231,7 @@ def check_w12(f: W12, original: torch.Tensor, on_device: bool) -> bool:
     bits at their columns."""
     from specpilot.w12.format import bits_of
 
+    f = untile(f)
     bits = bits_of(original)
     dec = decode_on_device(f) if on_device else decode_pairs(f.byte_plane, f.nibble_plane, f.base)
     rows = torch.repeat_interleave(torch.arange(f.shape[0], device=bits.device),
@@ -239,8 +244,9 @@ def check_w12(f: W12, original: torch.Tensor, on_device: bool) -> bool:
 
 
 def encode_checked(w: torch.Tensor, bias: torch.Tensor | None = None) -> FewRowWeight:
-    """W12 of a BF16 weight, checked as `check_w12` says before the original may go."""
+    """W12 of a BF16 weight, checked as `check_w12` says before the original may go; tiled (w12/format.tile: what
+    the kernel streams best) when its columns fill whole tiles, else in rows (padding would cost more)."""
     f = encode(w)
     if not check_w12(f, w, on_device=w.is_cuda):
         raise RuntimeError(f"W12 of a {tuple(w.shape)} weight does not decode to its original bits")
-    return FewRowWeight.of_w12(f, bias)
+    return FewRowWeight.of_w12(tile(f) if f.shape[1] % TILE_COLS == 0 else f, bias)

@@ -11,7 +11,8 @@
 // lane loads X's same 32 columns. The weights of the next D chunks are loaded into registers while D chunks are
 // multiplied (X_AHEAD, with one row tile: X's fragments too; else X is read from L1 as it goes). A ring of
 // cp.async copies in shared memory in place of the registers ran about 3x slower on the H200, and L2 prefetches
-// ahead of the loads gained nothing (bench/HISTORY.md).
+// ahead of the loads gained nothing (bench/HISTORY.md). W12 planes may be tiled (TILED): a warp's chunk is then
+// one contiguous 2 KB of the byte plane and 1 KB of the nibble plane.
 //
 // Decoding a pair of adjacent columns into a bf16x2 register (the W12 format's byte [s c3..c0 m6..m4], nibble
 // m3..m0, row base b): h = the two bytes in the two 16-bit lanes (prmt), n = their nibbles the same way (one
@@ -25,8 +26,8 @@
 // a row's result is the same bits whether it runs alone or with 63 others. No atomic adds a value (one counts
 // arrivals). Columns past K (a multiple of 32) are zeros on both sides.
 
-// Compiled by NVRTC (kernels/nvrtc.py) with the macros WEIGHTS_W12 (1: W12, 0: BF16), VIEW8, TILES, M_TILES,
-// AHEAD, X_AHEAD and PREFETCH (few_row's T, MT, D, XAHEAD and PF); no headers: bf16 values travel as their 16 bits.
+// Compiled by NVRTC (kernels/nvrtc.py) with the macros WEIGHTS_W12 (1: W12, 0: BF16), VIEW8, TILED, TILES,
+// M_TILES, AHEAD and X_AHEAD (few_row's T, MT, D and XAHEAD); no headers: bf16 values travel as their 16 bits.
 
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
@@ -35,6 +36,9 @@ typedef uint16_t bf16;
 
 #ifndef VIEW8  // 1: W12's 8-bit view (two-level verification's cheap pass): the byte plane alone, each weight's
 #define VIEW8 0  // low mantissa bits read as their midpoint 1000, escapes exact
+#endif
+#ifndef TILED  // 1: the W12 planes in tiles of 16 rows x 128 columns (w12/format.tile): a warp's step reads one
+#define TILED 0  // contiguous tile of each plane
 #endif
 
 namespace {
@@ -61,10 +65,13 @@ __device__ __forceinline__ void load_rows(Rows& r, const uint8_t* __restrict__ p
       continue;
     }
     if (W12) {
-      const uint4* b = reinterpret_cast<const uint4*>(planes + row * K + col);
+      // the lane's 32 bytes of the byte plane and 16 of the nibble plane, in rows or in the row's tile
+      const long tile = TILED ? ((row >> 4) * ((K + CHUNK - 1) / CHUNK) + c) * 16 + (row & 15) : 0;
+      const uint8_t* bp = TILED ? planes + tile * CHUNK + 32 * t : planes + row * K + col;
+      const uint8_t* np = TILED ? nibbles + tile * (CHUNK / 2) + 16 * t : nibbles + row * (K / 2) + col / 2;
+      const uint4* b = reinterpret_cast<const uint4*>(bp);
       const uint4 b0 = __ldcs(b), b1 = __ldcs(b + 1);
-      const uint4 n = VIEW8 ? make_uint4(0, 0, 0, 0)
-                            : __ldcs(reinterpret_cast<const uint4*>(nibbles + row * (K / 2) + col / 2));
+      const uint4 n = VIEW8 ? make_uint4(0, 0, 0, 0) : __ldcs(reinterpret_cast<const uint4*>(np));
       const uint32_t v[12] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w, n.x, n.y, n.z, n.w};
 #pragma unroll
       for (int q = 0; q < 12; ++q) r.w[h][q] = v[q];
@@ -75,24 +82,6 @@ __device__ __forceinline__ void load_rows(Rows& r, const uint8_t* __restrict__ p
         const uint4 a = __ldcs(p + u);
         r.w[h][4 * u] = a.x; r.w[h][4 * u + 1] = a.y; r.w[h][4 * u + 2] = a.z; r.w[h][4 * u + 3] = a.w;
       }
-    }
-  }
-}
-
-// Row row0 (and row0 + 8)'s weights of chunk c asked into L2 (no registers held): PF chunks ahead of the loads.
-template <bool W12>
-__device__ __forceinline__ void prefetch_rows(const uint8_t* __restrict__ planes, const uint8_t* __restrict__ nibbles,
-                                              long row0, int N, int K, int c, int t) {
-  if (t != 0 || c * CHUNK >= K) return;  // one lane a row; a prefetch brings the line (128 bytes)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const long row = row0 + 8 * h;
-    if (row >= N) continue;
-    if (W12) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(planes + row * K + c * CHUNK));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(nibbles + row * (K / 2) + c * (CHUNK / 2)));
-    } else {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(planes + 2 * (row * K + c * CHUNK)));
     }
   }
 }
@@ -230,7 +219,7 @@ __device__ __forceinline__ float sum_parts(const float* __restrict__ parts, int 
 // flight while these are multiplied (XAHEAD, with one row tile: X's fragments too). With S > 1 each block writes its partial sums; then, when `arrivals` is given,
 // the last block of a column of blocks to arrive (an arrival counter, reset by that block) adds the S of each
 // output in piece order and finishes them, else `reduce_parts` does, launched next.
-template <bool W12, int T, int MT, int D, bool XAHEAD, int PF>
+template <bool W12, int T, int MT, int D, bool XAHEAD>
 __device__ void few_row(const uint8_t* __restrict__ planes, const uint8_t* __restrict__ nibbles, Epilogue e,
                         const bf16* __restrict__ x, int ldx, bf16* __restrict__ y, int ldy,
                         float* __restrict__ parts, int* __restrict__ arrivals, int M, int N, int K) {
@@ -267,13 +256,6 @@ __device__ void few_row(const uint8_t* __restrict__ planes, const uint8_t* __res
     if (XAHEAD) load_x(xc[d].x, x, ldx, g, M, K, c_lo + d, t);
   }
   for (int c = c_lo; c < c_hi; c += D) {
-    if (PF > 0)
-#pragma unroll
-      for (int d = 0; d < D; ++d)
-        if (c + D + PF + d < c_hi)
-#pragma unroll
-          for (int i = 0; i < T; ++i)
-            prefetch_rows<W12>(planes, nibbles, (tile0 + i) * 16 + g, N, K, c + D + PF + d, t);
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       if (c + D + d >= c_hi) continue;
@@ -350,7 +332,6 @@ extern "C" __global__ void w12_decode(const uint8_t* __restrict__ planes, const 
 #define M_TILES 1
 #define AHEAD 1
 #define X_AHEAD 0
-#define PREFETCH 0
 #endif
 
 #define EPILOGUE_PARAMS                                                                                          \
@@ -362,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(128) few_row_product(const uint8_t*
                                                                   EPILOGUE_PARAMS, const bf16* x, int ldx,
                                                                   bf16* y, int ldy, float* parts, int* arrivals,
                                                                   int M, int N, int K) {
-  few_row<WEIGHTS_W12 != 0, TILES, M_TILES, AHEAD, X_AHEAD != 0 && M_TILES == 1, PREFETCH>(planes, nibbles, EPILOGUE, x, ldx, y, ldy, parts, arrivals, M, N,
+  few_row<WEIGHTS_W12 != 0, TILES, M_TILES, AHEAD, X_AHEAD != 0 && M_TILES == 1>(planes, nibbles, EPILOGUE, x, ldx, y, ldy, parts, arrivals, M, N,
                                                    K);
 }
 
