@@ -6,7 +6,7 @@ are split into two planes:
 - the nibble plane, half a byte per weight: m3 m2 m1 m0, eight columns to a little-endian 32-bit word whose
   nibble i (bits 4i..4i+3) holds column 2i for i < 4 and column 2(i-4)+1 for i >= 4 (the last word zero-padded):
   a kernel holding a pair of adjacent columns in the two 16-bit halves of a register gets their nibbles into
-  the same halves with one shift and one mask, (word >> 4p) & 0x000F000F (kernels/w12).
+  the same halves with one shift and one mask, (word >> 4p) & 0x000F000F (kernels/fewrow).
 c = 0 is the escape: the weight's exact 16 bits are kept in the row's escape list (CSR: a row pointer, the
 column, the bits) and the planes hold a benign value there (c = 0 decodes to 2^(b-127) x 1.m, below the window,
 never NaN). Escapes are what the window cannot hold: zeros of both signs, subnormals, outliers on either side,
@@ -38,7 +38,7 @@ class W12:
     esc_ptr: torch.Tensor  # int32 [rows + 1]: row r's escapes are esc_col/esc_bits[ptr[r]:ptr[r+1]]
     esc_col: torch.Tensor  # int32 [escapes]
     esc_bits: torch.Tensor  # int16 [escapes]: the exact BF16 bit patterns
-    tiled: bool = False  # planes stored by tile (tile()): 16 rows x 128 columns contiguous, padded with zeros
+    tiled: bool = False  # planes stored by tile (tile(): flat, 16 rows x 128 columns contiguous, zero-padded)
 
     @property
     def escapes(self) -> int:
