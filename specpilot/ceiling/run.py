@@ -69,7 +69,9 @@ def measure(plan: CeilingPlan, runner: Runner, ar: System, progress: Callable[[s
     recordings = {}
     for sys_ in plan.systems:
         progress(f"{sys_.name}: recording lattices")
-        turns = record(runner, sys_, plan.requests, plan.max_new_tokens)
+        # a recording holds one drafting round a step: two-level verification's are recorded with exact verify
+        recorded = with_options(sys_, "verify=exact") if sys_.get("verify") == "tlv" else sys_
+        turns = record(runner, recorded, plan.requests, plan.max_new_tokens)
         recordings[sys_.name] = turns
         progress(f"{sys_.name}: profile, step timings, the target's top-K")
         inputs["systems"][sys_.name] = _system_inputs(runner, sys_, turns, prompts, plan, stops)
