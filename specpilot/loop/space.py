@@ -16,8 +16,9 @@ EXCLUDED = {"pad_us": "a deliberate slowdown for testing the controller",
             "tree_accept": "measured by replay, not searched"}
 EXCLUDED_GROUPS = {"audit": "changes outputs on purpose", "diagnostic": "outputs are wrong by design"}
 # options that act on CUDA kernels, graphs or the GPU step tuning only: on a CPU every value runs the same code
+# (weights=w12 and fewrow: the CPU reads the BF16 weights the W12 forms were checked against)
 CUDA_ONLY = {"graphs", "lookahead", "pdl", "ahead", "epilogue_early", "l2", "staged", "attn_late", "cluster",
-             "tune_rounds", "tune_start"}
+             "tune_rounds", "tune_start", "weights", "fewrow"}
 # int grids: node budgets and block sizes cover the range the cost model can predict; the rest their range
 GRIDS = {"nodes": (4, 8, 12, 16, 24, 32, 48, 64), "block_size": (2, 3, 4, 6, 8, 12, 16), "tree_k": (2, 4, 8),
          "lookahead": (1, 2, 3, 4), "tune_rounds": (1, 2, 3, 4)}
