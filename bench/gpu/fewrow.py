@@ -6,9 +6,10 @@ Qwen3.5-27B-class hybrid and the 27B twin's, at 1, 16, 32 and 64 rows.
    (escapes aside, which hold theirs); each product at every row count within bf16 rounding of the float32
    reference; a row's result the same bits at 1, 16, 32 and 64 rows (batch invariance) and on a second run.
 2. Timing: each product captured in a CUDA graph over rotating weight copies (more than 3x the L2 in all), the
-   graph replayed; time per product = replay time / copies, median of REPEATS replays. W12 in its tiled layout
-   (w12/format.tile) and, as `w12rows`, with its planes in rows; the layouts and K splits of SWEEP beside. TB/s = the bytes the
-   format stores / time, against the read ceiling measured here (torch.sum over 4 GiB).
+   graph replayed; time per product = replay time / copies, median of REPEATS replays. W12 in its tiled
+   layout (w12/format.tile) and, as `w12rows`, with its planes in rows; the layouts and K splits of SWEEP
+   beside. TB/s = the bytes the format stores / time, against the read ceiling measured here (torch.sum over
+   4 GiB).
 3. A table, and JSON under --out.
 
 Usage (repository root): SPECPILOT_COMMIT=<sha> PYTHONPATH=. python bench/gpu/fewrow.py [--out DIR] [--quick]
