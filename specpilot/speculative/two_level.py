@@ -32,7 +32,6 @@ class TwoLevelStep(SpecStep):
     def __init__(self, *args, rows: int, path: int, **kwargs):
         super().__init__(*args, **kwargs)
         dev = self.target.device
-        self.rows1, self.path1 = rows, path
         self.index = torch.arange(2 * rows, device=dev)
         self.ctx_rows = torch.arange(2 * path, device=dev)
         self.path_index = torch.arange(path, device=dev)
