@@ -16,7 +16,7 @@ from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.kernels import fewrow, nvrtc
 from specpilot.runtime.engine import Engine
 from specpilot.w12.attach import attach, projections
-from specpilot.w12.format import bits_of, encode, untile
+from specpilot.w12.format import bits_of, encode, escape_rows, untile
 
 GPU = fewrow.runs()
 
@@ -42,8 +42,7 @@ def test_the_kernels_decode_gives_every_bf16_bit_pattern():
     f = encode(w)
     dec = fewrow.decode_pairs(f.byte_plane, f.nibble_plane, f.base)
     escaped = torch.zeros(w.shape, dtype=torch.bool)
-    rows = torch.repeat_interleave(torch.arange(512), (f.esc_ptr[1:] - f.esc_ptr[:-1]).long())
-    escaped[rows, f.esc_col.long()] = True
+    escaped[escape_rows(f), f.esc_col.long()] = True
     assert (~escaped).sum() > 0.1 * w.numel()
     assert torch.equal(dec[~escaped], bits_of(w)[~escaped])
     assert fewrow.check_w12(f, w, on_device=False)
@@ -66,7 +65,7 @@ def test_the_load_check_fails_on_damage(damage):
     f = encode(w)
     assert f.escapes > 0 and fewrow.check_w12(f, w, on_device=False)
     escaped = torch.zeros(w.shape, dtype=torch.bool)
-    escaped[torch.repeat_interleave(torch.arange(16), (f.esc_ptr[1:] - f.esc_ptr[:-1]).long()), f.esc_col.long()] = 1
+    escaped[escape_rows(f), f.esc_col.long()] = True
     r, c = (int(i) for i in (~escaped).nonzero()[0])  # a weight the planes hold
     if damage == "byte":
         f.byte_plane[r, c] ^= 0x01

@@ -52,6 +52,7 @@ class SpecStep:
         self.proposer = ChainProposer(*args) if builder is None else TreeProposer(*args, builder=builder)
         self.hidden_layers = tuple(drafter.cfg.target_layer_ids)
         self.trash = dcache.length - 1  # the drafter cache's last slot absorbs context rows not valid this step
+        self.ctx_rows = self.proposer.index  # the rows of the state's ctx_feats
 
     def __call__(self) -> None:
         s = self.state
@@ -64,10 +65,13 @@ class SpecStep:
 
     def context(self, s: SpecState) -> None:
         """The previous verify's rows 0..count-1 are committed: their features become draft context."""
-        rows = self.proposer.index
-        ctx_pos = (s.pos[:, None] - s.ctx_count[:, None] + rows).clamp(min=0)
-        ctx_slots = torch.where(rows < s.ctx_count[:, None], ctx_pos, self.trash)
-        self.drafter.write_context(s.ctx_feats, ctx_pos, ctx_slots, self.dcache, self.drafter_plan)
+        self.write_context(s.ctx_feats, s.pos - s.ctx_count, s.ctx_count, self.ctx_rows)
+
+    def write_context(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor):
+        """feats [B, len(rows), F] at positions first + rows, the first `count` of them; the rest to the trash."""
+        pos = (first[:, None] + rows).clamp(min=0)
+        slots = torch.where(rows < count[:, None], pos, self.trash)
+        self.drafter.write_context(feats, pos, slots, self.dcache, self.drafter_plan)
 
     def verify(self, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
         return self.target(proposal.tokens, proposal.positions, self.cache, Mode.VERIFY, self.plan,

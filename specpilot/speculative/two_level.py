@@ -33,7 +33,7 @@ class TwoLevelStep(SpecStep):
         super().__init__(*args, **kwargs)
         dev = self.target.device
         self.index = torch.arange(2 * rows, device=dev)
-        self.ctx_rows = torch.arange(2 * path, device=dev)
+        self.ctx_rows = torch.arange(2 * path, device=dev)  # a step commits up to both rounds' paths
         self.path_index = torch.arange(path, device=dev)
         self.tail = torch.arange(rows, device=dev)  # the second round's rows, numbered within it
         self.chain_seen = self.tail[:, None] >= self.tail[None, :]  # a chain's rows see themselves and before
@@ -56,20 +56,10 @@ class TwoLevelStep(SpecStep):
         with region("tree"):
             self.commit(both, self.accept(both, logits), feats)
 
-    def context(self, s) -> None:
-        """The last step's committed rows (up to both rounds' paths) become draft context."""
-        self.write_context(s.ctx_feats, s.pos - s.ctx_count, s.ctx_count, self.ctx_rows)
-
     def tentative_context(self, q: Verdict, q_feats: torch.Tensor) -> None:
         """The Q pass's features along its path (anchor included) as draft context for the second round."""
         feats = q_feats.gather(1, q.path[..., None].expand(-1, -1, q_feats.shape[2]))
         self.write_context(feats, self.state.pos, q.accepted + 1, self.path_index)
-
-    def write_context(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor):
-        """feats [B, len(rows), F] at positions first + rows, the first `count` of them; the rest to the trash."""
-        pos = (first[:, None] + rows).clamp(min=0)
-        slots = torch.where(rows < count[:, None], pos, self.trash)
-        self.drafter.write_context(feats, pos, slots, self.dcache, self.drafter_plan)
 
     def seen(self, p: Proposal) -> torch.Tensor:
         return p.visibility.tree if p.visibility.tree is not None else self.chain_seen.expand(p.tokens.shape[0], -1, -1)

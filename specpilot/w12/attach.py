@@ -35,9 +35,11 @@ def attach(target, progress: Callable[[str], None] = lambda s: None) -> dict:
     what is stored and why, and the bytes of the projections in BF16 and as stored."""
     rows = []
     for name, dw in projections(target):
-        w = as_bf16(dw.weight.detach())
         entry = {"name": name, "shape": list(dw.weight.shape), "bf16_bytes": 2 * dw.weight.numel()}
-        because = (f"{dw.weight.dtype} values that BF16 does not hold" if w is None else fewrow.fits(w.shape[1]))
+        because = None
+        if dw.w12 is None:  # a projection that has its form is not converted again
+            w = as_bf16(dw.weight.detach())
+            because = f"{dw.weight.dtype} values that BF16 does not hold" if w is None else fewrow.fits(w.shape[1])
         if because is None and dw.w12 is None:
             progress(name)
             few = fewrow.encode_checked(w, dw.bias)

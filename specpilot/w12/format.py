@@ -167,13 +167,17 @@ def view8_bf16(f: W12) -> torch.Tensor:
     return _assemble(untile(f), 0x8)
 
 
+def escape_rows(f: W12) -> torch.Tensor:
+    """Each escape's row (the CSR pointer expanded): int64 [escapes], beside esc_col."""
+    return torch.repeat_interleave(torch.arange(f.shape[0], device=f.esc_ptr.device),
+                                   (f.esc_ptr[1:] - f.esc_ptr[:-1]).long())
+
+
 def _assemble(f: W12, low: torch.Tensor | int) -> torch.Tensor:
     """BF16 from the byte plane and the given low mantissa bits, escapes patched with their exact bits."""
     byte = f.byte_plane.to(torch.int32)
     exponent = ((byte >> 3) & 0xF) + f.base.to(torch.int32)[:, None]
     bits = ((byte >> 7) << 15) | (exponent << 7) | ((byte & 0x7) << 4) | low
     if f.escapes:
-        r = torch.repeat_interleave(torch.arange(f.shape[0], device=bits.device),
-                                    (f.esc_ptr[1:] - f.esc_ptr[:-1]).long())
-        bits[r, f.esc_col.long()] = f.esc_bits.to(torch.int32) & 0xFFFF
+        bits[escape_rows(f), f.esc_col.long()] = f.esc_bits.to(torch.int32) & 0xFFFF
     return bits.to(torch.int16).view(torch.bfloat16)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specpilot.kernels import nvrtc
-from specpilot.w12.format import TILE_COLS, W12, encode, tile, untile
+from specpilot.w12.format import TILE_COLS, W12, encode, escape_rows, tile, untile
 
 SOURCE = Path(__file__).with_name("fragment.cu")
 WARPS = 4  # fragment.cu's __launch_bounds__
@@ -234,9 +234,7 @@ def check_w12(f: W12, original: torch.Tensor, on_device: bool) -> bool:
     f = untile(f)
     bits = bits_of(original)
     dec = decode_on_device(f) if on_device else decode_pairs(f.byte_plane, f.nibble_plane, f.base)
-    rows = torch.repeat_interleave(torch.arange(f.shape[0], device=bits.device),
-                                   (f.esc_ptr[1:] - f.esc_ptr[:-1]).long())
-    cols = f.esc_col.long()
+    rows, cols = escape_rows(f), f.esc_col.long()
     escaped = torch.zeros_like(bits, dtype=torch.bool)
     escaped[rows, cols] = True
     planes_ok = torch.equal(torch.where(escaped, 0, dec), torch.where(escaped, 0, bits))
