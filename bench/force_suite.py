@@ -2,7 +2,9 @@
 reference that shares a fault, each through `force` against stock (the reference's and AR's runs made once).
 
 Usage: PYTHONPATH=. python bench/force_suite.py --preset smollm2 [--deployment D.toml] [--limit 2]
-       [--max-new-tokens 64] [--lossless-rounds R] [--cases all|faults|none] [--exact float32] --out RESULT.json
+       [--max-new-tokens 64] [--lossless-rounds R] [--cases all|faults|none] [--case REF CAND ...]
+       [--exact float32] --out RESULT.json
+--case REF CAND (repeatable): also judge CAND against REF on the same requests (their runs shared with the rest).
 Each case starts on --limit requests per dataset and may double twice toward the power bound (0.1 points).
 --lossless-rounds R: also judge R lossless variants on R further disjoint request sets (the false-reject sample).
 Prints a table last; the JSON (rewritten after every verdict) holds each verdict with its evidence summary.
@@ -46,6 +48,8 @@ def main() -> None:
     ap.add_argument("--cases", choices=("all", "faults", "none"), default="all",
                     help="judge the fault suite (with the reference that shares a fault) and the lossless variants, "
                          "the faults only, or none (only the lossless rounds)")
+    ap.add_argument("--case", nargs=2, action="append", default=[], metavar=("REF", "CAND"),
+                    help="a further candidate and its reference (repeatable)")
     ap.add_argument("--exact", choices=("deployment", "float32"), default="deployment",
                     help="the exact target that scores every token (float32: the FP32-reference mode)")
     ap.add_argument("--out", required=True)
@@ -62,6 +66,7 @@ def main() -> None:
     cases = [] if args.cases == "none" else [("stock", f"stock:fault={f}") for f in FAULTS if f != "none"] + [
         ("stock:fault=logit_bias", "stock:fault=logit_bias")]  # the last: a reference sharing the flaw
     cases += [("stock", c) for c in LOSSLESS] if args.cases == "all" else []
+    cases += [tuple(c) for c in args.case]
     lossless: list = []
     record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "exact": args.exact,
               "requests": start, "max_new_tokens": args.max_new_tokens, "cases": rows, "lossless_rounds": lossless,

@@ -147,6 +147,21 @@ def test_the_kernel_matches_the_reference_at_every_row_count(n, k):
 
 
 @pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")
+@pytest.mark.parametrize("layout", [(1, 1, 0), (1, 1, 2), (2, 1, 2), (1, 2, 0)])
+@pytest.mark.parametrize("n,k", [(200, 1024), (72, 1088)])  # tiled; in rows, with a half chunk at the end
+def test_every_layout_gives_the_same_bits(layout, n, k):
+    """X read as it goes, staged in the shared ring (with one or two weight tiles a warp) or the weights two
+    chunks ahead: the same products, bit for bit, at every row count and split (fragment.cu)."""
+    w = weights(n, k, 5).cuda().nan_to_num(0.0, 1.0, -1.0)
+    x64 = torch.randn(64, k, device="cuda").to(torch.bfloat16)
+    for form in (fewrow.encode_checked(w), fewrow.FewRowWeight.bf16(w)):
+        for m in (1, 2, 9, 17, 40, 64):
+            for split in (1, 3):
+                default = fewrow.product(x64[:m], form, split=split)
+                assert torch.equal(fewrow.product(x64[:m], form, split=split, layout=layout), default), (m, split)
+
+
+@pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")
 def test_infinities_and_nans_in_the_weights_reach_the_outputs():
     w = torch.full((32, 128), 0.01, device="cuda").to(torch.bfloat16)
     w[3, 5], w[7, 9] = float("inf"), float("nan")

@@ -4,7 +4,8 @@ Qwen3.5-27B-class hybrid and the 27B twin's, at 1, 16, 32 and 64 rows.
 
 1. Correctness first, on every shape: the W12 planes decoded by the kernel's routine give the weight's bits
    (escapes aside, which hold theirs); each product at every row count within bf16 rounding of the float32
-   reference; a row's result the same bits at 1, 16, 32 and 64 rows (batch invariance) and on a second run.
+   reference; a row's result the same bits at 1, 16, 32 and 64 rows (batch invariance), on a second run and
+   in every layout of SWEEP.
 2. Timing: each product captured in a CUDA graph over rotating weight copies (more than 3x the L2 in all), the
    graph replayed; time per product = replay time / copies, median of REPEATS replays. W12 in its tiled
    layout (w12/format.tile) and, as `w12rows`, with its planes in rows; the layouts and K splits of SWEEP
@@ -34,7 +35,9 @@ from specpilot.w12.format import untile
 
 ROWS = (1, 16, 32, 64)
 # (row tiles, (TILES, AHEAD, X_AHEAD)) timed beside the default layout (kernels/fewrow.LAYOUT); the same arithmetic
-SWEEP = [(1, (1, 1, 1)), (1, (1, 2, 0)), (1, (2, 1, 0)), (2, (2, 1, 0)), (4, (2, 1, 0)), (8, (2, 1, 0))]
+SWEEP = [(1, (1, 1, 1)), (1, (1, 2, 0)), (1, (2, 1, 0)), (1, (1, 1, 2)), (2, (2, 1, 0)), (4, (2, 1, 0)),
+         (8, (2, 1, 0)), (2, (1, 1, 2)), (2, (2, 1, 2)), (4, (1, 1, 2)), (4, (2, 1, 2)), (8, (1, 1, 2)),
+         (8, (2, 1, 2))]
 REPEATS = 15
 L2_MULTIPLE = 3
 # (name, in K, out N). Qwen3.5-27B: hidden 5120, 48 GDN layers (16 QK / 48 V heads of 128) and 16 attention
@@ -93,7 +96,7 @@ def time_impl(call, weights: list) -> float:
 
 def check_shape(name: str, w: torch.Tensor, x: dict, w12: fewrow.FewRowWeight, bf: fewrow.FewRowWeight) -> dict:
     ok_decode = fewrow.check_w12(w12.w12, w, on_device=True)
-    worst, invariant, repeat = 0.0, True, True
+    worst, invariant, repeat, same = 0.0, True, True, True
     outs = {}
     for fmt, fw in (("w12", w12), ("bf16", bf)):
         for m in ROWS:
@@ -102,10 +105,12 @@ def check_shape(name: str, w: torch.Tensor, x: dict, w12: fewrow.FewRowWeight, b
             scale = ref.float().abs().max().item() or 1.0
             worst = max(worst, (y.float() - ref.float()).abs().max().item() / scale)
             repeat &= torch.equal(y, fewrow.product(x[m], fw))
+            same &= all(torch.equal(y, fewrow.product(x[m], fw, layout=lo)) for mt, lo in SWEEP
+                        if mt == fewrow.m_tiles(m))
             outs[fmt, m] = y
         invariant &= all(torch.equal(outs[fmt, m], outs[fmt, 64][:m]) for m in ROWS)
     return {"decode_exact": ok_decode, "max_rel_err": worst, "batch_invariant": invariant, "deterministic": repeat,
-            "escapes": w12.w12.escapes, "bits_per_weight": w12.w12.bits_per_weight}
+            "layouts_agree": same, "escapes": w12.w12.escapes, "bits_per_weight": w12.w12.bits_per_weight}
 
 
 def bench_shape(name: str, k: int, n: int, l2: int, quick: bool) -> dict:
@@ -203,10 +208,11 @@ def main() -> int:
         rows.append(bench_shape(name, k, n, l2, args.quick))
         c = rows[-1]["check"]
         print(f"{name}: decode exact {c['decode_exact']}, rel err {c['max_rel_err']:.2e}, invariant "
-              f"{c['batch_invariant']}, deterministic {c['deterministic']}, {c['bits_per_weight']:.3f} bits",
+              f"{c['batch_invariant']}, deterministic {c['deterministic']}, layouts agree {c['layouts_agree']}, "
+              f"{c['bits_per_weight']:.3f} bits",
               flush=True)
     ok = all(r["check"]["decode_exact"] and r["check"]["batch_invariant"] and r["check"]["deterministic"]
-             and r["check"]["max_rel_err"] < 2e-2 for r in rows)
+             and r["check"]["layouts_agree"] and r["check"]["max_rel_err"] < 2e-2 for r in rows)
     result = {**environment(), "gpu": torch.cuda.get_device_name(), "read_ceiling_tb_s": ceiling, "rows": list(ROWS),
               "layout": {str(k): v for k, v in fewrow.LAYOUT.items()}, "sweep": SWEEP,
               "l2_bytes": l2, "l2_multiple": L2_MULTIPLE,

@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
-# Issue 30 on the H200, after the SmolLM2 staging on the same (still held) machine: `weights=w12` in the
-# engine. 1. the few-row microbenchmark (bench/gpu/fewrow.py); 2. AR on the twin: cuBLAS BF16 (the reference),
-# the few-row kernel on BF16 (ar:fewrow=true) and on W12 (ar:weights=w12), with the memory the W12 forms save;
-# 3. token forcing of ar:weights=w12 against ar and of stock:weights=w12 against stock on SmolLM2 (LIMIT dev
-# requests of each benchmark, MAXNEW tokens; the W12 kernel sums in another order than cuBLAS, so equality is not
-# expected: forcing must pass). JSON to $OUT.
+# Issue 30 on the H200, after the SmolLM2 staging on the same (still held) machine, one part per call (each fits
+# ten minutes); JSON to $OUT.
+#   micro: the cubins built here installed (bench/gpu/prebuild.py), the kernel's GPU tests, then the few-row
+#          microbenchmark (bench/gpu/fewrow.py; QUICK=1: three shapes at 1 and 32 rows; SHAPES=a,b: those).
+#   twin:  the twin (bf16, one request of each benchmark, TWIN_NEW tokens): AR on cuBLAS BF16, on the few-row
+#          kernel in BF16 (ar:fewrow=true) and in W12, with the memory W12 saves; the tree system the loop found
+#          best (best_first, NODES nodes) alone, with W12, with TLV and with both (tau = tokens per exact pass).
+#   force: token forcing on SmolLM2 (bench/force_suite.py, the runs of stock and AR shared): ar:weights=w12
+#          against ar, stock:weights=w12 and stock:verify=tlv against stock; LIMIT dev requests of each benchmark
+#          to start, doubled twice toward the power bound, MAXNEW tokens. The W12 kernel sums in another order
+#          than cuBLAS, so equality is not expected: forcing must not reject.
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
 python3 bench/gpu/prebuild.py --install .stage/cubin
-python3 bench/gpu/fewrow.py --out "$OUT" > "$OUT/fewrow.log" 2>&1
-echo "fewrow microbenchmark: exit $?"
-python3 -m specpilot.cli bench --preset smollm2-twin -s ar -s ar:fewrow=true -s ar:weights=w12 \
-    --limit "${TWIN_LIMIT:-1}" --max-new-tokens "${TWIN_NEW:-128}" --json "$OUT/twin_ar_w12.json"
-echo "twin bench: exit $?"
-for base in ar stock; do
-    [ "${FORCE:-1}" = 1 ] || break  # FORCE=0: the timings alone
-    python3 -m specpilot.cli force --deployment bench/gpu/smollm2-pair.toml --reference "$base" \
-        --candidate "$base:weights=w12" --limit "${LIMIT:-5}" --max-new-tokens "${MAXNEW:-256}" \
-        --json "$OUT/force_w12_$base.json"
-    echo "force $base:weights=w12: exit $?"
-done
+case ${1:-micro} in
+micro)
+    python3 -m pytest -q -p no:cacheprovider tests/test_fewrow.py tests/test_two_level.py 2>&1 | tail -4
+    args=(--out "$OUT")
+    [ "${QUICK:-0}" = 1 ] && args+=(--quick)
+    [ -n "${SHAPES:-}" ] && args+=(--shapes "$SHAPES")
+    python3 bench/gpu/fewrow.py "${args[@]}" > "$OUT/fewrow.log" 2>&1
+    echo "fewrow microbenchmark: exit $?"
+    tail -n 60 "$OUT/fewrow.log" ;;
+twin)
+    tree="stock:tree=best_first,nodes=${NODES:-48}"
+    python3 -m specpilot.cli bench --preset smollm2-twin -s ar -s ar:fewrow=true -s ar:weights=w12 \
+        -s "$tree" -s "$tree,weights=w12" -s "$tree,verify=tlv" -s "$tree,weights=w12,verify=tlv" \
+        --limit "${TWIN_LIMIT:-1}" --max-new-tokens "${TWIN_NEW:-128}" --json "$OUT/twin_w12.json"
+    echo "twin bench: exit $?" ;;
+force)
+    python3 bench/force_suite.py --deployment bench/gpu/smollm2-pair.toml --cases none --limit "${LIMIT:-5}" \
+        --max-new-tokens "${MAXNEW:-256}" --case ar ar:weights=w12 --case stock stock:weights=w12 \
+        --case stock stock:verify=tlv --out "$OUT/force_w12.json"
+    echo "force suite: exit $?" ;;
+*) echo "usage: bash bench/gpu/w12_engine.sh micro|twin|force" >&2; exit 2 ;;
+esac

@@ -26,8 +26,9 @@ CHUNK = 128  # columns a warp takes per step
 LANE_COLUMNS = 32  # K must be a multiple: a lane's share of a chunk is all in or all out
 MAX_ROWS = 64
 MIN_CHUNKS = 2  # the fewest chunks a K piece holds: shorter pieces cost more in partial sums than they spread
-# (TILES, AHEAD, X_AHEAD) by the row tiles a launch needs (M_TILES = rows / 8, rounded up to a power of two). A
-# row's arithmetic does not depend on them: they may differ between row counts.
+# (TILES, AHEAD, X_AHEAD) by the row tiles a launch needs (M_TILES = rows / 8, rounded up to a power of two);
+# X_AHEAD: 0 X read as it goes, 1 its fragments loaded ahead (one row tile), 2 a ring in shared memory
+# (fragment.cu). A row's arithmetic does not depend on them: they may differ between row counts.
 LAYOUT = {1: (1, 1, 0), 2: (1, 1, 0), 4: (1, 1, 0), 8: (1, 1, 0)}
 FUSED_SUM_ROWS = 8  # up to this many rows the last block of a split adds the pieces; past it, reduce_parts
 
@@ -120,7 +121,8 @@ def reference(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = 
 def macros(w12: bool, row_tiles: int, tiles: int, ahead: int, x_ahead: int, view8: bool = False,
            tiled: bool = False) -> dict[str, int]:
     return {"WEIGHTS_W12": int(w12), "M_TILES": row_tiles, "TILES": tiles, "AHEAD": ahead,
-            "X_AHEAD": int(x_ahead and row_tiles == 1), "VIEW8": int(view8), "TILED": int(w12 and tiled)}
+            "X_AHEAD": 0 if x_ahead == 1 and row_tiles > 1 else x_ahead, "VIEW8": int(view8),
+            "TILED": int(w12 and tiled)}
 
 
 @functools.cache

@@ -9,9 +9,11 @@
 // physical columns sit in which mma slot does not matter to a dot product as long as X uses the same map: k-step j
 // (0..7) of a chunk takes the lane's column pairs 2j (slots 2t, 2t+1) and 2j + 1 (slots 2t + 8, 2t + 9), and the
 // lane loads X's same 32 columns. The weights of the next D chunks are loaded into registers while D chunks are
-// multiplied (X_AHEAD, with one row tile: X's fragments too; else X is read from L1 as it goes). A ring of
-// cp.async copies in shared memory in place of the registers ran about 3x slower on the H200, and L2 prefetches
-// ahead of the loads gained nothing (bench/HISTORY.md). W12 planes may be tiled (TILED): a warp's chunk is then
+// multiplied. X comes in one of three ways (X_AHEAD): 0, read from L1 as it goes; 1, with one row tile, its
+// fragments loaded ahead with the weights; 2, a block's ring of X chunks in shared memory, copied (cp.async) two
+// chunks ahead by all its threads and read by each warp a half chunk at a time, so that many rows cost neither
+// L2 round trips nor registers. A ring of cp.async copies of the weights in place of the registers ran about 3x
+// slower on the H200, and L2 prefetches ahead of the loads gained nothing (bench/HISTORY.md). W12 planes may be tiled (TILED): a warp's chunk is then
 // one contiguous 2 KB of the byte plane and 1 KB of the nibble plane.
 //
 // Decoding a pair of adjacent columns into a bf16x2 register (the W12 format's byte [s c3..c0 m6..m4], nibble
@@ -27,7 +29,7 @@
 // arrivals). Columns past K (a multiple of 32) are zeros on both sides.
 
 // Compiled by NVRTC (kernels/nvrtc.py) with the macros WEIGHTS_W12 (1: W12, 0: BF16), VIEW8, TILED, TILES,
-// M_TILES, AHEAD and X_AHEAD (few_row's T, MT, D and XAHEAD); no headers: bf16 values travel as their 16 bits.
+// M_TILES, AHEAD and X_AHEAD (few_row's T, MT, D and XMODE); no headers: bf16 values travel as their 16 bits.
 
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
@@ -102,6 +104,41 @@ struct Chunk1 {  // with one row tile, X's fragments travel with the weights
   uint32_t x[16];
 };
 
+// X_AHEAD 2: the ring of X chunks in shared memory, RING stages of 8 MT rows x 16 units of 16 bytes. A lane reads
+// units 4t + 2 half + v of row 8 mt + g; the unit's slot is swizzled so that the eight lanes of each quarter
+// warp (two rows, t = 0..3) hit eight different 16-byte bank groups.
+constexpr int UNITS = CHUNK / 8;
+template <int MT>
+constexpr int ring_stages() { return MT >= 8 ? 2 : 3; }  // 48 KB of static shared memory at most
+
+__device__ __forceinline__ int x_slot(int row, int unit) {
+  return row * UNITS + (unit ^ ((unit >> 3) & 1) ^ ((row & 1) << 1));
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  uint32_t a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// Chunk c of X's rows 0..8 MT - 1 into a stage (zeros past M and K), one 16-byte copy per thread and unit, as
+// one group; past the block's chunks (c >= c_hi) an empty group, so that every thread counts groups alike.
+template <int MT>
+__device__ __forceinline__ void stage_x(uint4* stage, const bf16* __restrict__ x, int ldx, int M, int K, int c,
+                                        int c_hi) {
+  for (int e = threadIdx.x; c < c_hi && e < 8 * MT * UNITS; e += blockDim.x) {
+    const int row = e / UNITS, unit = e % UNITS, col = c * CHUNK + 8 * unit;
+    const bool in = row < M && col < K;
+    const bf16* src = in ? x + (long)row * ldx + col : x;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(stage + x_slot(row, unit))),
+                 "l"(src), "r"(in ? 16 : 0));
+  }
+  asm volatile("cp.async.commit_group;\n");
+}
+
+template <int PENDING>
+__device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
+
 // Column pair q (0..15) of one row as bf16x2; base2 = b << 7 | b << 23.
 template <bool W12>
 __device__ __forceinline__ uint32_t pair(const uint32_t* w, int q, uint32_t base2) {
@@ -121,18 +158,20 @@ __device__ __forceinline__ void mma(float* c, uint32_t a0, uint32_t a1, uint32_t
 }
 
 // One chunk: 8 k-steps x MT row tiles x T tiles of mma, the weights decoded a half chunk (4 k-steps) at a time.
-// XAHEAD: xr holds row tile 0's X fragments, loaded ahead (MT == 1); else every row tile's are read here.
-template <bool W12, int T, int MT, bool XAHEAD>
+// X (XMODE, fragment.cu's X_AHEAD): 0, every row tile's fragments read here; 1, xr holds row tile 0's, loaded
+// ahead (MT == 1); 2, read from the shared stage xs a half chunk and a row tile at a time.
+template <bool W12, int T, int MT, int XMODE>
 __device__ __forceinline__ void multiply(float (&acc)[T][MT][4], const Rows (&r)[T], const uint32_t (&base2)[T][2],
-                                         const Chunk1& xr, const bf16* __restrict__ x, int ldx, int M, int K, int c,
-                                         int g, int t) {
-  uint32_t b[MT][16];
+                                         const Chunk1& xr, const uint4* xs, const bf16* __restrict__ x, int ldx,
+                                         int M, int K, int c, int g, int t) {
+  constexpr int MB = XMODE == 2 ? 1 : MT;  // row tiles whose fragments are held at once
+  uint32_t b[MB][16];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    if (XAHEAD) {
+  for (int mt = 0; mt < MB; ++mt) {
+    if (XMODE == 1) {
 #pragma unroll
       for (int q = 0; q < 16; ++q) b[mt][q] = xr.x[q];
-    } else {
+    } else if (XMODE == 0) {
       load_x(b[mt], x, ldx, mt * 8 + g, M, K, c, t);
     }
   }
@@ -146,13 +185,23 @@ __device__ __forceinline__ void multiply(float (&acc)[T][MT][4], const Rows (&r)
 #pragma unroll
         for (int q = 0; q < 8; ++q) a[i][h][q] = pair<W12>(r[i].w[h], 8 * half + q, base2[i][h]);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt) {
+      const int mb = XMODE == 2 ? 0 : mt;
+      if (XMODE == 2) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          const uint4 u = xs[x_slot(mt * 8 + g, 4 * t + 2 * half + v)];
+          b[0][8 * half + 4 * v] = u.x; b[0][8 * half + 4 * v + 1] = u.y;
+          b[0][8 * half + 4 * v + 2] = u.z; b[0][8 * half + 4 * v + 3] = u.w;
+        }
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int i = 0; i < T; ++i)
           mma(acc[i][mt], a[i][0][2 * j], a[i][1][2 * j], a[i][0][2 * j + 1], a[i][1][2 * j + 1],
-              b[mt][8 * half + 2 * j], b[mt][8 * half + 2 * j + 1]);
+              b[mb][8 * half + 2 * j], b[mb][8 * half + 2 * j + 1]);
+    }
   }
 }
 
@@ -216,14 +265,17 @@ __device__ __forceinline__ float sum_parts(const float* __restrict__ parts, int 
 }
 
 // grid (ceil(N / (16 T warps)), S). Block (bx, s) takes chunks [c_lo, c_hi), D at a time, the next D's loads in
-// flight while these are multiplied (XAHEAD, with one row tile: X's fragments too). With S > 1 each block writes its partial sums; then, when `arrivals` is given,
-// the last block of a column of blocks to arrive (an arrival counter, reset by that block) adds the S of each
-// output in piece order and finishes them, else `reduce_parts` does, launched next.
-template <bool W12, int T, int MT, int D, bool XAHEAD>
+// flight while these are multiplied (XMODE 1: X's fragments too; XMODE 2: X's chunks copied into the shared ring
+// RING - 1 ahead). With S > 1 each block writes its partial sums; then, when `arrivals` is given, the last block
+// of a column of blocks to arrive (an arrival counter, reset by that block) adds the S of each output in piece
+// order and finishes them, else `reduce_parts` does, launched next.
+template <bool W12, int T, int MT, int D, int XMODE>
 __device__ void few_row(const uint8_t* __restrict__ planes, const uint8_t* __restrict__ nibbles, Epilogue e,
                         const bf16* __restrict__ x, int ldx, bf16* __restrict__ y, int ldy,
                         float* __restrict__ parts, int* __restrict__ arrivals, int M, int N, int K) {
+  constexpr int RING = XMODE == 2 ? ring_stages<MT>() : 1;
   __shared__ int last;
+  __shared__ __align__(16) uint4 ring[XMODE == 2 ? RING * 8 * MT * UNITS : 1];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long tile0 = ((long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * T;
   const int chunks = (K + CHUNK - 1) / CHUNK, S = gridDim.y, s = blockIdx.y;
@@ -248,12 +300,15 @@ __device__ void few_row(const uint8_t* __restrict__ planes, const uint8_t* __res
 
   Rows cur[D][T], nxt[D][T];
   Chunk1 xc[D], xn[D];
+  if (XMODE == 2)  // the ring's first RING - 1 chunks (a group each, empty past c_hi: the count stays uniform)
+#pragma unroll
+    for (int j = 0; j < RING - 1; ++j) stage_x<MT>(ring + j * 8 * MT * UNITS, x, ldx, M, K, c_lo + j, c_hi);
 #pragma unroll
   for (int d = 0; d < D; ++d) {
     if (c_lo + d >= c_hi) continue;
 #pragma unroll
     for (int i = 0; i < T; ++i) load_rows<W12>(cur[d][i], planes, nibbles, (tile0 + i) * 16 + g, N, K, c_lo + d, t);
-    if (XAHEAD) load_x(xc[d].x, x, ldx, g, M, K, c_lo + d, t);
+    if (XMODE == 1) load_x(xc[d].x, x, ldx, g, M, K, c_lo + d, t);
   }
   for (int c = c_lo; c < c_hi; c += D) {
 #pragma unroll
@@ -262,12 +317,24 @@ __device__ void few_row(const uint8_t* __restrict__ planes, const uint8_t* __res
 #pragma unroll
       for (int i = 0; i < T; ++i)
         load_rows<W12>(nxt[d][i], planes, nibbles, (tile0 + i) * 16 + g, N, K, c + D + d, t);
-      if (XAHEAD) load_x(xn[d].x, x, ldx, g, M, K, c + D + d, t);
+      if (XMODE == 1) load_x(xn[d].x, x, ldx, g, M, K, c + D + d, t);
     }
 #pragma unroll
-    for (int d = 0; d < D; ++d)
-      if (c + d < c_hi)
-        multiply<W12, T, MT, XAHEAD>(acc, cur[d], base2, xc[d], x, ldx, M, K, c + d, g, t);
+    for (int d = 0; d < D; ++d) {
+      if (c + d >= c_hi) continue;
+      const uint4* xs = ring;
+      if (XMODE == 2) {
+        // chunk c + d's copies are done (RING - 2 later groups may be pending) and every warp is past the chunk
+        // before it, whose stage the copy of chunk c + d + RING - 1 may now take
+        const int i = c + d - c_lo;
+        stage_wait<RING - 2>();
+        __syncthreads();
+        const int ahead = c + d + RING - 1;
+        stage_x<MT>(ring + ((i + RING - 1) % RING) * 8 * MT * UNITS, x, ldx, M, K, ahead, c_hi);
+        xs = ring + (i % RING) * 8 * MT * UNITS;
+      }
+      multiply<W12, T, MT, XMODE>(acc, cur[d], base2, xc[d], xs, x, ldx, M, K, c + d, g, t);
+    }
 #pragma unroll
     for (int d = 0; d < D; ++d) {
 #pragma unroll
@@ -343,8 +410,8 @@ extern "C" __global__ void __launch_bounds__(128) few_row_product(const uint8_t*
                                                                   EPILOGUE_PARAMS, const bf16* x, int ldx,
                                                                   bf16* y, int ldy, float* parts, int* arrivals,
                                                                   int M, int N, int K) {
-  few_row<WEIGHTS_W12 != 0, TILES, M_TILES, AHEAD, X_AHEAD != 0 && M_TILES == 1>(planes, nibbles, EPILOGUE, x, ldx, y, ldy, parts, arrivals, M, N,
-                                                   K);
+  few_row<WEIGHTS_W12 != 0, TILES, M_TILES, AHEAD, (X_AHEAD == 1 && M_TILES > 1 ? 0 : X_AHEAD)>(
+      planes, nibbles, EPILOGUE, x, ldx, y, ldy, parts, arrivals, M, N, K);
 }
 
 // What few_row_product's blocks leave when it runs without arrival counters: one thread per output.
