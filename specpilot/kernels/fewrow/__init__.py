@@ -29,7 +29,7 @@ MIN_CHUNKS = 2  # the fewest chunks a K piece holds: shorter pieces cost more in
 # (TILES, AHEAD, X_AHEAD) by the row tiles a launch needs (M_TILES = rows / 8, rounded up to a power of two);
 # X_AHEAD: 0 X read as it goes, 1 its fragments loaded ahead (one row tile), 2 a ring in shared memory
 # (fragment.cu). A row's arithmetic does not depend on them: they may differ between row counts.
-LAYOUT = {1: (1, 1, 0), 2: (1, 1, 0), 4: (1, 1, 0), 8: (1, 1, 0)}
+LAYOUT = {1: (1, 1, 0), 2: (1, 1, 2), 4: (1, 1, 2), 8: (1, 1, 2)}
 FUSED_SUM_ROWS = 8  # up to this many rows the last block of a split adds the pieces; past it, reduce_parts
 
 
