@@ -81,6 +81,16 @@ def m_tiles(rows: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, math.ceil(rows / 8)))))
 
 
+def layout_for(n: int, row_tiles: int, sms: int) -> tuple[int, int, int]:
+    """LAYOUT's entry, with two weight tiles a warp at one row tile when one tile a warp would need more than
+    four blocks a multiprocessor (more bytes in flight per warp; H200: 1.11-1.25x on the 43008-, 151936- and
+    248320-row weights, slower on the others and at more rows: bench/HISTORY.md)."""
+    tiles, ahead, x_ahead = LAYOUT[row_tiles]
+    if row_tiles == 1 and math.ceil(n / (16 * WARPS)) > 4 * sms:
+        tiles = 2
+    return tiles, ahead, x_ahead
+
+
 def split_for(n: int, k: int, sms: int) -> int:
     """K pieces for an [n, k] weight: enough blocks for about four per multiprocessor at one row tile a warp,
     each piece at least MIN_CHUNKS chunks. From the shape and the GPU alone, so that every row count adds a
@@ -167,7 +177,7 @@ def product(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = No
             layout: tuple[int, int, int] | None = None, view8: bool = False) -> torch.Tensor:
     """x [M, K] (M <= 64, bf16, rows contiguous) times W^T (+ bias, + residual [M, N]) on the GPU: [M, N] bf16.
     split: K pieces (default split_for; a row's result depends on it); layout: (TILES, AHEAD, X_AHEAD) (default
-    LAYOUT; the same result). view8: W12's 8-bit view (the byte plane alone; escapes exact)."""
+    layout_for; the same result). view8: W12's 8-bit view (the byte plane alone; escapes exact)."""
     import ctypes
 
     m, k = x.shape
@@ -179,7 +189,7 @@ def product(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = No
         residual = residual.contiguous()
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     mt = m_tiles(m)
-    layout = layout or LAYOUT[mt]
+    layout = layout or layout_for(w.n, mt, _sms(device))
     tiles = layout[0]
     if view8 and w.w12 is None:
         raise ValueError("the 8-bit view is W12's: this weight is BF16")
