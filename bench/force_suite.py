@@ -5,6 +5,7 @@ Usage: PYTHONPATH=. python bench/force_suite.py --preset smollm2 [--deployment D
        [--max-new-tokens 64] [--lossless-rounds R] [--cases all|faults|none] [--case REF CAND ...]
        [--exact float32] --out RESULT.json
 --case REF CAND (repeatable): also judge CAND against REF on the same requests (their runs shared with the rest).
+--workers N: the outputs made by N processes at once (forcing/parallel.py), scored here.
 Each case starts on --limit requests per dataset and may double twice toward the power bound (0.1 points).
 --lossless-rounds R: also judge R lossless variants on R further disjoint request sets (the false-reject sample).
 Prints a table last; the JSON (rewritten after every verdict) holds each verdict with its evidence summary.
@@ -13,12 +14,14 @@ Prints a table last; the JSON (rewritten after every verdict) holds each verdict
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import time
 
 from specpilot.bench.datasets import load_requests, round_robin
 from specpilot.bench.harness import Runner
 from specpilot.deployment import load_deployment
+from specpilot.forcing.parallel import pool_for
 from specpilot.forcing.run import exact_target, force
 from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic
@@ -52,6 +55,7 @@ def main() -> None:
                     help="a further candidate and its reference (repeatable)")
     ap.add_argument("--exact", choices=("deployment", "float32"), default="deployment",
                     help="the exact target that scores every token (float32: the FP32-reference mode)")
+    ap.add_argument("--workers", type=int, default=1, help="processes that make the outputs at once (forcing/parallel)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dep = load_deployment(args.preset, args.deployment)
@@ -67,14 +71,36 @@ def main() -> None:
         ("stock:fault=logit_bias", "stock:fault=logit_bias")]  # the last: a reference sharing the flaw
     cases += [("stock", c) for c in LOSSLESS] if args.cases == "all" else []
     cases += [tuple(c) for c in args.case]
+    procs = pool_for(args.workers, args.preset, args.deployment, [s for c in cases for s in c] + ["ar"] + (
+        LOSSLESS + ["stock"] if args.lossless_rounds else []), pool)
+    generate = procs.generate if procs is not None else None
     lossless: list = []
     record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "exact": args.exact,
-              "requests": start, "max_new_tokens": args.max_new_tokens, "cases": rows, "lossless_rounds": lossless,
-              "false_rejects": 0}
+              "requests": start, "max_new_tokens": args.max_new_tokens, "workers": args.workers, "cases": rows,
+              "lossless_rounds": lossless, "false_rejects": 0}
+    with procs or contextlib.nullcontext():
+        _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generate, record)
+    print(f"\n{'case':70s} verdict       mismatch cand/ref/ar        events  detectable")
+    for name, r in rows.items():
+        m = r["mismatch"]
+        print(f"{name:70s} {r['verdict']:12s} {100 * m['candidate']:.2f}/{100 * m['reference']:.2f}/"
+              f"{100 * m['ar']:.2f}%  {r['events']['candidate']:4d}  {100 * r['detectable_rate']:.2f} pts")
+    if lossless:
+        print(f"lossless rounds: {len(lossless)}, false rejects {record['false_rejects']}")
+
+
+def _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generate, record) -> None:
+    """Each case, then the lossless rounds, the record rewritten after every verdict."""
+    rows, lossless = record["cases"], record["lossless_rounds"]
     for ref, cand in cases:
         t0 = time.perf_counter()
+
+        def partial(report, name=f"{ref} vs {cand}", t0=t0):  # a round's verdict, until the case's own replaces it
+            rows[name] = {**summary(report), "round": True, "seconds": time.perf_counter() - t0}
+            write_json_atomic(args.out, record)
+
         report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse, bound=0.001, start=start,
-                       exact=exact)
+                       exact=exact, generate=generate, on_round=partial)
         rows[f"{ref} vs {cand}"] = {**summary(report), "seconds": time.perf_counter() - t0}
         print(f"{ref:24s} {cand:34s} {rows[f'{ref} vs {cand}']['verdict']}", flush=True)
         write_json_atomic(args.out, record)  # after every case: a run cut short still leaves its verdicts
@@ -83,18 +109,11 @@ def main() -> None:
         if len(chunk) < start:
             break
         lossless.append({"candidate": cand, **summary(force(runner, "stock", cand, chunk, args.max_new_tokens,
-                                                                     exact=exact))})
+                                                                     exact=exact, generate=generate))})
         print(f"round {i + 1}: stock vs {cand:34s} {lossless[-1]['verdict']}", flush=True)
         record["false_rejects"] = sum(r["verdict"] == "reject" for r in lossless)
         write_json_atomic(args.out, record)
     write_json_atomic(args.out, record)
-    print(f"\n{'case':70s} verdict       mismatch cand/ref/ar        events  detectable")
-    for name, r in rows.items():
-        m = r["mismatch"]
-        print(f"{name:70s} {r['verdict']:12s} {100 * m['candidate']:.2f}/{100 * m['reference']:.2f}/"
-              f"{100 * m['ar']:.2f}%  {r['events']['candidate']:4d}  {100 * r['detectable_rate']:.2f} pts")
-    if lossless:
-        print(f"lossless rounds: {len(lossless)}, false rejects {record['false_rejects']}")
 
 
 if __name__ == "__main__":

@@ -415,6 +415,9 @@ def force(
     exact: Annotated[str, typer.Option(help="The exact target that scores every token: 'deployment' (its dtype, "
                                        "float32 LM head) or 'float32' (a float32 model of the same function; AR "
                                        "in float32 is reported beside the verdict).")] = "deployment",
+    workers: Annotated[int, typer.Option(help="Processes that make the outputs at once, each with its own models "
+                                         "on the device (a small model leaves a GPU mostly idle one request at a "
+                                         "time); the outputs are the same, and are scored here.")] = 1,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the verdict and its evidence here.")
                          ] = None,
 ) -> None:
@@ -427,6 +430,7 @@ def force(
     from specpilot.bench.harness import Runner
     from specpilot.bench.run import BenchPlan, collect_requests
     from specpilot.config.env import parse
+    from specpilot.forcing.parallel import pool_for
     from specpilot.forcing.run import exact_target
     from specpilot.forcing.run import force as run_force
     from specpilot.models.pair import build_pair
@@ -442,6 +446,7 @@ def force(
         raise UserError(f"--power-bound is a fraction in [0, 1), got {power_bound}")
     if exact not in ("deployment", "float32"):
         raise UserError(f"--exact is 'deployment' or 'float32', got {exact!r}")
+    _positive(workers=workers)
     first = limit if limit is not None else dep.limit
     most = max_limit if max_limit is not None else (4 * first if first and power_bound else first)
     _positive(**{k: v for k, v in (("limit", first), ("max_limit", most)) if v is not None})
@@ -455,10 +460,13 @@ def force(
     turns = sum(len(r.turns) for r in pool) * roles
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     kept = "no verdict; nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
-    with _interruptible(f"token forcing interrupted: {kept}"), Progress(*columns, console=err, transient=True) as bar:
+    procs = pool_for(workers, preset, deployment, [reference, candidate, "ar"], pool)
+    with (_interruptible(f"token forcing interrupted: {kept}"),
+          Progress(*columns, console=err, transient=True) as bar, procs or contextlib.nullcontext()):
         task = bar.add_task(f"{start} requests (up to {len(pool)}) x {roles} systems", total=turns)
         report = run_force(runner, reference, candidate, pool, budget, lambda: bar.advance(task),
-                           bound=power_bound or None, start=start, exact=scorer)
+                           bound=power_bound or None, start=start, exact=scorer,
+                           generate=procs.generate if procs is not None else None)
     report = {**environment(), "deployment": dep.name, **report}
     if json_path is not None:
         write_json_atomic(json_path, report)

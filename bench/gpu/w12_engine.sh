@@ -6,10 +6,10 @@
 #   twin:  the twin (bf16, one request of each benchmark, TWIN_NEW tokens): AR on cuBLAS BF16, on the few-row
 #          kernel in BF16 (ar:fewrow=true) and in W12, with the memory W12 saves; the tree system the loop found
 #          best (best_first, NODES nodes) alone, with W12, with TLV and with both (tau = tokens per exact pass).
-#   force: token forcing on SmolLM2 (bench/force_suite.py, the runs of stock and AR shared): ar:weights=w12
-#          against ar, stock:weights=w12 and stock:verify=tlv against stock; LIMIT dev requests of each benchmark
-#          to start, doubled twice toward the power bound, MAXNEW tokens. The W12 kernel sums in another order
-#          than cuBLAS, so equality is not expected: forcing must not reject.
+#   force: token forcing on SmolLM2 (bench/force_suite.py, the runs of stock and AR shared): stock:verify=tlv
+#          and stock:weights=w12 against stock, ar:weights=w12 against ar; LIMIT dev requests of each benchmark
+#          to start, doubled twice toward the power bound, MAXNEW tokens, the outputs made by WORKERS processes.
+#          The W12 kernel sums in another order than cuBLAS, so equality is not expected: forcing must not reject.
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
 python3 bench/gpu/prebuild.py --install .stage/cubin
@@ -30,8 +30,8 @@ twin)
     echo "twin bench: exit $?" ;;
 force)
     python3 bench/force_suite.py --deployment bench/gpu/smollm2-pair.toml --cases none --limit "${LIMIT:-5}" \
-        --max-new-tokens "${MAXNEW:-256}" --case ar ar:weights=w12 --case stock stock:weights=w12 \
-        --case stock stock:verify=tlv --out "$OUT/force_w12.json"
+        --max-new-tokens "${MAXNEW:-256}" --workers "${WORKERS:-1}" --case stock stock:verify=tlv \
+        --case ar ar:weights=w12 --case stock stock:weights=w12 --out "$OUT/force_w12.json"
     echo "force suite: exit $?" ;;
 *) echo "usage: bash bench/gpu/w12_engine.sh micro|twin|force" >&2; exit 2 ;;
 esac

@@ -96,14 +96,14 @@ def source_tree(ref: str | None):
 class Worker:
     """One timing process from one source tree, serving one system or (alternating mode) both."""
 
-    def __init__(self, side: Side, spec: dict, gpu: str | None, timeout: float, also: str | None = None):
+    def __init__(self, side: Side, spec: dict, gpu: str | None, timeout: float, also: str | list[str] | None = None):
         env = {**os.environ, "PYTHONPATH": str(side.source)}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         if spec.get("cpu"):  # idle OpenMP threads sleep instead of spinning on the cores the other side times on
             env["OMP_WAIT_POLICY"] = "PASSIVE"
         self.side, self.timeout = side, timeout
-        systems = [side.system] + ([also] if also is not None else [])
+        systems = [side.system] + ([also] if isinstance(also, str) else list(also or []))
         # The worker script is the controller's own; only `specpilot` comes from the side's tree.
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("worker.py")),
                                       json.dumps({**spec, "systems": systems})], cwd=side.source, env=env,
@@ -142,12 +142,16 @@ class Worker:
         self.send(ids, system)
         return self.receive()
 
-    def outputs(self, ids: list[str], max_new_tokens: int) -> list[dict]:
+    def outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> list[dict]:
         """Each turn's prompt and tokens (what forcing scores), untimed."""
-        self.proc.stdin.write(json.dumps({"outputs": ids, "system": self.side.system,
+        self.ask_outputs(ids, max_new_tokens, system)
+        return self.receive()
+
+    def ask_outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> None:
+        """`outputs` without waiting: `receive` reads the rows (several workers answer at once)."""
+        self.proc.stdin.write(json.dumps({"outputs": ids, "system": system or self.side.system,
                                           "max_new_tokens": max_new_tokens}) + "\n")
         self.proc.stdin.flush()
-        return self._read()["rows"]
 
     def lockstep(self, ids: list[str], first: int = 0) -> tuple[list[dict], list[dict]]:
         """Both of this worker's systems on each request, step by step together: (A's rows, B's rows)."""

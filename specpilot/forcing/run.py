@@ -25,6 +25,8 @@ ROLES = ("reference", "candidate", "ar")
 NOISE_REQUESTS = 4  # AR outputs recomputed for the noise measurement
 EXACT_AR = "ar:graphs=false,kernels=naive"  # AR of the float32 model: the PyTorch references, no capture
 Outputs = Callable[[Request, int], list[TurnRecord]]  # a request's turn records from another tree's worker
+# (system name, requests, max_new, progress) -> each request's turn records, made elsewhere (forcing/parallel.py)
+Generate = Callable[[str, list[Request], int, Callable[[], None] | None], dict[str, list[TurnRecord]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +75,8 @@ def near_tie_gaps(scorer, reference: list[TurnRecord], ar: list[TurnRecord]) -> 
 
 def force(runner: Runner, reference: str, candidate: str, requests, max_new: int, progress=None,
           reuse: dict | None = None, bound: float | None = None, start: int | None = None,
-          exact: DenseTarget | None = None, outputs: Outputs | None = None) -> dict:
+          exact: DenseTarget | None = None, outputs: Outputs | None = None, generate: Generate | None = None,
+          on_round: Callable[[dict], None] | None = None) -> dict:
     """Judge the candidate on requests[:start] (default: all); with `bound`, while the smallest excess mismatch
     rate the scored tokens could detect is above it, double the requests (up to all of them). A reject stands
     whatever the power; a pass that never got the power becomes "inconclusive".
@@ -84,7 +87,10 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     exact: the FP32-reference mode's float32 model (`exact_target`); None: score under the deployment's target.
     outputs: the candidate's turn records come from there (a tree under judgement, run by its own worker; its
     system may name options this install does not have); each turn's prompt is checked against the one this
-    install builds from the request and the candidate's own earlier answers, then scored here."""
+    install builds from the request and the candidate's own earlier answers, then scored here.
+    generate: the reference's, AR's and (without `outputs`) the candidate's records come from there, the requests
+    of a round at once (forcing/parallel.Pool: worker processes of this install); scored here.
+    on_round: called with each round's report before the requests double (a long run cut short keeps them)."""
     cand = parse(candidate) if outputs is None else Foreign(candidate)
     systems = dict(zip(ROLES, (parse(reference), cand, parse("ar")), strict=True))
     reuse = {} if reuse is None else reuse
@@ -92,7 +98,9 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     exact_runner = None if exact is None else Runner(exact, None, runner.tokenizer, runner.context)
     n = min(start or len(requests), len(requests))
     while True:
-        report = _judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner, outputs)
+        report = _judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner, outputs, generate)
+        if on_round is not None:
+            on_round({**report, "power": {"bound": bound, "requests": n}})
         if report["verdict"] == "reject" or bound is None or report["detectable_rate"] <= bound or n >= len(requests):
             break
         n = min(2 * n, len(requests))
@@ -105,16 +113,22 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
 
 
 def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, scorer,
-          outputs: Outputs | None = None) -> tuple[list, list]:
+          outputs: Outputs | None = None, generate: Generate | None = None) -> tuple[list, list]:
     """Each request's turn records and scores under `scorer`, from memo where this system already ran it."""
-    if outputs is None:
+    made: dict[str, list[TurnRecord]] = {}
+    if outputs is None and generate is not None:
+        made = generate(system.name, [r for r in requests if (system.name, r.id) not in memo], max_new, progress)
+    elif outputs is None:
         runner.warmup(system)
     records, scores = [], []
     for req in requests:
         key = (system.name, req.id)
         if key not in memo:
-            recs = runner.run(system, req, max_new, progress) if outputs is None else checked(
-                runner, req, outputs(req, max_new))
+            if req.id in made:
+                recs = checked(runner, req, made[req.id])
+            else:
+                recs = runner.run(system, req, max_new, progress) if outputs is None else checked(
+                    runner, req, outputs(req, max_new))
             memo[key] = (recs, [score_output(scorer, r.prompt, r.tokens) for r in recs])
         records += memo[key][0]
         scores += memo[key][1]
@@ -122,10 +136,10 @@ def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, 
 
 
 def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reuse: dict, own: dict,
-           exact_runner: Runner | None, outputs: Outputs | None = None) -> dict:
+           exact_runner: Runner | None, outputs: Outputs | None = None, generate: Generate | None = None) -> dict:
     scorer = runner.target if exact_runner is None else exact_runner.target
     runs = {role: _runs(runner, s, requests, max_new, progress, own if role == "candidate" else reuse, scorer,
-                        outputs if role == "candidate" else None)
+                        outputs if role == "candidate" else None, generate)
             for role, s in systems.items()}
     records = {role: r for role, (r, _) in runs.items()}
     gaps = near_tie_gaps(scorer, records["reference"], records["ar"])

@@ -17,6 +17,7 @@ from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.controller.compare import REPO, Side, Worker, compare
 from specpilot.errors import UserError
+from specpilot.forcing.parallel import records_of
 from specpilot.forcing.run import force
 from specpilot.loop.evidence import differs_from_ar, exact_arithmetic
 
@@ -105,14 +106,7 @@ def foreign_outputs(side: Side, spec: dict, requests: list[Request], max_new: in
                     ) -> dict[str, list[TurnRecord]]:
     """Each request's turn records as another tree's own worker produces them (untimed)."""
     with closing(Worker(side, {**spec, "requests": [asdict(r) for r in requests]}, None, timeout)) as w:
-        rows = w.outputs([r.id for r in requests], max_new)
-    out: dict[str, list[TurnRecord]] = {}
-    by_id = {r.id: r for r in requests}
-    for row in rows:
-        rid = row["id"].split("#")[0]
-        turns = out.setdefault(rid, [])
-        turns.append(TurnRecord(row["id"], by_id[rid].dataset, len(turns) + 1, row["prompt"], row["tokens"], 0.0, 0.0))
-    return out
+        return records_of(w.outputs([r.id for r in requests], max_new), requests)
 
 
 @dataclass

@@ -1,0 +1,100 @@
+"""Forcing's outputs from several worker processes of this install at once (`specpilot force --workers N`).
+
+Token forcing needs many tokens before it can detect a small excess mismatch rate (forcing/judge.py's detectable
+rate), and a single request at a time leaves a GPU mostly idle on a small model: N workers (controller/worker.py,
+each with its own models on the same device) answer a share of the requests each, and the parent scores what they
+return. A request's tokens do not depend on which process answered it, nor on what else ran beside it: the
+engine's arithmetic is fixed by the system and the request (tests/test_forcing_parallel.py holds the two ways to
+the same report)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, closing
+from pathlib import Path
+
+import torch
+
+from specpilot.bench.datasets import Request
+from specpilot.bench.harness import TurnRecord
+from specpilot.controller.compare import Side, Worker
+from specpilot.controller.worker import code_hash
+
+TIMEOUT = 4 * 3600.0  # one reply holds a worker's whole share of a round
+
+
+def records_of(rows: list[dict], requests: list[Request]) -> dict[str, list[TurnRecord]]:
+    """A worker's output rows (controller/worker.py: id "request#turnN", prompt, tokens) as each request's turn
+    records, in turn order."""
+    out: dict[str, list[TurnRecord]] = {}
+    by_id = {r.id: r for r in requests}
+    for row in rows:
+        rid = row["id"].split("#")[0]
+        turns = out.setdefault(rid, [])
+        turns.append(TurnRecord(row["id"], by_id[rid].dataset, len(turns) + 1, row["prompt"], row["tokens"], 0.0, 0.0))
+    return out
+
+
+class Pool:
+    """N workers of this install serving `systems` on `requests` (their texts travel in the spec: the workers read
+    no data files). `generate` is forcing/run.force's `generate`."""
+
+    def __init__(self, workers: int, deployment: dict, systems: list[str], requests: list[Request]):
+        source = Path(__file__).resolve().parents[2]
+        side = Side(systems[0], source, code_hash(source / "specpilot"))
+        spec = {**deployment, "requests": [dataclasses.asdict(r) for r in requests]}
+        if not torch.cuda.is_available():  # CPU workers share the cores rather than each spinning on all of them
+            spec["cpu"], spec["threads"] = True, max(1, len(os.sched_getaffinity(0)) // workers)
+        self._stack = ExitStack()
+        with ThreadPoolExecutor(workers) as ex:  # each builds its models and warms up: all at once
+            started = [ex.submit(Worker, side, spec, None, TIMEOUT, systems[1:]) for _ in range(workers)]
+        for f in started:
+            if f.exception() is None:
+                self._stack.enter_context(closing(f.result()))
+        failed = [f.exception() for f in started if f.exception() is not None]
+        if failed:  # one that would not start: the others go too
+            self._stack.close()
+            raise failed[0]
+        self.workers = [f.result() for f in started]
+
+    def generate(self, system: str, requests: list[Request], max_new: int,
+                 progress: Callable[[], None] | None = None) -> dict[str, list[TurnRecord]]:
+        """Each request's turn records from the workers, which take every Nth request each and answer at once."""
+        shares = [requests[i :: len(self.workers)] for i in range(len(self.workers))]
+        for w, share in zip(self.workers, shares, strict=True):
+            if share:
+                w.ask_outputs([r.id for r in share], max_new, system)
+        out: dict[str, list[TurnRecord]] = {}
+        for w, share in zip(self.workers, shares, strict=True):
+            if share:
+                got = records_of(w.receive(), share)
+                out.update(got)
+                for _ in range(sum(len(t) for t in got.values()) if progress else 0):
+                    progress()
+        return out
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+
+def pool_for(workers: int, preset: str | None, deployment: Path | None, systems: list[str],
+             requests: list[Request]) -> Pool | None:
+    """A pool for `force(generate=...)` with `workers` > 1 (None: generate in this process). `systems` by any
+    spelling: the workers are started with their canonical names, the ones `force` asks for."""
+    from specpilot.config.env import parse
+
+    if workers <= 1:
+        return None
+    names = list(dict.fromkeys(parse(s).name for s in systems))
+    where = {"preset": preset} if deployment is None else {"deployment": str(Path(deployment).resolve())}
+    return Pool(workers, where, names, requests)
