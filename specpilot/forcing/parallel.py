@@ -9,7 +9,6 @@ the same report)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,13 +38,18 @@ def records_of(rows: list[dict], requests: list[Request]) -> dict[str, list[Turn
 
 
 class Pool:
-    """N workers of this install serving `systems` on `requests` (their texts travel in the spec: the workers read
-    no data files). `generate` is forcing/run.force's `generate`."""
+    """N workers of this install serving `systems` on `requests` (of one split; the workers read the benchmark files
+    as this process did, and forcing/run.checked holds every prompt they answered to this one's). `generate` is
+    forcing/run.force's `generate`."""
 
     def __init__(self, workers: int, deployment: dict, systems: list[str], requests: list[Request]):
         source = Path(__file__).resolve().parents[2]
         side = Side(systems[0], source, code_hash(source / "specpilot"))
-        spec = {**deployment, "requests": [dataclasses.asdict(r) for r in requests]}
+        # the workers load the requests' benchmarks themselves (a thousand requests' texts overflow a command line)
+        splits = {r.split for r in requests}
+        if len(splits) > 1:
+            raise ValueError(f"one split at a time, got {sorted(splits)}")
+        spec = {**deployment, "datasets": sorted({r.dataset for r in requests}), "split": splits.pop(), "limit": None}
         if not torch.cuda.is_available():  # CPU workers share the cores rather than each spinning on all of them
             spec["cpu"], spec["threads"] = True, max(1, len(os.sched_getaffinity(0)) // workers)
         self._stack = ExitStack()
