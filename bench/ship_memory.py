@@ -25,12 +25,15 @@ SHIPPED = [
      "stock:nodes=32,tree=best_first", "2026-12-03_force_tree_best_first_bf18272_h200.json", "stock"),
     ("best-first draft tree, 48 nodes (the twin)", "tau", "2026-12-03_trees_twin_sweep_4eb8239_h200.json",
      "stock:nodes=48,tree=best_first", None, "stock"),
-    ("W12 target weights in the few-row kernel (the twin, AR)", "weights", "2026-12-04_twin_ar_w12_a72135e_h200.json",
-     "ar:weights=w12", None, "ar"),
+    ("W12 target weights in the few-row kernel (the twin, AR)", "weights",
+     "2026-12-04_twin_w12_trees_8a5deb8_h200.json", "ar:weights=w12", None, "ar"),
     ("BF16 target projections in the few-row kernel (the twin, AR)", "kernels",
-     "2026-12-04_twin_ar_w12_a72135e_h200.json", "ar:fewrow=true", None, "ar"),
+     "2026-12-04_twin_w12_trees_8a5deb8_h200.json", "ar:fewrow=true", None, "ar"),
     ("two-level verification over W12's 8-bit view (the pair, CPU)", "tau", "2026-12-04_tlv_pair_25a6fc8_cpu.json",
      "stock:verify=tlv,weights=w12", None, "stock"),
+    ("two-level verification of best-first trees, W12 (the twin)", "tau",
+     "2026-12-04_twin_w12_trees_8a5deb8_h200.json", "stock:nodes=48,tree=best_first,verify=tlv,weights=w12", None,
+     "stock:nodes=48,tree=best_first"),
 ]
 
 

@@ -105,7 +105,8 @@ def test_layout_and_split_follow_the_shape_not_the_rows():
 @pytest.mark.parametrize("w12,rows", [(True, 1), (False, 8)])
 def test_the_kernel_builds_for_hopper(w12, rows):
     log = nvrtc.build(fewrow.SOURCE, fewrow.macros(w12, rows, *fewrow.LAYOUT[rows]), "sm_90", verbose=True)[1]
-    assert "few_row_product" in log and "w12_decode" in log
+    # (failed twice on the H200 within the whole file, passed alone there: the log says why next time)
+    assert "few_row_product" in log and "w12_decode" in log, log[-2000:]
 
 
 def test_weights_w12_in_the_engine_on_the_cpu():

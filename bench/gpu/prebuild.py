@@ -9,8 +9,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench.gpu.fewrow import SWEEP
-from specpilot.kernels import fewrow, nvrtc
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, with or without PYTHONPATH
+from bench.gpu.fewrow import SWEEP  # noqa: E402
+from specpilot.kernels import fewrow, nvrtc  # noqa: E402
 
 # (row tiles, layout) the benchmark times: the defaults and the alternatives it sweeps
 LAYOUTS = sorted(set(fewrow.LAYOUT.items()) | set(SWEEP))

@@ -90,7 +90,8 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     install builds from the request and the candidate's own earlier answers, then scored here.
     generate: the reference's, AR's and (without `outputs`) the candidate's records come from there, the requests
     of a round at once (forcing/parallel.Pool: worker processes of this install); scored here.
-    on_round: called with each round's report before the requests double (a long run cut short keeps them)."""
+    on_round: called with each round's report (its verdict under the power rule) before the requests double, so
+    that a long run cut short keeps them."""
     cand = parse(candidate) if outputs is None else Foreign(candidate)
     systems = dict(zip(ROLES, (parse(reference), cand, parse("ar")), strict=True))
     reuse = {} if reuse is None else reuse
@@ -98,12 +99,17 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     exact_runner = None if exact is None else Runner(exact, None, runner.tokenizer, runner.context)
     n = min(start or len(requests), len(requests))
     while True:
-        report = _judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner, outputs, generate)
+        report = _with_power(_judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner,
+                                    outputs, generate), bound, n)
+        if report["verdict"] == "reject" or report["power"]["met"] or n >= len(requests):
+            return report
         if on_round is not None:
-            on_round({**report, "power": {"bound": bound, "requests": n}})
-        if report["verdict"] == "reject" or bound is None or report["detectable_rate"] <= bound or n >= len(requests):
-            break
+            on_round(report)
         n = min(2 * n, len(requests))
+
+
+def _with_power(report: dict, bound: float | None, n: int) -> dict:
+    """The report with its power: a pass that could not detect an excess as small as `bound` is inconclusive."""
     report["power"] = {"bound": bound, "requests": n, "met": bound is None or report["detectable_rate"] <= bound}
     if report["verdict"] == "pass" and not report["power"]["met"]:
         report["verdict"] = "inconclusive"
