@@ -34,7 +34,7 @@ from specpilot.results import environment
 from specpilot.w12.format import untile
 
 ROWS = (1, 16, 32, 64)
-# (row tiles, (TILES, AHEAD, X_AHEAD)) timed beside the default layout (kernels/fewrow.LAYOUT); the same arithmetic
+# (row tiles, (TILES, AHEAD, X_AHEAD)) timed beside the default (kernels/fewrow.layout_for); the same arithmetic
 SWEEP = [(1, (1, 1, 1)), (1, (1, 2, 0)), (1, (2, 1, 0)), (1, (1, 1, 2)), (2, (2, 1, 0)), (4, (2, 1, 0)),
          (8, (2, 1, 0)), (2, (1, 1, 2)), (2, (2, 1, 2)), (4, (1, 1, 2)), (4, (2, 1, 2)), (8, (1, 1, 2)),
          (8, (2, 1, 2))]

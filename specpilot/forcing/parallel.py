@@ -90,7 +90,6 @@ class Pool:
         self.close()
 
 
-
 def pool_for(workers: int, preset: str | None, deployment: Path | None, systems: list[str],
              requests: list[Request]) -> Pool | None:
     """A pool for `force(generate=...)` with `workers` > 1 (None: generate in this process). `systems` by any

@@ -13,8 +13,8 @@
 // fragments loaded ahead with the weights; 2, a block's ring of X chunks in shared memory, copied (cp.async) two
 // chunks ahead by all its threads and read by each warp a half chunk at a time, so that many rows cost neither
 // L2 round trips nor registers. A ring of cp.async copies of the weights in place of the registers ran about 3x
-// slower on the H200, and L2 prefetches ahead of the loads gained nothing (bench/HISTORY.md). W12 planes may be tiled (TILED): a warp's chunk is then
-// one contiguous 2 KB of the byte plane and 1 KB of the nibble plane.
+// slower on the H200, and L2 prefetches ahead of the loads gained nothing (bench/HISTORY.md). W12 planes may be
+// tiled (TILED): a warp's chunk is then one contiguous 2 KB of the byte plane and 1 KB of the nibble plane.
 //
 // Decoding a pair of adjacent columns into a bf16x2 register (the W12 format's byte [s c3..c0 m6..m4], nibble
 // m3..m0, row base b): h = the two bytes in the two 16-bit lanes (prmt), n = their nibbles the same way (one
