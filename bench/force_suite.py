@@ -6,6 +6,7 @@ Usage: PYTHONPATH=. python bench/force_suite.py --preset smollm2 [--deployment D
        [--exact float32] --out RESULT.json
 --case REF CAND (repeatable): also judge CAND against REF on the same requests (their runs shared with the rest).
 --workers N: the outputs made by N processes at once (forcing/parallel.py), scored here.
+--outputs DIR: the outputs kept there, and reused by a later run of the same code (forcing/outputs.py).
 Each case starts on --limit requests per dataset and may double twice toward the power bound (0.1 points).
 --lossless-rounds R: also judge R lossless variants on R further disjoint request sets (the false-reject sample).
 Prints a table last; the JSON (rewritten after every verdict) holds each verdict with its evidence summary.
@@ -21,6 +22,7 @@ import time
 from specpilot.bench.datasets import load_requests, round_robin
 from specpilot.bench.harness import Runner
 from specpilot.deployment import load_deployment
+from specpilot.forcing.outputs import OutputStore, described
 from specpilot.forcing.parallel import pool_for
 from specpilot.forcing.run import exact_target, force
 from specpilot.models.pair import build_pair
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--exact", choices=("deployment", "float32"), default="deployment",
                     help="the exact target that scores every token (float32: the FP32-reference mode)")
     ap.add_argument("--workers", type=int, default=1, help="processes that make the outputs at once (forcing/parallel)")
+    ap.add_argument("--outputs", help="keep the outputs in this folder and reuse those kept there (forcing/outputs)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dep = load_deployment(args.preset, args.deployment)
@@ -74,12 +77,13 @@ def main() -> None:
     procs = pool_for(args.workers, args.preset, args.deployment, [s for c in cases for s in c] + ["ar"] + (
         LOSSLESS + ["stock"] if args.lossless_rounds else []), pool)
     generate = procs.generate if procs is not None else None
+    store = OutputStore(args.outputs, described(dep)) if args.outputs else None
     lossless: list = []
     record = {**environment(), "deployment": dep.name, "dtype": str(dep.torch_dtype()), "exact": args.exact,
               "requests": start, "max_new_tokens": args.max_new_tokens, "workers": args.workers, "cases": rows,
               "lossless_rounds": lossless, "false_rejects": 0}
     with procs or contextlib.nullcontext():
-        _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generate, record)
+        _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generate, store, record)
     print(f"\n{'case':70s} verdict       mismatch cand/ref/ar        events  detectable")
     for name, r in rows.items():
         m = r["mismatch"]
@@ -89,7 +93,7 @@ def main() -> None:
         print(f"lossless rounds: {len(lossless)}, false rejects {record['false_rejects']}")
 
 
-def _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generate, record) -> None:
+def _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generate, store, record) -> None:
     """Each case, then the lossless rounds, the record rewritten after every verdict."""
     rows, lossless = record["cases"], record["lossless_rounds"]
     for ref, cand in cases:
@@ -100,7 +104,7 @@ def _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generat
             write_json_atomic(args.out, record)
 
         report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse, bound=0.001, start=start,
-                       exact=exact, generate=generate, on_round=partial)
+                       exact=exact, generate=generate, on_round=partial, store=store)
         rows[f"{ref} vs {cand}"] = {**summary(report), "seconds": time.perf_counter() - t0}
         print(f"{ref:24s} {cand:34s} {rows[f'{ref} vs {cand}']['verdict']}", flush=True)
         write_json_atomic(args.out, record)  # after every case: a run cut short still leaves its verdicts
@@ -109,7 +113,8 @@ def _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generat
         if len(chunk) < start:
             break
         lossless.append({"candidate": cand, **summary(force(runner, "stock", cand, chunk, args.max_new_tokens,
-                                                                     exact=exact, generate=generate))})
+                                                                     exact=exact, generate=generate,
+                                                                     store=store))})
         print(f"round {i + 1}: stock vs {cand:34s} {lossless[-1]['verdict']}", flush=True)
         record["false_rejects"] = sum(r["verdict"] == "reject" for r in lossless)
         write_json_atomic(args.out, record)

@@ -418,6 +418,10 @@ def force(
     workers: Annotated[int, typer.Option(help="Processes that make the outputs at once, each with its own models "
                                          "on the device (a small model leaves a GPU mostly idle one request at a "
                                          "time); the outputs are the same, and are scored here.")] = 1,
+    outputs: Annotated[Path | None, typer.Option("--outputs", help="Keep the outputs made in this folder, and reuse "
+                                                 "those an earlier run of the same code, deployment and budget kept "
+                                                 "there: a run cut short resumes (every token is scored afresh).")
+                       ] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the verdict and its evidence here.")
                          ] = None,
 ) -> None:
@@ -430,6 +434,7 @@ def force(
     from specpilot.bench.harness import Runner
     from specpilot.bench.run import BenchPlan, collect_requests
     from specpilot.config.env import parse
+    from specpilot.forcing.outputs import OutputStore, described
     from specpilot.forcing.parallel import pool_for
     from specpilot.forcing.run import exact_target
     from specpilot.forcing.run import force as run_force
@@ -447,6 +452,8 @@ def force(
     if exact not in ("deployment", "float32"):
         raise UserError(f"--exact is 'deployment' or 'float32', got {exact!r}")
     _positive(workers=workers)
+    if outputs is not None and outputs.exists() and not outputs.is_dir():
+        raise UserError(f"--outputs {outputs} is a file, not a folder")
     first = limit if limit is not None else dep.limit
     most = max_limit if max_limit is not None else (4 * first if first and power_bound else first)
     _positive(**{k: v for k, v in (("limit", first), ("max_limit", most)) if v is not None})
@@ -466,7 +473,8 @@ def force(
         task = bar.add_task(f"{start} requests (up to {len(pool)}) x {roles} systems", total=turns)
         report = run_force(runner, reference, candidate, pool, budget, lambda: bar.advance(task),
                            bound=power_bound or None, start=start, exact=scorer,
-                           generate=procs.generate if procs is not None else None)
+                           generate=procs.generate if procs is not None else None,
+                           store=OutputStore(outputs, described(dep)) if outputs is not None else None)
     report = {**environment(), "deployment": dep.name, **report}
     if json_path is not None:
         write_json_atomic(json_path, report)

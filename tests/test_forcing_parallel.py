@@ -1,26 +1,70 @@
-"""Forcing's outputs made by worker processes (forcing/parallel.py) give the same report as made in this process."""
+"""Forcing's outputs made elsewhere give the same report as made in this process: by worker processes
+(forcing/parallel.py), or kept by an earlier run in a folder (forcing/outputs.py)."""
+
+import json
 
 import pytest
 
 from specpilot.bench.datasets import load_requests
-from specpilot.bench.harness import Runner
+from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.deployment import load_deployment
+from specpilot.forcing import parallel
+from specpilot.forcing.outputs import OutputStore, described
 from specpilot.forcing.parallel import pool_for
 from specpilot.forcing.run import force
 from specpilot.models.pair import build_pair
 
 
-@pytest.mark.slow
-def test_workers_give_the_same_report_as_this_process():
+@pytest.fixture(scope="module")
+def tiny():
     dep = load_deployment("tiny")
     target, drafter, tok = build_pair(dep)
-    runner = Runner(target, drafter, tok, dep.context)
-    requests = load_requests("builtin", "dev", None, 3)
-    here = force(runner, "stock", "stock:block_size=2", requests, 12)
+    return dep, target, drafter, tok, load_requests("builtin", "dev", None, 3)
+
+
+@pytest.mark.slow
+def test_workers_give_the_same_report_as_this_process(tiny, tmp_path, monkeypatch):
+    """One request at a time to whichever of two workers is free; each request's records kept as they come."""
+    dep, target, drafter, tok, requests = tiny
+    monkeypatch.setattr(parallel, "CHUNK", 1)
+    here = force(Runner(target, drafter, tok, dep.context), "stock", "stock:block_size=2", requests, 12)
+    store = OutputStore(tmp_path, described(dep))
     with pool_for(2, "tiny", None, ["stock", "stock:block_size=2", "ar"], requests) as procs:
         turns = []
         there = force(Runner(target, drafter, tok, dep.context), "stock", "stock:block_size=2", requests, 12,
-                      progress=lambda: turns.append(1), generate=procs.generate)
+                      progress=lambda: turns.append(1), generate=procs.generate, store=store)
     assert there["systems"] == here["systems"] and there["verdict"] == here["verdict"]
     assert there["systems"]["candidate"]["tokens"] > 0 and len(turns) == 3 * len(requests)
+    assert all(len(store.get(s, 12)) == len(requests) for s in ("stock", "stock:block_size=2", "ar"))
     assert pool_for(1, "tiny", None, ["stock"], requests) is None
+
+
+def test_a_second_run_takes_the_kept_outputs_and_scores_them_again(tiny, tmp_path):
+    dep, target, drafter, tok, requests = tiny
+    store = OutputStore(tmp_path, described(dep))
+    first = force(Runner(target, drafter, tok, dep.context), "stock", "stock:block_size=2", requests, 12,
+                  store=store)
+    runner = Runner(target, drafter, tok, dep.context)
+    runner.run = lambda *a, **k: pytest.fail("a kept output was made again")
+    turns = []
+    again = force(runner, "stock", "stock:block_size=2", requests, 12, progress=lambda: turns.append(1),
+                  store=OutputStore(tmp_path, described(dep)))
+    assert again["systems"] == first["systems"] and len(turns) == 3 * len(requests)
+    # other code, another deployment or budget: nothing is found
+    assert OutputStore(tmp_path, described(dep), code="other").get("stock", 12) == {}
+    assert OutputStore(tmp_path, "another", code=store.code).get("stock", 12) == {}
+    assert store.get("stock", 13) == {} and len(store.get("stock", 12)) == len(requests)
+
+
+def test_a_torn_last_line_is_skipped_and_the_next_one_kept(tmp_path):
+    store = OutputStore(tmp_path, "d", code="c")
+    rec = TurnRecord("r1#turn1", "builtin", 1, [1, 2], [3, 4], 0.0, 0.5, [1, 1])
+    store.put("ar", 8, "r1", [rec])
+    path = store.path("ar", 8)
+    with path.open("a") as f:
+        f.write('{"request": "r2", "tur')  # a kill in the middle of a write
+    later = OutputStore(tmp_path, "d", code="c")
+    assert list(later.get("ar", 8)) == ["r1"] and later.get("ar", 8)["r1"] == [rec]
+    later.put("ar", 8, "r3", [rec])
+    assert list(OutputStore(tmp_path, "d", code="c").get("ar", 8)) == ["r1", "r3"]
+    assert json.loads(path.with_suffix(".key.json").read_text())["system"] == "ar"

@@ -10,6 +10,7 @@ the same report)."""
 from __future__ import annotations
 
 import os
+import select
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, closing
@@ -21,8 +22,10 @@ from specpilot.bench.datasets import Request
 from specpilot.bench.harness import TurnRecord
 from specpilot.controller.compare import Side, Worker
 from specpilot.controller.worker import code_hash
+from specpilot.errors import UserError
 
-TIMEOUT = 4 * 3600.0  # one reply holds a worker's whole share of a round
+TIMEOUT = 3600.0  # seconds a worker may take over one chunk
+CHUNK = 4  # requests a worker is given at a time
 
 
 def records_of(rows: list[dict], requests: list[Request]) -> dict[str, list[TurnRecord]]:
@@ -65,19 +68,34 @@ class Pool:
         self.workers = [f.result() for f in started]
 
     def generate(self, system: str, requests: list[Request], max_new: int,
-                 progress: Callable[[], None] | None = None) -> dict[str, list[TurnRecord]]:
-        """Each request's turn records from the workers, which take every Nth request each and answer at once."""
-        shares = [requests[i :: len(self.workers)] for i in range(len(self.workers))]
-        for w, share in zip(self.workers, shares, strict=True):
-            if share:
-                w.ask_outputs([r.id for r in share], max_new, system)
+                 progress: Callable[[], None] | None = None,
+                 keep: Callable[[str, list[TurnRecord]], None] | None = None) -> dict[str, list[TurnRecord]]:
+        """Each request's turn records from the workers: CHUNK requests at a time to whichever worker is free,
+        each chunk's records handed to `keep` as they come (a run cut short loses only the chunks in flight)."""
+        queue = [requests[i : i + CHUNK] for i in range(0, len(requests), CHUNK)][::-1]
+        busy: dict[Worker, list[Request]] = {}
         out: dict[str, list[TurnRecord]] = {}
-        for w, share in zip(self.workers, shares, strict=True):
-            if share:
-                got = records_of(w.receive(), share)
-                out.update(got)
-                for _ in range(sum(len(t) for t in got.values()) if progress else 0):
-                    progress()
+
+        def feed(w: Worker) -> None:
+            if queue:
+                busy[w] = queue.pop()
+                w.ask_outputs([r.id for r in busy[w]], max_new, system)
+
+        for w in self.workers:
+            feed(w)
+        while busy:
+            ready, _, _ = select.select([w.proc.stdout for w in busy], [], [], TIMEOUT)
+            if not ready:
+                raise UserError(f"no forcing worker answered in {TIMEOUT:.0f} s")
+            for w in [w for w in busy if w.proc.stdout in ready]:
+                got = records_of(w.receive(), busy.pop(w))
+                feed(w)
+                for rid, recs in got.items():
+                    out[rid] = recs
+                    if keep is not None:
+                        keep(rid, recs)
+                    for _ in recs if progress is not None else ():
+                        progress()
         return out
 
     def close(self) -> None:

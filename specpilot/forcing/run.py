@@ -18,6 +18,7 @@ from specpilot.deployment import Deployment
 from specpilot.errors import UserError
 from specpilot.forcing.judge import calibrate_delta, compare, first_divergence, tally, verdict
 from specpilot.forcing.noise import margin_noise
+from specpilot.forcing.outputs import OutputStore
 from specpilot.forcing.score import score_output
 from specpilot.models.dense import DenseTarget
 
@@ -25,8 +26,10 @@ ROLES = ("reference", "candidate", "ar")
 NOISE_REQUESTS = 4  # AR outputs recomputed for the noise measurement
 EXACT_AR = "ar:graphs=false,kernels=naive"  # AR of the float32 model: the PyTorch references, no capture
 Outputs = Callable[[Request, int], list[TurnRecord]]  # a request's turn records from another tree's worker
-# (system name, requests, max_new, progress) -> each request's turn records, made elsewhere (forcing/parallel.py)
-Generate = Callable[[str, list[Request], int, Callable[[], None] | None], dict[str, list[TurnRecord]]]
+# (system name, requests, max_new, progress, keep) -> each request's turn records, made elsewhere
+# (forcing/parallel.py), each request's also handed to keep as it comes
+Generate = Callable[[str, list[Request], int, Callable[[], None] | None,
+                     Callable[[str, list[TurnRecord]], None] | None], dict[str, list[TurnRecord]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +79,7 @@ def near_tie_gaps(scorer, reference: list[TurnRecord], ar: list[TurnRecord]) -> 
 def force(runner: Runner, reference: str, candidate: str, requests, max_new: int, progress=None,
           reuse: dict | None = None, bound: float | None = None, start: int | None = None,
           exact: DenseTarget | None = None, outputs: Outputs | None = None, generate: Generate | None = None,
-          on_round: Callable[[dict], None] | None = None) -> dict:
+          on_round: Callable[[dict], None] | None = None, store: OutputStore | None = None) -> dict:
     """Judge the candidate on requests[:start] (default: all); with `bound`, while the smallest excess mismatch
     rate the scored tokens could detect is above it, double the requests (up to all of them). A reject stands
     whatever the power; a pass that never got the power becomes "inconclusive".
@@ -91,7 +94,9 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     generate: the reference's, AR's and (without `outputs`) the candidate's records come from there, the requests
     of a round at once (forcing/parallel.Pool: worker processes of this install); scored here.
     on_round: called with each round's report (its verdict under the power rule) before the requests double, so
-    that a long run cut short keeps them."""
+    that a long run cut short keeps them.
+    store: the outputs made are kept there and those kept by an earlier run of the same code are reused
+    (forcing/outputs.py), so that a run cut short resumes; every token is scored afresh."""
     cand = parse(candidate) if outputs is None else Foreign(candidate)
     systems = dict(zip(ROLES, (parse(reference), cand, parse("ar")), strict=True))
     reuse = {} if reuse is None else reuse
@@ -100,7 +105,7 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     n = min(start or len(requests), len(requests))
     while True:
         report = _with_power(_judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner,
-                                    outputs, generate), bound, n)
+                                    outputs, generate, store), bound, n)
         if report["verdict"] == "reject" or report["power"]["met"] or n >= len(requests):
             return report
         if on_round is not None:
@@ -119,12 +124,21 @@ def _with_power(report: dict, bound: float | None, n: int) -> dict:
 
 
 def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, scorer,
-          outputs: Outputs | None = None, generate: Generate | None = None) -> tuple[list, list]:
-    """Each request's turn records and scores under `scorer`, from memo where this system already ran it."""
+          outputs: Outputs | None = None, generate: Generate | None = None,
+          store: OutputStore | None = None) -> tuple[list, list]:
+    """Each request's turn records and scores under `scorer`, from memo where this system already ran it; the
+    records from `store` where an earlier run kept them, else made (and kept there)."""
+    todo = [r for r in requests if (system.name, r.id) not in memo]
     made: dict[str, list[TurnRecord]] = {}
+    if outputs is None and store is not None:
+        kept = store.get(system.name, max_new)
+        made = {r.id: kept[r.id] for r in todo if r.id in kept}
+        for _ in range(sum(len(t) for t in made.values()) if progress else 0):
+            progress()
     if outputs is None and generate is not None:
-        made = generate(system.name, [r for r in requests if (system.name, r.id) not in memo], max_new, progress)
-    elif outputs is None:
+        keep = None if store is None else (lambda rid, recs: store.put(system.name, max_new, rid, recs))
+        made.update(generate(system.name, [r for r in todo if r.id not in made], max_new, progress, keep))
+    elif outputs is None and len(made) < len(todo):
         runner.warmup(system)
     records, scores = [], []
     for req in requests:
@@ -132,9 +146,12 @@ def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, 
         if key not in memo:
             if req.id in made:
                 recs = checked(runner, req, made[req.id])
+            elif outputs is None:
+                recs = runner.run(system, req, max_new, progress)
+                if store is not None:
+                    store.put(system.name, max_new, req.id, recs)
             else:
-                recs = runner.run(system, req, max_new, progress) if outputs is None else checked(
-                    runner, req, outputs(req, max_new))
+                recs = checked(runner, req, outputs(req, max_new))
             memo[key] = (recs, [score_output(scorer, r.prompt, r.tokens) for r in recs])
         records += memo[key][0]
         scores += memo[key][1]
@@ -142,10 +159,11 @@ def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, 
 
 
 def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reuse: dict, own: dict,
-           exact_runner: Runner | None, outputs: Outputs | None = None, generate: Generate | None = None) -> dict:
+           exact_runner: Runner | None, outputs: Outputs | None = None, generate: Generate | None = None,
+           store: OutputStore | None = None) -> dict:
     scorer = runner.target if exact_runner is None else exact_runner.target
     runs = {role: _runs(runner, s, requests, max_new, progress, own if role == "candidate" else reuse, scorer,
-                        outputs if role == "candidate" else None, generate)
+                        outputs if role == "candidate" else None, generate, store)
             for role, s in systems.items()}
     records = {role: r for role, (r, _) in runs.items()}
     gaps = near_tie_gaps(scorer, records["reference"], records["ar"])

@@ -1,0 +1,66 @@
+"""Forcing's outputs kept in a folder (`specpilot force --outputs DIR`), so that a run cut short resumes where it
+stopped: a run at the power bound in bf16 needs about a thousand requests per system, more than one 10-minute
+call on the GPU machine holds.
+
+One JSON-lines file per (code, deployment, system, output budget): a line per request, written as soon as the
+request's turns are made. A file is found again only by the same key, so outputs of other code (the hash of every
+file of the package, as the controller's workers report it), another deployment or budget are never reused; a
+reused request's prompts are still checked against this install's (forcing/run.checked) and every token is
+scored afresh. A line cut short by a kill is skipped."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from specpilot.bench.harness import TurnRecord
+from specpilot.controller.worker import code_hash
+
+
+class OutputStore:
+    """deployment: what identifies the deployment in the key (`described` gives its whole configuration)."""
+
+    def __init__(self, folder: Path, deployment: str, code: str | None = None):
+        self.folder = Path(folder)
+        self.deployment = deployment
+        self.code = code or code_hash(Path(__file__).resolve().parents[1])
+        self._loaded: dict[Path, dict[str, list[TurnRecord]]] = {}
+
+    def path(self, system: str, max_new: int) -> Path:
+        key = json.dumps([self.code, self.deployment, system, max_new])
+        return self.folder / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.jsonl"
+
+    def get(self, system: str, max_new: int) -> dict[str, list[TurnRecord]]:
+        """Each stored request's turn records for this system and budget."""
+        path = self.path(system, max_new)
+        if path not in self._loaded:
+            self._loaded[path] = {}
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    try:
+                        row = json.loads(line)
+                    except ValueError:  # the last line of a killed run
+                        continue
+                    self._loaded[path][row["request"]] = [TurnRecord(**t) for t in row["turns"]]
+        return self._loaded[path]
+
+    def put(self, system: str, max_new: int, request: str, records: list[TurnRecord]) -> None:
+        path = self.path(system, max_new)
+        self.get(system, max_new)[request] = records
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if not path.exists():  # the key's parts, for a reader of the folder
+            path.with_suffix(".key.json").write_text(json.dumps(
+                {"code": self.code, "deployment": self.deployment, "system": system, "max_new_tokens": max_new}))
+        turns = [{"id": r.id, "dataset": r.dataset, "turn": r.turn, "prompt": r.prompt, "tokens": r.tokens,
+                  "prefill_s": r.prefill_s, "decode_s": r.decode_s, "accepted": r.accepted} for r in records]
+        torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
+        with path.open("a") as f:  # after a torn last line, a new line: the torn one stays alone and is skipped
+            f.write(("\n" if torn else "") + json.dumps({"request": request, "turns": turns}) + "\n")
+            f.flush()
+
+
+def described(dep) -> str:
+    """A deployment's whole configuration (models, dtype, context, budgets), as the store's key takes it."""
+    return json.dumps(dataclasses.asdict(dep), sort_keys=True, default=str)
