@@ -824,6 +824,10 @@ def loop(
                       ] = "builtin",
     directions: Annotated[int, typer.Option(help="At most this many directions per round (largest ceiling factor "
                                                  "first; each is an agent's run with a coding agent).")] = 10,
+    gpus: Annotated[str | None, typer.Option(help="Phase 1 on several devices, e.g. 0,1: the round's directions "
+                                             "shared among one process per GPU, each with its own models (the "
+                                             "builtin agent). On a CPU deployment, cpu,cpu simulates two devices "
+                                             "(each process gets half the cores).")] = None,
     jail: Annotated[bool, typer.Option(help="Run coding agents in a jail where the machine has one (user, mount "
                                             "and PID namespaces): the install, data and models read-only to them, "
                                             "every process they start killed when they end.")] = True,
@@ -870,7 +874,8 @@ def loop(
     args = LoopArgs(dep, {"preset": preset} if preset else {"deployment": str(Path(deployment).resolve())},
                     folder, rounds, agent, limit if limit is not None else (dep.limit or 3),
                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, resume, budget, data_dir,
-                    sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions, master)
+                    sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions, master,
+                    [g.strip() for g in gpus.split(",")] if gpus else [])
     kept = f"everything measured so far is in {folder}; continue with --resume --run-dir {folder}"
     with _interruptible(f"loop interrupted: {kept}"), err.status("starting") as status:
         summary = run_loop(args, lambda what: status.update(what))

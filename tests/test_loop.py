@@ -477,10 +477,33 @@ def test_the_loop_command_end_to_end_on_tiny(tmp_path):
     assert json.loads((run / "loop.json").read_text())["measured"] == []  # nothing measured twice
 
 
+@pytest.mark.slow
+def test_phase_1_on_two_simulated_devices(tmp_path):
+    """--gpus cpu,cpu: the round's directions measured by two processes of their own (direction i by process
+    i mod 2, each on half the cores), the loop's own process reading their steps back and finishing the round."""
+    from tests.test_cli import specpilot
+
+    run = tmp_path / "run"
+    proc = specpilot("loop", "--preset", "tiny", "--rounds", "1", "--run-dir", run, "--limit", "3",
+                     "--max-new-tokens", "8", "--directions", "2", "--gpus", "cpu,cpu")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run / "loop.json").read_text())
+    assert summary["slots"] == ["cpu", "cpu"] and summary["rounds"][0]["slots"]["processes"] == 2
+    events = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    parent = next(e["pid"] for e in events if e["event"] == "loop")
+    by = {e["step"]: e["pid"] for e in events if e["event"] == "done" and "/phase-1/" in e["step"]}
+    assert {by["round-1/phase-1/d0/evidence"], by["round-1/phase-1/d1/evidence"]} == set(by.values())
+    assert parent not in by.values() and len(set(by.values())) == 2
+    assert not any("/phase-1/" in s for s in summary["measured"])  # read back, not measured again
+    assert (run / "slots" / "round-1-slot-1.log").is_file() and (run / "best.toml").is_file()
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["loop", "--agent", "llm"], "unknown agent"),
     (["loop", "--rounds", "0"], "must be positive"),
     (["loop", "--preset", "tiny", "--deployment", "x.toml"], "exactly one"),
+    (["loop", "--preset", "tiny", "--gpus", "0,1"], "'cpu'"),
+    (["loop", "--preset", "tiny", "--gpus", "cpu"], "two or more"),
     (["report", "/no/such/run"], "no finished loop"),
 ])
 def test_loop_mistakes_are_one_line(tmp_path, args, needle):

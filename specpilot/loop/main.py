@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from specpilot.agents.backends import Budget, backend
@@ -25,6 +26,7 @@ from specpilot.loop.gate import Gate
 from specpilot.loop.remember import remember
 from specpilot.loop.rounds import Loop, LoopPlan
 from specpilot.loop.rundir import RunDir
+from specpilot.loop.slots import check_devices, launch
 from specpilot.memory.faithful import resolve, tree_of
 from specpilot.memory.store import Store
 from specpilot.models.smollm2 import models_dir
@@ -50,6 +52,8 @@ class LoopArgs:
     jail: bool = True  # jail coding agents where the machine allows (agents/jail.py)
     directions: int = 10  # at most this many directions per round (each costs an agent's run with a coding agent)
     master: str = "builtin"  # who names the directions: the builtin master, or an LLM's (beside it; coding agents)
+    slots: list[str] = field(default_factory=list)  # Phase 1's devices, a process each (loop/slots.py); []: one
+    slot: tuple[int, int] | None = None  # (k, n) in a slot's own process
 
     @property
     def sealed(self) -> int:
@@ -102,9 +106,13 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
     if a.agent_budget is not None and (a.agent_budget.wall_s <= 0 or (a.agent_budget.turns or 1) <= 0
                                        or (a.agent_budget.usd or 1) <= 0):
         raise UserError("--agent-wall, --agent-turns and --agent-usd must be positive")
-    dev, sealed = (requests(a.dep, s, a.limit, a.data_dir) for s in ("dev", "sealed"))
     on_cpu = a.dep.torch_device().type == "cpu"
-    run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s)
+    if a.slots:
+        check_devices(a.slots, on_cpu)
+        if a.agent != "builtin":
+            raise UserError("--gpus shares the builtin agent's directions; coding agents run one at a time")
+    dev, sealed = (requests(a.dep, s, a.limit, a.data_dir) for s in ("dev", "sealed"))
+    run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s, shared=a.slot is not None)
     agent = BuiltinAgent(max_directions=a.directions) if a.agent == "builtin" else coding_agent(a, sealed)
     plan = LoopPlan(a.dep, a.rounds, dev, sealed, a.max_new_tokens, a.sealed,
                     node_budgets(a.dep.context, 16), agent=agent)
@@ -128,7 +136,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
 
     shipped = Store(REPO / "memory", REPO)
     memory = [{"id": i, "registry": shipped.read(i).registry} for i in shipped.ids()]
-    return Loop(plan, run, models, gate, memory=memory, say=say), run
+    slots = partial(launch, a, run) if a.slots and a.slot is None else None
+    return Loop(plan, run, models, gate, memory=memory, say=say, launch_slots=slots, slot=a.slot), run
 
 
 def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
@@ -149,7 +158,7 @@ def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
                 loop.plan.agent.clean()
         summary = {**env, "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
                    "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
-                   "budget_s": a.budget_s, **({"base_commit": commit} if coding else {}),
+                   "budget_s": a.budget_s, "slots": a.slots, **({"base_commit": commit} if coding else {}),
                    "measured": run.ran, "reused_steps": run.reused, **result}
         write_json_atomic(a.run_dir / "loop.json", summary)
         if result.get("best_commit"):  # another tree's system: its code delta beside the deployment

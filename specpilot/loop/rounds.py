@@ -1,7 +1,8 @@
 """Rounds of the paper's five phases, every measurement a resumable step of the run directory.
 
 Phase 0  the ceiling of the round's start (its largest factor is the round's target);
-Phase 1  directions in turn (one GPU), each tuned on cheap evidence, the best checked and gated;
+Phase 1  directions in turn, each tuned on cheap evidence, the best checked and gated (with several devices, the
+         directions shared among one process per device: loop/slots.py);
 Phase 2  integration: the promoted and the small-gain candidates combined, gated against the start;
 Phase 3  kernel tuning of the class furthest from its floor (the options that configure its kernels);
 Phase 4  the sealed final on requests no phase saw: the controller against stock and token forcing with longer
@@ -61,6 +62,11 @@ class Loop:
     gate_factory: Callable[[Runner], Gate]
     memory: list[dict] = field(default_factory=list)  # entries the agent may reuse (index rows + registry)
     say: Callable[[str], None] = lambda s: None
+    # Phase 1 on several devices (loop/slots.py): `launch_slots(round, start, directions)` runs the directions in
+    # processes of their own, one per device, and returns what it did; `slot` = (k, n) in such a process: it
+    # measures directions i with i % n == k into the run directory and returns after Phase 1
+    launch_slots: Callable[[int, str, int], dict] | None = None
+    slot: tuple[int, int] | None = None
     _runner: Runner | None = None
     _gate: Gate | None = None
 
@@ -134,13 +140,21 @@ class Loop:
             if out["master"].get("fatal"):
                 raise Halted(out["master"]["refused"])
             directions = agent.with_proposed(directions, out["master"])
-        for i, d in enumerate(directions):
-            step = f"{name}/phase-1/d{i}"
+        mine = range(len(directions)) if self.slot is None else range(self.slot[0], len(directions), self.slot[1])
+        if self.slot is None and self.launch_slots is not None and len(directions) > 1 and not all(
+                self.run.done(f"{name}/phase-1/d{i}/evidence") for i in mine):
+            # the slots measure the directions' steps; the loop below reads them back in order
+            out["slots"] = self.launch_slots(r, start, len(directions))
+            self.run.refresh()
+        for i in mine:
+            step, d = f"{name}/phase-1/d{i}", directions[i]
             out["directions"].append(
                 self._coding(step, f"r{r}-d{i}", d, start_sys, ceiling, ev)
                 if isinstance(self.plan.agent, CodingAgent) else
                 self._direction(step, d, start_sys, ev, device, rivals, self._out_of_reach(d, ceiling, start_sys,
                                                                                            rivals)))
+        if self.slot is not None:  # a slot's share of Phase 1 is measured: the parent does the rest
+            return out
         gated = [g for d in out["directions"] for g in d["gated"]]
         promoted = [g for g in gated if g["promoted"]]
         out["integration"] = self._integrate(f"{name}/phase-2", start, gated)

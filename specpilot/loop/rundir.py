@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -26,18 +27,22 @@ class BudgetSpent(Exception):
 
 
 class RunDir:
-    def __init__(self, root: Path, resume: bool = False, budget_s: float | None = None):
+    """shared: a slot's process (loop/slots.py) writing its steps into the run its parent holds the lock of."""
+
+    def __init__(self, root: Path, resume: bool = False, budget_s: float | None = None, shared: bool = False):
         self.root = Path(root)
-        if self.root.exists() and any(self.root.iterdir()) and not resume:
+        if self.root.exists() and any(self.root.iterdir()) and not (resume or shared):
             raise UserError(f"{self.root} is not empty: pass --resume to continue that run, or name a new folder")
-        if resume and not (self.root / "steps").is_dir():
+        if (resume or shared) and not (self.root / "steps").is_dir():
             raise UserError(f"{self.root} holds no run to resume")
         (self.root / "steps").mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.root / ".lock", "w")  # noqa: SIM115 (held for the run's lifetime)
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"another loop is running in {self.root}") from None
+        self._lock = None
+        if not shared:
+            self._lock = open(self.root / ".lock", "w")  # noqa: SIM115 (held for the run's lifetime)
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UserError(f"another loop is running in {self.root}") from None
         self.started = time.monotonic()
         self.budget_s = budget_s
         self.ran: list[str] = []  # steps measured by this process
@@ -72,6 +77,10 @@ class RunDir:
         self.log("done", step=name, seconds=self.seconds[name])
         return result
 
+    def refresh(self) -> None:
+        """Take in the durations of steps other processes (the slots) measured since this one started."""
+        self.seconds.update(self._durations())
+
     def cost(self, names) -> float:
         """Seconds the named steps took when they were measured (whichever process measured them)."""
         return sum(self.seconds.get(n, 0.0) for n in set(names))
@@ -91,12 +100,13 @@ class RunDir:
             raise BudgetSpent(f"the wall-time budget of {self.budget_s:.0f} s is spent")
 
     def log(self, event: str, **fields) -> None:
-        with open(self.root / "log.jsonl", "a") as f:
-            f.write(json.dumps({"t": time.time(), "event": event, **fields}) + "\n")
+        with open(self.root / "log.jsonl", "a") as f:  # one short line per write: processes append whole lines
+            f.write(json.dumps({"t": time.time(), "event": event, "pid": os.getpid(), **fields}) + "\n")
 
     def close(self) -> None:
-        fcntl.flock(self._lock, fcntl.LOCK_UN)
-        self._lock.close()
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
 
     def __enter__(self) -> RunDir:
         return self
