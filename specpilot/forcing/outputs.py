@@ -55,9 +55,10 @@ class OutputStore:
                 {"code": self.code, "deployment": self.deployment, "system": system, "max_new_tokens": max_new}))
         turns = [{"id": r.id, "dataset": r.dataset, "turn": r.turn, "prompt": r.prompt, "tokens": r.tokens,
                   "prefill_s": r.prefill_s, "decode_s": r.decode_s, "accepted": r.accepted} for r in records]
-        torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
-        with path.open("a") as f:  # after a torn last line, a new line: the torn one stays alone and is skipped
-            f.write(("\n" if torn else "") + json.dumps({"request": request, "turns": turns}) + "\n")
+        with path.open("a+b") as f:  # after a torn last line, a new line: the torn one stays alone and is skipped
+            end = f.seek(0, 2)
+            torn = end > 0 and f.seek(end - 1) >= 0 and f.read(1) != b"\n"
+            f.write((b"\n" if torn else b"") + json.dumps({"request": request, "turns": turns}).encode() + b"\n")
             f.flush()
 
 

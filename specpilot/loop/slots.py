@@ -53,9 +53,16 @@ def launch(a, run, r: int, start: str, count: int) -> dict:
         procs.append((subprocess.Popen([sys.executable, "-m", "specpilot.loop.slots", json.dumps(spec)],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))
     failed = []
-    for k, (p, log) in enumerate(procs):
-        p.wait()
-        log.close()
+    try:
+        for p, _ in procs:
+            p.wait()
+    finally:  # the loop interrupted (Ctrl-C, a kill): no slot goes on writing into its run directory
+        for p, log in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            log.close()
+    for k, (p, _) in enumerate(procs):
         if p.returncode != 0:
             lines = (logs / f"round-{r}-slot-{k}.log").read_text().strip().splitlines()
             failed.append(f"slot {k} ({a.slots[k]}): {lines[-1] if lines else f'exit {p.returncode}'}")
@@ -73,6 +80,7 @@ def main() -> None:
         torch.set_num_threads(len(spec["cores"]))
     from specpilot.deployment import load_deployment
     from specpilot.loop.main import LoopArgs, build_loop
+    from specpilot.loop.rundir import BudgetSpent
 
     where = {k: v for k, v in spec["worker_spec"].items() if k in ("preset", "deployment")}
     dep = dataclasses.replace(load_deployment(where.get("preset"), where.get("deployment")),
@@ -82,7 +90,10 @@ def main() -> None:
                  **{k: v for k, v in spec.items() if k in fields})
     loop, run = build_loop(a, lambda what: print(what, flush=True))
     with run:
-        loop.round(spec["round"], spec["start"])
+        try:
+            loop.round(spec["round"], spec["start"])
+        except BudgetSpent as exc:  # what finished stands; the loop's process meets the budget itself
+            print(f"stopped: {exc}", flush=True)
 
 
 if __name__ == "__main__":
