@@ -8,7 +8,7 @@ On a CPU deployment, `cpu` entries stand in for devices (the code paths and the 
 share of the cores. What a direction promotes is known to the directions after it in the same process only, so
 a direction the one-process loop would prune under a rival may be searched here (rounds.Loop._out_of_reach).
 
-Run as `python -m specpilot.loop.slots SPEC` (SPEC: the JSON that `launch` writes) in a slot's process."""
+A slot's process runs loop/slot.py with the JSON that `launch` writes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from specpilot.errors import UserError
 
@@ -50,7 +49,7 @@ def launch(a, run, r: int, start: str, count: int) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = "" if share is not None else a.slots[k]
         spec = {**args, "slot": [k, n], "round": r, "start": start, "cores": share}
         log = open(logs / f"round-{r}-slot-{k}.log", "w")  # noqa: SIM115 (the child's; closed when it ends)
-        procs.append((subprocess.Popen([sys.executable, "-m", "specpilot.loop.slots", json.dumps(spec)],
+        procs.append((subprocess.Popen([sys.executable, "-m", "specpilot.loop.slot", json.dumps(spec)],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))
     failed = []
     try:
@@ -69,36 +68,3 @@ def launch(a, run, r: int, start: str, count: int) -> dict:
     if failed:
         raise UserError("Phase 1's processes failed: " + "; ".join(failed))
     return {"processes": n, "devices": a.slots[:n], "wall_s": round(time.monotonic() - t0, 1)}
-
-
-def main() -> None:
-    spec = json.loads(sys.argv[1])
-    if spec.get("cores"):  # a CPU slot: its share of the cores, its threads as many
-        import torch
-
-        os.sched_setaffinity(0, spec["cores"])
-        torch.set_num_threads(len(spec["cores"]))
-    from specpilot.deployment import load_deployment
-    from specpilot.loop.main import LoopArgs, build_loop
-    from specpilot.loop.rundir import BudgetSpent
-
-    where = {k: v for k, v in spec["worker_spec"].items() if k in ("preset", "deployment")}
-    dep = dataclasses.replace(load_deployment(where.get("preset"), where.get("deployment")),
-                              datasets=spec["datasets"])
-    fields = {f.name for f in dataclasses.fields(LoopArgs)} - {"dep", "run_dir", "slot"}
-    a = LoopArgs(dep=dep, run_dir=Path(spec["run_dir"]), slot=tuple(spec["slot"]),
-                 **{k: v for k, v in spec.items() if k in fields})
-    loop, run = build_loop(a, lambda what: print(what, flush=True))
-    with run:
-        try:
-            loop.round(spec["round"], spec["start"])
-        except BudgetSpent as exc:  # what finished stands; the loop's process meets the budget itself
-            print(f"stopped: {exc}", flush=True)
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except UserError as exc:
-        print(f"error: {exc}", flush=True)
-        sys.exit(2)
