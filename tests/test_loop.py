@@ -455,7 +455,7 @@ def test_the_loop_command_end_to_end_on_tiny(tmp_path):
 
     run = tmp_path / "run"
     proc = specpilot("loop", "--preset", "tiny", "--rounds", "1", "--run-dir", run, "--limit", "3",
-                     "--max-new-tokens", "12", "--gpus", "cpu,cpu")
+                     "--max-new-tokens", "12", "--directions", "4", "--gpus", "cpu,cpu")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run / "loop.json").read_text())
     assert summary["slots"] == ["cpu", "cpu"] and summary["rounds"][0]["slots"]["processes"] == 2
@@ -482,7 +482,7 @@ def test_the_loop_command_end_to_end_on_tiny(tmp_path):
     assert len(store.ids()) == sum(len(r["memory"]) for r in summary["rounds"])
     assert all(v is None for v in store.replay().values())
     again = specpilot("loop", "--preset", "tiny", "--rounds", "1", "--run-dir", run, "--limit", "3",
-                      "--max-new-tokens", "12", "--resume")
+                      "--max-new-tokens", "12", "--directions", "4", "--gpus", "cpu,cpu", "--resume")
     assert again.returncode == 0, again.stderr
     assert json.loads((run / "loop.json").read_text())["measured"] == []  # nothing measured twice
 
