@@ -2,6 +2,7 @@
 is promoted, passes the sealed final, becomes a memory entry with its patch (replayed byte for byte) and
 best.patch; the report renders the agent's row. A missing program is refused before anything runs."""
 
+import json
 import subprocess
 
 import pytest
@@ -27,7 +28,8 @@ def test_a_loop_with_the_honest_stand_in_promotes_its_code(tmp_path):
     summary = run_loop(args(tmp_path, f"command:{BIN / 'honest'}"))
     try:
         (r,) = summary["rounds"]
-        assert summary["best"] == "stock:fallback_ar=2" and summary["best_commit"] == r["result_commit"]
+        why = json.dumps({k: r.get(k) for k in ("directions", "integration", "sealed")}, default=str)[-4000:]
+        assert summary["best"] == "stock:fallback_ar=2" and summary["best_commit"] == r["result_commit"], why
         assert r["sealed"]["passed"] and r["sealed"]["forcing"]["verdict"] in ("pass", "inconclusive")
         assert (tmp_path / "run" / "best.patch").read_text().startswith("diff --git")
         store = Store(tmp_path / "run" / "memory", REPO)
