@@ -70,12 +70,15 @@ def _check_output(path: Path | None) -> None:
         raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
 
 
+def _named(preset: str | None, deployment: Path | None) -> tuple[str | None, Path | None]:
+    """The deployment a command names; neither: the tiny preset."""
+    return ("tiny", None) if preset is None and deployment is None else (preset, deployment)
+
+
 def _deployment(preset: str | None, deployment: Path | None):
     from specpilot.deployment import load_deployment
 
-    if preset is None and deployment is None:
-        preset = "tiny"
-    return load_deployment(preset, deployment)
+    return load_deployment(*_named(preset, deployment))
 
 
 def _fmt(v, spec: str = ".2f") -> str:
@@ -467,7 +470,7 @@ def force(
     turns = sum(len(r.turns) for r in pool) * roles
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     kept = "no verdict; nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
-    procs = pool_for(workers, preset, deployment, [reference, candidate, "ar"], pool)
+    procs = pool_for(workers, *_named(preset, deployment), [reference, candidate, "ar"], pool)
     with (_interruptible(f"token forcing interrupted: {kept}"),
           Progress(*columns, console=err, transient=True) as bar, procs or contextlib.nullcontext()):
         task = bar.add_task(f"{start} requests (up to {len(pool)}) x {roles} systems", total=turns)
@@ -853,7 +856,7 @@ def loop(
     request from each of GSM8K, HumanEval and MT-Bench, 16 tokens (32 in the sealed forcing), a budget of 480 s: a
     finished report in under ten minutes on a small CPU."""
     from specpilot.agents.backends import Budget
-    from specpilot.deployment import load_deployment
+    from specpilot.deployment import load_deployment, naming
     from specpilot.loop.main import LoopArgs, run_loop
     from specpilot.loop.report import write_report
 
@@ -871,7 +874,7 @@ def loop(
     folder = run_dir or Path("runs") / f"loop-{dep.name}"
     if not resume:
         folder.parent.mkdir(parents=True, exist_ok=True)
-    args = LoopArgs(dep, {"preset": preset} if preset else {"deployment": str(Path(deployment).resolve())},
+    args = LoopArgs(dep, naming(preset, deployment),
                     folder, rounds, agent, limit if limit is not None else (dep.limit or 3),
                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, resume, budget, data_dir,
                     sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions, master,

@@ -66,6 +66,12 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
+def naming(preset: str | None, path: str | Path | None) -> dict:
+    """How another process (a controller or forcing worker, a loop's slot) loads the same deployment:
+    {"preset": name} or {"deployment": absolute path}."""
+    return {"preset": preset} if path is None else {"deployment": str(Path(path).resolve())}
+
+
 def load_deployment(preset: str | None = None, path: str | Path | None = None) -> Deployment:
     if (preset is None) == (path is None):
         raise UserError("name exactly one of --preset or --deployment")

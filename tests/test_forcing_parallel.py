@@ -68,3 +68,14 @@ def test_a_torn_last_line_is_skipped_and_the_next_one_kept(tmp_path):
     later.put("ar", 8, "r3", [rec])
     assert list(OutputStore(tmp_path, "d", code="c").get("ar", 8)) == ["r1", "r3"]
     assert json.loads(path.with_suffix(".key.json").read_text())["system"] == "ar"
+
+
+@pytest.mark.slow
+def test_the_force_command_with_workers_and_no_deployment_named(tmp_path):
+    """`force --workers 2` alone: the workers load the deployment the command defaults to (tiny), as it does."""
+    from tests.test_cli import specpilot
+
+    proc = specpilot("force", "--candidate", "stock:block_size=2", "--limit", "1", "--max-new-tokens", "4",
+                     "--workers", "2", "--power-bound", "0", "--json", tmp_path / "f.json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "f.json").read_text())["systems"]["candidate"]["tokens"] > 0

@@ -113,9 +113,9 @@ def pool_for(workers: int, preset: str | None, deployment: Path | None, systems:
     """A pool for `force(generate=...)` with `workers` > 1 (None: generate in this process). `systems` by any
     spelling: the workers are started with their canonical names, the ones `force` asks for."""
     from specpilot.config.env import parse
+    from specpilot.deployment import naming
 
     if workers <= 1:
         return None
     names = list(dict.fromkeys(parse(s).name for s in systems))
-    where = {"preset": preset} if deployment is None else {"deployment": str(Path(deployment).resolve())}
-    return Pool(workers, where, names, requests)
+    return Pool(workers, naming(preset, deployment), names, requests)
