@@ -39,6 +39,9 @@ def summary(report: dict) -> dict:
     return {"verdict": report["verdict"], "reason": report["reason"], "delta": report["delta"],
             "noise_max": report["calibration"]["noise"]["max"], "detectable_rate": report["detectable_rate"],
             "power": report["power"], "failed": {k: v["failed"] for k, v in t.items()},
+            "p": {k: {q: v[f"{q}_p"] for q in ("mismatch", "events", "margins")} | {"level": v["level"]}
+                  for k, v in t.items()},
+            "margin_quantiles": {r: s["margin_quantiles"] for r, s in report["systems"].items()},
             "mismatch": {r: s["mismatch_rate"] for r, s in report["systems"].items()},
             "events": {r: s["large_margin_events"] for r, s in report["systems"].items()}}
 

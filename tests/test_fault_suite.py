@@ -18,6 +18,9 @@ LOSSLESS = ["stock", "ar", "stock:block_size=4", "stock:graphs=false", "stock:tr
 
 
 BF16_SKIPPED = ("stock:block_size=4", "stock:graphs=false")  # the CPU's bf16 is slow; the H200 suite judges them
+# Faults whose loss does not depend on the precision (a bias, a skipped layer, unverified or removed tokens): the
+# CPU judges them in float32 only; the H200 suite judges every fault in bf16 on the real pair and the twin.
+BF16_FAULTS = ("low_head", "topk_truncate", "norm_eps", "near_tie", "kv_low")
 
 
 def near_tie_target(dtype):
@@ -59,6 +62,8 @@ def test_faults_are_rejected(runner, all_requests, fault):
     rule. An FP8 head under bf16 (low_head) needed 16 on one CPU (4.56% vs 1.56%, p = 0.00046; on 6: 4.51% vs
     1.74%, inconclusive), while CI's passed it on 6: bf16 rounding differs between CPU models."""
     runner, dtype, reuse = runner
+    if dtype is torch.bfloat16 and fault not in BF16_FAULTS:
+        pytest.skip("a loss at any precision: float32 covers it on the CPU")
     report = force(runner, "stock", f"stock:fault={fault}", all_requests, 48, reuse=reuse, bound=0.001, start=6)
     if fault == "kv_low" and dtype is torch.bfloat16:
         # An FP8 K/V cache under bf16 moves ~1.3 points of this tiny model's tokens, all at near-ties (measured on

@@ -87,6 +87,13 @@ def test_no_divergence_excuses_an_event():
     assert s.events == [{"request": 0, "position": 3, "margin": 0.9}]
 
 
+def test_the_margin_quantiles_cover_every_mismatch():
+    s = SystemForcing("x", tokens=1000, mismatches=100, margins=[i / 100 for i in range(100, 0, -1)])
+    q = s.to_json()["margin_quantiles"]
+    assert q == {"p25": 0.26, "p50": 0.51, "p75": 0.76, "p90": 0.91, "p99": 1.0}
+    assert SystemForcing("none").quantiles() == {}
+
+
 def test_verdict_statistics():
     stock = SystemForcing("stock", tokens=10000, mismatches=70, margins=[0.01] * 70)
     exact = SystemForcing("ar", tokens=10000, mismatches=68, margins=[0.01] * 68)

@@ -4,6 +4,7 @@
 import json
 
 import pytest
+import torch
 
 from specpilot.bench.datasets import load_requests
 from specpilot.bench.harness import Runner, TurnRecord
@@ -54,6 +55,16 @@ def test_a_second_run_takes_the_kept_outputs_and_scores_them_again(tiny, tmp_pat
     assert OutputStore(tmp_path, described(dep), code="other").get("stock", 12) == {}
     assert OutputStore(tmp_path, "another", code=store.code).get("stock", 12) == {}
     assert store.get("stock", 13) == {} and len(store.get("stock", 12)) == len(requests)
+
+
+def test_the_key_names_the_machine_the_outputs_were_made_on(tiny, monkeypatch):
+    """`device = "auto"` reads the same everywhere: what it resolves to here, and the torch, are in the key."""
+    dep = tiny[0]
+    here = json.loads(described(dep))["resolved"]
+    assert here == {"device": "cpu", "dtype": str(dep.torch_dtype()), "torch": torch.__version__}
+    before = described(dep)
+    monkeypatch.setattr(torch, "__version__", "0.0-other")
+    assert described(dep) != before
 
 
 def test_a_torn_last_line_is_skipped_and_the_next_one_kept(tmp_path):

@@ -87,6 +87,8 @@ def test_rope_qkv(device, dtype, tol, norm, want_q):
 @pytest.mark.parametrize("pairs,pre", [(8, 1), (4, 1), (8, 2), (4, 3)])
 def test_qkv_rope(device, dtype, tol, fusion, hidden, hq, hkv, d, pairs, pre):
     """Projection + rope + K/V write in one kernel against the projection then the rope reference."""
+    if pre > 1 and hidden > 96 and device == "cpu":
+        pytest.skip("the interpreter is slow: the chosen-config path is run at the smaller shape on the CPU")
     from specpilot.kernels.qkv_rope.naive import qkv_rope_naive
     from specpilot.kernels.qkv_rope.triton import qkv_rope_triton
 

@@ -9,7 +9,8 @@
 #   force: token forcing on SmolLM2 (bench/force_suite.py, the runs of stock and AR shared): stock:verify=tlv
 #          and stock:weights=w12 against stock, ar:weights=w12 against ar; LIMIT dev requests of each benchmark
 #          to start, doubled twice toward the power bound, MAXNEW tokens, the outputs made by WORKERS processes
-#          and kept in .stage/force_outputs (a later call that carries them back resumes there).
+#          and kept in .stage/force_outputs (a later call that carries them back resumes there). CASES="REF CAND;..."
+#          judges other pairs (the AR control: CASES="ar ar:fewrow=true;ar ar:weights=w12;ar:fewrow=true ar:weights=w12").
 #          The W12 kernel sums in another order than cuBLAS, so equality is not expected: forcing must not reject.
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
@@ -30,12 +31,15 @@ twin)
         --limit "${TWIN_LIMIT:-1}" --max-new-tokens "${TWIN_NEW:-128}" --json "$OUT/twin_w12.json"
     echo "twin bench: exit $?" ;;
 force)
+    # CASES: "REF CAND;REF CAND;..." (default: TLV and W12 against their references)
+    cases=""
+    IFS=';' read -ra pairs <<< "${CASES:-stock stock:verify=tlv;ar ar:weights=w12;stock stock:weights=w12}"
+    for p in "${pairs[@]}"; do cases+=" --case $p"; done
     # stopped after FORCE_S seconds, inside the call's 600, so that the outputs made so far come back in
     # $OUT/force_outputs: carried as .stage/force_outputs into the next call, they are reused there
     timeout "${FORCE_S:-540}" python3 bench/force_suite.py --deployment bench/gpu/smollm2-pair.toml --cases none \
         --limit "${LIMIT:-5}" --max-new-tokens "${MAXNEW:-256}" --workers "${WORKERS:-1}" \
-        --outputs .stage/force_outputs --case stock stock:verify=tlv --case ar ar:weights=w12 \
-        --case stock stock:weights=w12 --out "$OUT/force_w12.json"
+        --outputs .stage/force_outputs $cases --out "$OUT/force_w12.json"
     echo "force suite: exit $?"
     cp -r .stage/force_outputs "$OUT/force_outputs" 2>/dev/null ;;
 *) echo "usage: bash bench/gpu/w12_engine.sh micro|twin|force" >&2; exit 2 ;;

@@ -52,7 +52,14 @@ class SystemForcing:
         low, high = self.ci()
         return {"tokens": self.tokens, "mismatches": self.mismatches, "mismatch_rate": self.mismatch_rate,
                 "mismatch_ci95": [low, high], "large_margin_events": self.large_margin_events,
-                "margins": sorted(self.margins, reverse=True)[:200], "events": self.events[:200]}
+                "margins": sorted(self.margins, reverse=True)[:200], "margin_quantiles": self.quantiles(),
+                "events": self.events[:200]}
+
+    def quantiles(self) -> dict[str, float]:
+        """Quartiles and the 90th / 99th percentile of the margins at every mismatch (the margins test's
+        samples, which the 200 largest kept beside them do not show)."""
+        m = sorted(self.margins)
+        return {f"p{q}": m[min(len(m) - 1, len(m) * q // 100)] for q in (25, 50, 75, 90, 99)} if m else {}
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

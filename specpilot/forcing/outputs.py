@@ -4,7 +4,7 @@ call on the GPU machine holds.
 
 One JSON-lines file per (code, deployment, system, output budget): a line per request, written as soon as the
 request's turns are made. A file is found again only by the same key, so outputs of other code (the hash of every
-file of the package, as the controller's workers report it), another deployment or budget are never reused; a
+file of the package, as the controller's workers report it), another deployment, machine or budget are never reused; a
 reused request's prompts are still checked against this install's (forcing/run.checked) and every token is
 scored afresh. A line cut short by a kill is skipped."""
 
@@ -14,6 +14,8 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+
+import torch
 
 from specpilot.bench.harness import TurnRecord
 from specpilot.controller.worker import code_hash
@@ -63,5 +65,10 @@ class OutputStore:
 
 
 def described(dep) -> str:
-    """A deployment's whole configuration (models, dtype, context, budgets), as the store's key takes it."""
-    return json.dumps(dataclasses.asdict(dep), sort_keys=True, default=str)
+    """A deployment's whole configuration (models, dtype, context, budgets) and what it resolves to on this machine
+    (device, dtype, torch), as the store's key takes it: outputs made on another GPU, on the CPU or under another
+    torch are other outputs, though `device = "auto"` reads the same in each."""
+    dev = dep.torch_device()
+    here = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+            "dtype": str(dep.torch_dtype()), "torch": torch.__version__}
+    return json.dumps({**dataclasses.asdict(dep), "resolved": here}, sort_keys=True, default=str)
