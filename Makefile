@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint clean
+.PHONY: demo test test-slow lint clean
 
 $(BIN)/specpilot: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,14 @@ demo: $(BIN)/specpilot
 	$(BIN)/specpilot data fetch
 	$(BIN)/specpilot loop --run-dir runs/demo $$(test -d runs/demo/steps && echo --resume)
 
+# `make test` leaves out the few end-to-end tests marked slow (each 20-60 s on two cores: the loop, agents, the
+# ceiling, forcing workers, distillation, the Hopper build); `make test-slow` runs those, and CI runs both.
 test: $(BIN)/specpilot
 	$(BIN)/ruff check specpilot tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: $(BIN)/specpilot
+	$(BIN)/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -102,6 +102,7 @@ def test_pairing_cancels_any_uniform_gpu_factor(gains, factor, rnd):
     assert ratios == pytest.approx(gains, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_one_worker_alternates_both_systems_and_keeps_each_requests_fastest_run():
     with source_tree(None) as here:
         card = compare(Side("ar", here), Side("stock", here), SPEC, timeout=300, noise=0.01, reps=2,

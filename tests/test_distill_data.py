@@ -188,6 +188,7 @@ def test_block_batch_labels_and_padding(target):
     assert NAIVE.kernels == "naive"
 
 
+@pytest.mark.slow
 def test_distill_then_train_from_the_folder(tmp_path):
     """The two commands end to end on the tiny preset: the data folder, training from it against a baseline,
     and a checkpoint that carries its prompts (train and held-out only: never the dev, benchmark, records)."""

@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - older or CPU-only Triton builds
 HOPPER = GPUTarget("cuda", 90, 32)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not INTERPRETED, reason="the tests below run in this process")
 def test_kernels_build_for_hopper_in_a_process_without_the_interpreter():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -80,6 +80,7 @@ def test_smollm2_is_fetched_on_first_use_only(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
+@pytest.mark.slow
 def test_every_tree_builder_on_the_real_pair(smol):
     """The committed drafter against the real target in float32: every builder at a budget above the block (and
     best_first below it) returns AR's tokens, with drafts accepted (tau well above 1), best_first at 24 nodes at least
