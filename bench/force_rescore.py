@@ -24,6 +24,7 @@ import torch
 from specpilot.bench.datasets import load_requests, round_robin
 from specpilot.deployment import load_deployment
 from specpilot.forcing.judge import compare, tally
+from specpilot.forcing.outputs import read_kept
 from specpilot.forcing.score import score_output
 from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic
@@ -35,14 +36,7 @@ def kept(folder: Path, system: str, max_new: int) -> tuple[dict, dict]:
              if (k := json.loads(p.read_text()))["system"] == system and k["max_new_tokens"] == max_new]
     if len(found) != 1:
         raise SystemExit(f"{len(found)} kept files for {system} at {max_new} tokens in {folder}")
-    rows = {}
-    for line in found[0].with_name(found[0].name.replace(".key.json", ".jsonl")).read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:  # a torn last line
-            continue
-        rows[row["request"]] = row["turns"]
-    return json.loads(found[0].read_text()), rows
+    return json.loads(found[0].read_text()), read_kept(found[0].with_name(found[0].name.replace(".key.json", ".jsonl")))
 
 
 def main() -> None:
@@ -72,7 +66,7 @@ def main() -> None:
             raise SystemExit(f"{system}: {len(missing)} of the {len(ids)} requests are not kept, e.g. {missing[0]}")
         start, scores = time.time(), []
         for k, rid in enumerate(ids):
-            scores += [score_output(target, t["prompt"], t["tokens"]) for t in rows[rid]]
+            scores += [score_output(target, t.prompt, t.tokens) for t in rows[rid]]
             if k % 50 == 0:
                 print(f"{system}: {k}/{len(ids)} requests, {time.time() - start:.0f} s", flush=True)
         systems[role] = tally(system, scores, args.delta)

@@ -38,14 +38,7 @@ class OutputStore:
         """Each stored request's turn records for this system and budget."""
         path = self.path(system, max_new)
         if path not in self._loaded:
-            self._loaded[path] = {}
-            if path.exists():
-                for line in path.read_text().splitlines():
-                    try:
-                        row = json.loads(line)
-                    except ValueError:  # the last line of a killed run
-                        continue
-                    self._loaded[path][row["request"]] = [TurnRecord(**t) for t in row["turns"]]
+            self._loaded[path] = read_kept(path) if path.exists() else {}
         return self._loaded[path]
 
     def put(self, system: str, max_new: int, request: str, records: list[TurnRecord]) -> None:
@@ -62,6 +55,18 @@ class OutputStore:
             torn = end > 0 and f.seek(end - 1) >= 0 and f.read(1) != b"\n"
             f.write((b"\n" if torn else b"") + json.dumps({"request": request, "turns": turns}).encode() + b"\n")
             f.flush()
+
+
+def read_kept(path: Path) -> dict[str, list[TurnRecord]]:
+    """Each request's turn records in one kept file (a line cut short by a kill is skipped)."""
+    rows = {}
+    for line in Path(path).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # the last line of a killed run
+            continue
+        rows[row["request"]] = [TurnRecord(**t) for t in row["turns"]]
+    return rows
 
 
 def described(dep) -> str:
