@@ -1,7 +1,7 @@
 """Does a row's product depend on how many rows run with it? For SmolLM2's projection shapes, one row through
-cuBLAS (F.linear, as AR's step runs it) against the same row inside a prefill-sized product (as the exact target
-scores it), and the same for the few-row kernel (kernels/fewrow, 1 row vs 64, on BF16 and on W12): the share of
-outputs that are the same bits, and the largest difference in bf16 ulps.
+cuBLAS (F.linear, as AR's step runs it) and 16 rows at a time (stock's verify block) against the same row inside a
+prefill-sized product (as the exact target scores it), and the same for the few-row kernel (kernels/fewrow, 1 row
+vs 64, on BF16 and on W12): the share of outputs that are the same bits, and the largest difference in bf16 ulps.
 
 Why: token forcing scores a system's tokens under the deployment's exact target in prefill. A reference that runs
 cuBLAS at one row may share the scorer's arithmetic bit for bit where a kernel with another order cannot, which
@@ -47,7 +47,8 @@ def main() -> None:
         x = torch.randn(args.rows, k, device="cuda", generator=g).bfloat16()
         many = F.linear(x, w)
         one = torch.cat([F.linear(x[i : i + 1], w) for i in range(64)])
-        row = {"cublas_1_vs_prefill": alike(one, many[:64])}
+        block = torch.cat([F.linear(x[i : i + 16], w) for i in range(0, 64, 16)])  # stock's 16-row verify
+        row = {"cublas_1_vs_prefill": alike(one, many[:64]), "cublas_16_vs_prefill": alike(block, many[:64])}
         if fewrow.runs() and fewrow.fits(k) is None:
             for form_name, form in (("bf16", fewrow.FewRowWeight.bf16(w)), ("w12", fewrow.encode_checked(w))):
                 f1 = torch.cat([fewrow.product(x[i : i + 1], form) for i in range(64)])

@@ -11,7 +11,8 @@
 #          to start, doubled twice toward the power bound, MAXNEW tokens, the outputs made by WORKERS processes
 #          and kept in .stage/force_outputs (a later call that carries them back resumes there). CASES="REF CAND;..."
 #          judges other pairs (the AR control: CASES="ar ar:fewrow=true;ar ar:weights=w12;ar:fewrow=true ar:weights=w12").
-#          EXACT=float32 scores under the float32 target (the outputs kept by an earlier call are only scored again).
+#          EXACT=float32 scores under the float32 target (the outputs kept by an earlier call are only scored again);
+#          EXACT="deployment float32" both, one after the other.
 #          The W12 kernel sums in another order than cuBLAS, so equality is not expected: forcing must not reject.
 #   rows:  whether a row's product depends on the rows beside it: cuBLAS at 1 row against prefill, the few-row
 #          kernel at 1 against 64 (bench/gpu/rows_alike.py).
@@ -38,13 +39,18 @@ force)
     cases=""
     IFS=';' read -ra pairs <<< "${CASES:-stock stock:verify=tlv;ar ar:weights=w12;stock stock:weights=w12}"
     for p in "${pairs[@]}"; do cases+=" --case $p"; done
-    # stopped after FORCE_S seconds, inside the call's 600, so that the outputs made so far come back in
+    # stopped FORCE_S seconds after the start, inside the call's 600, so that the outputs made so far come back in
     # $OUT/force_outputs.tgz (one file: at most 8 come back): unpacked into .stage and carried as
-    # .stage/force_outputs into the next call, they are reused there
-    timeout "${FORCE_S:-540}" python3 bench/force_suite.py --deployment bench/gpu/smollm2-pair.toml --cases none \
-        --limit "${LIMIT:-5}" --max-new-tokens "${MAXNEW:-256}" --workers "${WORKERS:-1}" \
-        --outputs .stage/force_outputs --exact "${EXACT:-deployment}" $cases --out "$OUT/force_w12.json"
-    echo "force suite: exit $?"
+    # .stage/force_outputs into the next call, they are reused there. EXACT="deployment float32" scores the same
+    # outputs both ways, one after the other (force_deployment.json, force_float32.json)
+    end=$((SECONDS + ${FORCE_S:-540}))
+    for exact in ${EXACT:-deployment}; do
+        timeout $((end > SECONDS ? end - SECONDS : 1)) python3 bench/force_suite.py \
+            --deployment bench/gpu/smollm2-pair.toml --cases none --limit "${LIMIT:-5}" \
+            --max-new-tokens "${MAXNEW:-256}" --workers "${WORKERS:-1}" --outputs .stage/force_outputs \
+            --exact "$exact" $cases --out "$OUT/force_$exact.json"
+        echo "force suite ($exact): exit $?"
+    done
     tar czf "$OUT/force_outputs.tgz" -C .stage force_outputs 2>/dev/null ;;
 rows)
     python3 bench/gpu/rows_alike.py --out "$OUT/rows_alike.json"
