@@ -3,7 +3,7 @@ reference that shares a fault, each through `force` against stock (the reference
 
 Usage: PYTHONPATH=. python bench/force_suite.py --preset smollm2 [--deployment D.toml] [--limit 2]
        [--max-new-tokens 64] [--lossless-rounds R] [--cases all|faults|none] [--case REF CAND ...]
-       [--exact float32] --out RESULT.json
+       [--exact auto|deployment|float32] --out RESULT.json
 --case REF CAND (repeatable): also judge CAND against REF on the same requests (their runs shared with the rest).
 --workers N: the outputs made by N processes at once (forcing/parallel.py), scored here.
 --outputs DIR: the outputs kept there, and reused by a later run of the same code (forcing/outputs.py).
@@ -24,7 +24,7 @@ from specpilot.bench.harness import Runner
 from specpilot.deployment import load_deployment
 from specpilot.forcing.outputs import OutputStore, described
 from specpilot.forcing.parallel import pool_for
-from specpilot.forcing.run import exact_target, force
+from specpilot.forcing.run import EXACT_MODES, ExactTargets, exact_mode, force
 from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic
 from specpilot.runtime.faults import FAULTS
@@ -36,7 +36,8 @@ LOSSLESS = ["stock:block_size=2", "stock:block_size=4", "stock:block_size=8", "s
 
 def summary(report: dict) -> dict:
     t = report["tests"]
-    return {"verdict": report["verdict"], "reason": report["reason"], "delta": report["delta"],
+    return {"verdict": report["verdict"], "reason": report["reason"], "exact": report["exact"],
+            "delta": report["delta"],
             "noise_max": report["calibration"]["noise"]["max"], "detectable_rate": report["detectable_rate"],
             "power": report["power"], "failed": {k: v["failed"] for k, v in t.items()},
             "p": {k: {q: v[f"{q}_p"] for q in ("mismatch", "events", "margins")} | {"level": v["level"]}
@@ -58,8 +59,9 @@ def main() -> None:
                          "the faults only, or none (only the lossless rounds)")
     ap.add_argument("--case", nargs=2, action="append", default=[], metavar=("REF", "CAND"),
                     help="a further candidate and its reference (repeatable)")
-    ap.add_argument("--exact", choices=("deployment", "float32"), default="deployment",
-                    help="the exact target that scores every token (float32: the FP32-reference mode)")
+    ap.add_argument("--exact", choices=EXACT_MODES, default="auto",
+                    help="the exact target that scores every token (float32: the FP32-reference mode; auto: float32 "
+                         "for a candidate with other kernels than its reference, forcing/run.exact_mode)")
     ap.add_argument("--workers", type=int, default=1, help="processes that make the outputs at once (forcing/parallel)")
     ap.add_argument("--outputs", help="keep the outputs in this folder and reuse those kept there (forcing/outputs)")
     ap.add_argument("--out", required=True)
@@ -67,7 +69,7 @@ def main() -> None:
     dep = load_deployment(args.preset, args.deployment)
     target, drafter, tok = build_pair(dep)
     runner = Runner(target, drafter, tok, dep.context)
-    exact = exact_target(dep) if args.exact == "float32" else None
+    exact = ExactTargets(dep)
     start = len([r for name in dep.datasets for r in load_requests(name, dep.split, None, args.limit)])
     pool = round_robin([r for name in dep.datasets for r in load_requests(name, dep.split, None, None)])
     requests, rest = pool[: 4 * start], pool[4 * start :]  # the power bound may double the start twice
@@ -106,8 +108,10 @@ def _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generat
             rows[name] = {**summary(report), "round": True, "seconds": time.perf_counter() - t0}
             write_json_atomic(args.out, record)
 
-        report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse, bound=0.001, start=start,
-                       exact=exact, generate=generate, on_round=partial, store=store)
+        mode = exact_mode(args.exact, exact.dep, ref, cand)
+        report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse.setdefault(mode, {}),
+                       bound=0.001, start=start, exact=exact.target(mode), generate=generate, on_round=partial,
+                       store=store)
         rows[f"{ref} vs {cand}"] = {**summary(report), "seconds": time.perf_counter() - t0}
         print(f"{ref:24s} {cand:34s} {rows[f'{ref} vs {cand}']['verdict']}", flush=True)
         write_json_atomic(args.out, record)  # after every case: a run cut short still leaves its verdicts
@@ -115,9 +119,9 @@ def _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generat
         chunk = rest[i * start : (i + 1) * start]
         if len(chunk) < start:
             break
+        scorer = exact.target(exact_mode(args.exact, exact.dep, "stock", cand))
         lossless.append({"candidate": cand, **summary(force(runner, "stock", cand, chunk, args.max_new_tokens,
-                                                                     exact=exact, generate=generate,
-                                                                     store=store))})
+                                                            exact=scorer, generate=generate, store=store))})
         print(f"round {i + 1}: stock vs {cand:34s} {lossless[-1]['verdict']}", flush=True)
         record["false_rejects"] = sum(r["verdict"] == "reject" for r in lossless)
         write_json_atomic(args.out, record)

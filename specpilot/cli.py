@@ -416,8 +416,11 @@ def force(
     max_limit: Annotated[int | None, typer.Option(help="Requests per dataset the power bound may reach (default: "
                                                   "4 x --limit).")] = None,
     exact: Annotated[str, typer.Option(help="The exact target that scores every token: 'deployment' (its dtype, "
-                                       "float32 LM head) or 'float32' (a float32 model of the same function; AR "
-                                       "in float32 is reported beside the verdict).")] = "deployment",
+                                       "float32 LM head), 'float32' (a float32 model of the same function; AR "
+                                       "in float32 on the first requests is reported beside the verdict) or "
+                                       "'auto': float32 where the candidate runs other kernels than the "
+                                       "reference in a deployment below float32 (the deployment's target shares "
+                                       "cuBLAS's rounding with the reference), else the deployment's.")] = "auto",
     workers: Annotated[int, typer.Option(help="Processes that make the outputs at once, each with its own models "
                                          "on the device (a small model leaves a GPU mostly idle one request at a "
                                          "time); the outputs are the same, and are scored here.")] = 1,
@@ -439,7 +442,7 @@ def force(
     from specpilot.config.env import parse
     from specpilot.forcing.outputs import OutputStore, described
     from specpilot.forcing.parallel import pool_for
-    from specpilot.forcing.run import exact_target
+    from specpilot.forcing.run import EXACT_AR_REQUESTS, exact_mode, exact_target
     from specpilot.forcing.run import force as run_force
     from specpilot.models.pair import build_pair
     from specpilot.results import environment, write_json_atomic
@@ -452,8 +455,7 @@ def force(
     _check_output(json_path)
     if not 0 <= power_bound < 1:
         raise UserError(f"--power-bound is a fraction in [0, 1), got {power_bound}")
-    if exact not in ("deployment", "float32"):
-        raise UserError(f"--exact is 'deployment' or 'float32', got {exact!r}")
+    exact = exact_mode(exact, dep, reference, candidate)
     _positive(workers=workers)
     if outputs is not None and outputs.exists() and not outputs.is_dir():
         raise UserError(f"--outputs {outputs} is a file, not a folder")
@@ -467,7 +469,8 @@ def force(
     runner = Runner(target, drafter, tok, dep.context)
     scorer = exact_target(dep) if exact == "float32" else None
     roles = 3 if scorer is None else 4
-    turns = sum(len(r.turns) for r in pool) * roles
+    turns = sum(len(r.turns) for r in pool) * 3 + (0 if scorer is None else sum(
+        len(r.turns) for r in pool[:EXACT_AR_REQUESTS]))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     kept = "no verdict; nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
     procs = pool_for(workers, *_named(preset, deployment), [reference, candidate, "ar"], pool)

@@ -174,7 +174,7 @@ def test_tiny_preset_builds_on_cpu():
 
 @pytest.mark.parametrize("candidate,bound,code,verdict,exact", [
     ("stock:fault=logit_bias", "0.001", 1, "reject", "deployment"), ("stock", "0", 0, "pass", "float32"),
-    ("stock", "0.001", 1, "inconclusive", "deployment")])
+    ("stock", "0.001", 1, "inconclusive", "auto")])
 def test_force_exit_code_and_evidence(tmp_path, candidate, bound, code, verdict, exact):
     out = tmp_path / "force.json"
     proc = specpilot("force", "--preset", "tiny", "--reference", "stock", "--candidate", candidate, "--limit", "2",
@@ -182,7 +182,9 @@ def test_force_exit_code_and_evidence(tmp_path, candidate, bound, code, verdict,
                      "--json", str(out))
     assert proc.returncode == code, proc.stderr
     report = json.loads(out.read_text())
-    assert report["verdict"] == verdict and verdict in proc.stdout and report["exact"] == exact
+    # auto on a float32 deployment: its own target is the float32 function (forcing/run.exact_mode)
+    assert report["verdict"] == verdict and verdict in proc.stdout
+    assert report["exact"] == {"auto": "deployment"}.get(exact, exact)
     for role in ("reference", "candidate", "ar"):
         assert {"mismatch_rate", "large_margin_events", "margins"} <= set(report["systems"][role])
     # the evidence: the noise calibration, the three comparisons (with the margin test), the power
@@ -197,6 +199,7 @@ def test_force_exit_code_and_evidence(tmp_path, candidate, bound, code, verdict,
     if exact == "float32":  # a float32 deployment: AR in float32 is the same function in the same precision
         fp32, ar = report["systems"]["ar_float32"], report["systems"]["ar"]
         assert fp32["tokens"] == ar["tokens"] > 0 and fp32["mismatches"] == ar["mismatches"]
+        assert fp32["requests"] == 2  # the first requests only (at most forcing/run.EXACT_AR_REQUESTS)
 
 
 def test_force_rejects_bad_names_before_loading():

@@ -208,6 +208,58 @@ def test_exact_target_is_the_float32_function():
     assert (a - b).norm() / b.norm() < 0.05  # the same logits, up to bf16 rounding
 
 
+def test_kernel_changes_below_float32_are_judged_by_the_float32_target():
+    """exact_mode("auto"): the deployment's target shares cuBLAS's rounding with the reference, so a candidate with
+    other kernels (or another tree's code) in bf16 is scored by the float32 model; any other candidate, and every
+    candidate of a float32 deployment, by the deployment's own target. Explicit modes stand; a typo is refused."""
+    import dataclasses
+
+    from specpilot.deployment import load_deployment
+    from specpilot.errors import UserError
+    from specpilot.forcing.run import ExactTargets, exact_mode
+
+    fp32 = load_deployment("tiny")
+    bf16 = dataclasses.replace(fp32, dtype="bfloat16")
+    kernels = [("ar", "ar:weights=w12"), ("ar", "ar:fewrow=true"), ("stock", "stock:gemv=true"),
+               ("stock", "stock:kernels=naive"), ("stock:gemv=true", "stock")]
+    same = [("ar", "ar"), ("stock", "stock:tree=best_first,nodes=32"), ("stock", "stock:verify=tlv"),
+            ("stock", "stock:fault=logit_bias"), ("stock:weights=w12", "stock:weights=w12,block_size=8")]
+    for ref, cand in kernels:
+        assert exact_mode("auto", bf16, ref, cand) == "float32", cand
+        assert exact_mode("auto", fp32, ref, cand) == "deployment", cand
+    for ref, cand in same:
+        assert exact_mode("auto", bf16, ref, cand) == "deployment", cand
+    assert exact_mode("auto", bf16, "stock", "stock:anything_another_tree_has=1", foreign=True) == "float32"
+    assert exact_mode("deployment", bf16, "ar", "ar:weights=w12") == "deployment"
+    assert exact_mode("float32", fp32, "ar", "ar") == "float32"
+    with pytest.raises(UserError, match="auto"):
+        exact_mode("fp32", bf16, "ar", "ar")
+    targets = ExactTargets(bf16)
+    assert targets.target("deployment") is None
+    model = targets.target("float32")
+    assert model.embed.weight.dtype == torch.float32 and targets.target("float32") is model  # built once
+
+
+def test_float32_ar_beside_the_verdict_answers_the_first_requests_only(monkeypatch):
+    """In the FP32-reference mode AR of the float32 model runs here, one request at a time, uncaptured: on the
+    first EXACT_AR_REQUESTS requests only (reported, it does not decide), compared with AR on the same ones."""
+    from specpilot.bench.datasets import load_requests
+    from specpilot.bench.harness import Runner
+    from specpilot.deployment import load_deployment
+    from specpilot.forcing import run
+    from specpilot.models.pair import build_pair
+
+    dep = load_deployment("tiny")
+    target, drafter, tok = build_pair(dep)
+    requests = load_requests("builtin", "dev", None, 3)
+    monkeypatch.setattr(run, "EXACT_AR_REQUESTS", 1)
+    report = run.force(Runner(target, drafter, tok, dep.context), "stock", "stock:block_size=2", requests, 8,
+                       exact=run.exact_target(dep))
+    fp32, ar = report["systems"]["ar_float32"], report["systems"]["ar"]
+    assert fp32["requests"] == 1 and 0 < fp32["tokens"] < ar["tokens"]
+    assert fp32["tokens"] == 8 * len(requests[0].turns)  # the first request's turns, at most 8 tokens each
+
+
 def test_a_foreign_worker_s_records_are_scored_only_on_the_request_s_own_prompts():
     """Forcing of another tree's outputs (forcing/run.checked): each turn's prompt must be the one this install
     builds from the request and the candidate's earlier answers; a worker that answered something else is refused,

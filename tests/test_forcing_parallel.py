@@ -57,6 +57,19 @@ def test_a_second_run_takes_the_kept_outputs_and_scores_them_again(tiny, tmp_pat
     assert store.get("stock", 13) == {} and len(store.get("stock", 12)) == len(requests)
 
 
+def test_a_pool_starts_no_worker_when_every_output_is_kept(tiny, tmp_path):
+    """Scoring kept outputs again (under another exact target, say) costs no worker start-up."""
+    dep, target, drafter, tok, requests = tiny
+    store = OutputStore(tmp_path, described(dep))
+    first = force(Runner(target, drafter, tok, dep.context), "stock", "stock:block_size=2", requests, 12,
+                  store=store)
+    with pool_for(2, "tiny", None, ["stock", "stock:block_size=2", "ar"], requests) as procs:
+        again = force(Runner(target, drafter, tok, dep.context), "stock", "stock:block_size=2", requests, 12,
+                      generate=procs.generate, store=OutputStore(tmp_path, described(dep)))
+        assert procs.workers == []
+    assert again["systems"] == first["systems"]
+
+
 def test_the_key_names_the_machine_the_outputs_were_made_on(tiny, monkeypatch):
     """`device = "auto"` reads the same everywhere: what it resolves to here, and the torch, are in the key."""
     dep = tiny[0]

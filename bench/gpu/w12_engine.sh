@@ -11,8 +11,9 @@
 #          to start, doubled twice toward the power bound, MAXNEW tokens, the outputs made by WORKERS processes
 #          and kept in .stage/force_outputs (a later call that carries them back resumes there). CASES="REF CAND;..."
 #          judges other pairs (the AR control: CASES="ar ar:fewrow=true;ar ar:weights=w12;ar:fewrow=true ar:weights=w12").
-#          EXACT=float32 scores under the float32 target (the outputs kept by an earlier call are only scored again);
-#          EXACT="deployment float32" both, one after the other.
+#          EXACT: the exact target (force_suite.py --exact; auto, the default, gives a candidate with other kernels
+#          than its reference the float32 model); EXACT="auto deployment" scores the same outputs both ways, one after
+#          the other (outputs kept by the first are only scored again by the second).
 #          The W12 kernel sums in another order than cuBLAS, so equality is not expected: forcing must not reject.
 #   rows:  whether a row's product depends on the rows beside it: cuBLAS at 1 row against prefill, the few-row
 #          kernel at 1 against 64 (bench/gpu/rows_alike.py).
@@ -41,10 +42,10 @@ force)
     for p in "${pairs[@]}"; do cases+=" --case $p"; done
     # stopped FORCE_S seconds after the start, inside the call's 600, so that the outputs made so far come back in
     # $OUT/force_outputs.tgz (one file: at most 8 come back): unpacked into .stage and carried as
-    # .stage/force_outputs into the next call, they are reused there. EXACT="deployment float32" scores the same
-    # outputs both ways, one after the other (force_deployment.json, force_float32.json)
+    # .stage/force_outputs into the next call, they are reused there. EXACT="auto deployment" scores the same
+    # outputs both ways, one after the other (force_auto.json, force_deployment.json)
     end=$((SECONDS + ${FORCE_S:-540}))
-    for exact in ${EXACT:-deployment}; do
+    for exact in ${EXACT:-auto}; do
         timeout $((end > SECONDS ? end - SECONDS : 1)) python3 bench/force_suite.py \
             --deployment bench/gpu/smollm2-pair.toml --cases none --limit "${LIMIT:-5}" \
             --max-new-tokens "${MAXNEW:-256}" --workers "${WORKERS:-1}" --outputs .stage/force_outputs \

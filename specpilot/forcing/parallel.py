@@ -43,11 +43,10 @@ def records_of(rows: list[dict], requests: list[Request]) -> dict[str, list[Turn
 class Pool:
     """N workers of this install serving `systems` on `requests` (of one split; the workers read the benchmark files
     as this process did, and forcing/run.checked holds every prompt they answered to this one's). `generate` is
-    forcing/run.force's `generate`."""
+    forcing/run.force's `generate`. The workers start when the first output is asked for: a run that finds every
+    output kept (forcing/outputs.py) only scores, and starts none (each builds its models and captures its graphs)."""
 
     def __init__(self, workers: int, deployment: dict, systems: list[str], requests: list[Request]):
-        source = Path(__file__).resolve().parents[2]
-        side = Side(systems[0], source, code_hash(source / "specpilot"))
         # the workers load the requests' benchmarks themselves (a thousand requests' texts overflow a command line)
         splits = {r.split for r in requests}
         if len(splits) > 1:
@@ -55,9 +54,16 @@ class Pool:
         spec = {**deployment, "datasets": sorted({r.dataset for r in requests}), "split": splits.pop(), "limit": None}
         if not torch.cuda.is_available():  # CPU workers share the cores rather than each spinning on all of them
             spec["cpu"], spec["threads"] = True, max(1, len(os.sched_getaffinity(0)) // workers)
+        self._count, self._spec, self._systems = workers, spec, systems
         self._stack = ExitStack()
-        with ThreadPoolExecutor(workers) as ex:  # each builds its models and warms up: all at once
-            started = [ex.submit(Worker, side, spec, None, TIMEOUT, systems[1:]) for _ in range(workers)]
+        self.workers: list[Worker] = []
+
+    def _start(self) -> None:
+        source = Path(__file__).resolve().parents[2]
+        side = Side(self._systems[0], source, code_hash(source / "specpilot"))
+        with ThreadPoolExecutor(self._count) as ex:  # each builds its models and warms up: all at once
+            started = [ex.submit(Worker, side, self._spec, None, TIMEOUT, self._systems[1:])
+                       for _ in range(self._count)]
         for f in started:
             if f.exception() is None:
                 self._stack.enter_context(closing(f.result()))
@@ -72,6 +78,8 @@ class Pool:
                  keep: Callable[[str, list[TurnRecord]], None] | None = None) -> dict[str, list[TurnRecord]]:
         """Each request's turn records from the workers: CHUNK requests at a time to whichever worker is free,
         each chunk's records handed to `keep` as they come (a run cut short loses only the chunks in flight)."""
+        if requests and not self.workers:
+            self._start()
         queue = [requests[i : i + CHUNK] for i in range(0, len(requests), CHUNK)][::-1]
         busy: dict[Worker, list[Request]] = {}
         out: dict[str, list[TurnRecord]] = {}

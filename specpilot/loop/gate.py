@@ -18,7 +18,7 @@ from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.controller.compare import REPO, Side, Worker, compare
 from specpilot.errors import UserError
 from specpilot.forcing.parallel import records_of
-from specpilot.forcing.run import force
+from specpilot.forcing.run import ExactTargets, exact_mode, force
 from specpilot.loop.evidence import differs_from_ar, exact_arithmetic
 
 
@@ -35,6 +35,7 @@ class Gate:
     aa: dict = field(default_factory=dict)  # start -> A/A run
     reuse: dict = field(default_factory=dict)  # forcing's memo of reference and AR runs
     seal: object | None = None  # agents/guards.Seal: checked before every judgement of another tree
+    exact: ExactTargets | None = None  # the float32 model for kernel changes (forcing/run.exact_mode); None: never
 
     def timing(self, start: str, candidate: str, split: str | None = None) -> dict:
         """The noise is the machine's and the start system's: one A/A run per start serves every split."""
@@ -45,9 +46,16 @@ class Gate:
         self.aa.setdefault(key, card["aa"])
         return card
 
-    def forcing(self, candidate: str, requests: list[Request] | None = None, tokens: int | None = None) -> dict:
+    def forcing(self, candidate: str, requests: list[Request] | None = None, tokens: int | None = None,
+                outputs=None) -> dict:
+        """Token forcing against the reference, scored by the exact target `exact_mode` picks (outputs: another
+        tree's, whose code may change any kernel)."""
+        mode = "deployment" if self.exact is None else exact_mode("auto", self.exact.dep, self.reference, candidate,
+                                                                  foreign=outputs is not None)
+        reuse = self.reuse.setdefault(mode, {}) if requests is None and outputs is None else None
         return force(self.runner, self.reference, candidate, requests or self.forcing_requests,
-                     tokens or self.forcing_tokens, reuse=self.reuse if requests is None else None)
+                     tokens or self.forcing_tokens, reuse=reuse, outputs=outputs,
+                     exact=None if self.exact is None else self.exact.target(mode))
 
     def broken(self) -> list[str]:
         """Why the judges can no longer be trusted (the seal over their install and the sealed data; [] without a
@@ -150,8 +158,7 @@ class TreeGate:
         if card["decision"]["verdict"] == "promote":
             t1 = time.monotonic()
             try:
-                report = force(g.runner, g.reference, cand.system, requests, tokens,
-                               outputs=lambda req, n: outs[req.id])
+                report = g.forcing(cand.system, requests, tokens, outputs=lambda req, n: outs[req.id])
             except UserError as exc:
                 return {**out, "refused": str(exc)}
             out["forcing"] = forcing_summary(report)

@@ -19,6 +19,7 @@ from specpilot.controller.compare import REPO
 from specpilot.controller.worker import code_hash
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
+from specpilot.forcing.run import ExactTargets
 from specpilot.loop.agent import BuiltinAgent
 from specpilot.loop.best import write_best, write_best_patch
 from specpilot.loop.coding import CodingAgent
@@ -132,7 +133,7 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         # on a CPU: 5 lockstep passes (an A/B run stops after 3 once settled); the A/A run's 5 measured 1.6% on
         # SmolLM2's 3 default requests where 3 passes measured 4.7% and 6.7% (a bar no real gain cleared)
         return Gate(spec, runner, dev, a.max_new_tokens, alternating=True, reps=5 if on_cpu else 1,
-                    seal=getattr(agent, "setup", None) and agent.setup.seal)
+                    seal=getattr(agent, "setup", None) and agent.setup.seal, exact=ExactTargets(a.dep))
 
     shipped = Store(REPO / "memory", REPO)
     memory = [{"id": i, "registry": shipped.read(i).registry} for i in shipped.ids()]
