@@ -11,9 +11,9 @@ Which one judges (`exact_mode`, mode "auto", the default): the deployment's targ
 kernels than the reference (its kernel plan differs, or it is another tree's code, which may change any kernel) in
 a deployment below float32. The deployment's target scores in prefill through cuBLAS, and cuBLAS gives a row the
 same bits at 1, 16 and 400 rows (bench/results/2026-12-04_rows_alike_fe75d34_h200.json): the reference's
-projections are the scorer's own, bit for bit, while a kernel with another summation order (kernels/fewrow, W12,
-the GEMV) parts from the scorer in a few outputs in ten thousand at every layer. Such a ruler sides with the
-reference; the float32 target shares its rounding with neither side."""
+projections are the scorer's own, bit for bit, while the few-row kernel (BF16 or W12) parts from the scorer in a few
+outputs in ten thousand at every layer, as any kernel with another summation order (the GEMV) may. Such a ruler
+sides with the reference; the float32 target shares its rounding with neither side."""
 
 from __future__ import annotations
 
