@@ -38,6 +38,10 @@ def test_workers_give_the_same_report_as_this_process(tiny, tmp_path, monkeypatc
     assert there["systems"]["candidate"]["tokens"] > 0 and len(turns) == 3 * len(requests)
     assert all(len(store.get(s, 12)) == len(requests) for s in ("stock", "stock:block_size=2", "ar"))
     assert pool_for(1, "tiny", None, ["stock"], requests) is None
+    # two systems on a CPU: the workers do not warm up the controller's lockstep timing (it needs a budget they lack)
+    with pool_for(2, "tiny", None, ["ar", "ar:graphs=false", "ar"], requests[:1]) as procs:
+        got = procs.generate("ar:graphs=false", requests[:1], 4)
+    assert [len(r.tokens) for r in got[requests[0].id]] == [4] * len(requests[0].turns)
 
 
 def test_a_second_run_takes_the_kept_outputs_and_scores_them_again(tiny, tmp_path):

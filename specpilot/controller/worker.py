@@ -70,7 +70,7 @@ def main() -> None:
     runner = Runner(target, drafter, tok, dep.context)
     for system in systems.values():
         runner.warmup(system)
-    lockstep = spec.get("cpu") and len(names) == 2
+    lockstep = spec.get("cpu") and len(names) == 2 and spec.get("timing", True)  # forcing's workers time nothing
     if lockstep:  # the second engine of an A/A pair, and both sides' first steps, warmed like the timed ones
         run_lockstep(runner, systems[names[0]], systems[names[1]], requests[min(requests)], spec["max_new_tokens"])
     configs = {name: system_record(runner.engine(s)) for name, s in systems.items()}

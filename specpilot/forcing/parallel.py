@@ -51,7 +51,8 @@ class Pool:
         splits = {r.split for r in requests}
         if len(splits) > 1:
             raise ValueError(f"one split at a time, got {sorted(splits)}")
-        spec = {**deployment, "datasets": sorted({r.dataset for r in requests}), "split": splits.pop(), "limit": None}
+        spec = {**deployment, "datasets": sorted({r.dataset for r in requests}), "split": splits.pop(), "limit": None,
+                "timing": False}
         if not torch.cuda.is_available():  # CPU workers share the cores rather than each spinning on all of them
             spec["cpu"], spec["threads"] = True, max(1, len(os.sched_getaffinity(0)) // workers)
         self._count, self._spec, self._systems = workers, spec, systems
