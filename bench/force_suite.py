@@ -24,7 +24,7 @@ from specpilot.bench.harness import Runner
 from specpilot.deployment import load_deployment
 from specpilot.forcing.outputs import OutputStore, described
 from specpilot.forcing.parallel import pool_for
-from specpilot.forcing.run import EXACT_MODES, ExactTargets, exact_mode, force
+from specpilot.forcing.run import EXACT_MODES, ExactTargets, force
 from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic
 from specpilot.runtime.faults import FAULTS
@@ -108,10 +108,9 @@ def _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generat
             rows[name] = {**summary(report), "round": True, "seconds": time.perf_counter() - t0}
             write_json_atomic(args.out, record)
 
-        mode = exact_mode(args.exact, exact.dep, ref, cand)
+        mode, scorer = exact.pick(args.exact, ref, cand)
         report = force(runner, ref, cand, requests, args.max_new_tokens, reuse=reuse.setdefault(mode, {}),
-                       bound=0.001, start=start, exact=exact.target(mode), generate=generate, on_round=partial,
-                       store=store)
+                       bound=0.001, start=start, exact=scorer, generate=generate, on_round=partial, store=store)
         rows[f"{ref} vs {cand}"] = {**summary(report), "seconds": time.perf_counter() - t0}
         print(f"{ref:24s} {cand:34s} {rows[f'{ref} vs {cand}']['verdict']}", flush=True)
         write_json_atomic(args.out, record)  # after every case: a run cut short still leaves its verdicts
@@ -119,7 +118,7 @@ def _judge_all(args, runner, cases, requests, rest, start, reuse, exact, generat
         chunk = rest[i * start : (i + 1) * start]
         if len(chunk) < start:
             break
-        scorer = exact.target(exact_mode(args.exact, exact.dep, "stock", cand))
+        _, scorer = exact.pick(args.exact, "stock", cand)
         lossless.append({"candidate": cand, **summary(force(runner, "stock", cand, chunk, args.max_new_tokens,
                                                             exact=scorer, generate=generate, store=store))})
         print(f"round {i + 1}: stock vs {cand:34s} {lossless[-1]['verdict']}", flush=True)

@@ -238,6 +238,8 @@ def test_kernel_changes_below_float32_are_judged_by_the_float32_target():
     assert targets.target("deployment") is None
     model = targets.target("float32")
     assert model.embed.weight.dtype == torch.float32 and targets.target("float32") is model  # built once
+    assert targets.pick("auto", "ar", "ar:weights=w12") == ("float32", model)
+    assert targets.pick("auto", "ar", "ar") == ("deployment", None)
 
 
 def test_float32_ar_beside_the_verdict_answers_the_first_requests_only(monkeypatch):

@@ -97,6 +97,12 @@ class ExactTargets:
             self._float32 = exact_target(self.dep)
         return self._float32
 
+    def pick(self, requested: str, reference: str, candidate: str, foreign: bool = False
+             ) -> tuple[str, DenseTarget | None]:
+        """(mode, `force`'s `exact`) for judging `candidate` against `reference` (`exact_mode`)."""
+        mode = exact_mode(requested, self.dep, reference, candidate, foreign)
+        return mode, self.target(mode)
+
 
 def exact_target(dep: Deployment) -> DenseTarget:
     """The deployment's target function in float32 on its device. A twin is the unwidened model: the widening

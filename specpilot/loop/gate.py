@@ -18,7 +18,7 @@ from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.controller.compare import REPO, Side, Worker, compare
 from specpilot.errors import UserError
 from specpilot.forcing.parallel import records_of
-from specpilot.forcing.run import ExactTargets, exact_mode, force
+from specpilot.forcing.run import ExactTargets, force
 from specpilot.loop.evidence import differs_from_ar, exact_arithmetic
 
 
@@ -50,12 +50,11 @@ class Gate:
                 outputs=None) -> dict:
         """Token forcing against the reference, scored by the exact target `exact_mode` picks (outputs: another
         tree's, whose code may change any kernel)."""
-        mode = "deployment" if self.exact is None else exact_mode("auto", self.exact.dep, self.reference, candidate,
-                                                                  foreign=outputs is not None)
+        mode, scorer = ("deployment", None) if self.exact is None else self.exact.pick(
+            "auto", self.reference, candidate, foreign=outputs is not None)
         reuse = self.reuse.setdefault(mode, {}) if requests is None and outputs is None else None
         return force(self.runner, self.reference, candidate, requests or self.forcing_requests,
-                     tokens or self.forcing_tokens, reuse=reuse, outputs=outputs,
-                     exact=None if self.exact is None else self.exact.target(mode))
+                     tokens or self.forcing_tokens, reuse=reuse, outputs=outputs, exact=scorer)
 
     def broken(self) -> list[str]:
         """Why the judges can no longer be trusted (the seal over their install and the sealed data; [] without a
