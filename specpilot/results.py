@@ -4,10 +4,12 @@ its tuning table). `specpilot bench`, `force`, `compare`, drafter training and t
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +76,24 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def folder_atomic(path: str | Path, suffix: str = ".partial"):
+    """Yield a fresh folder beside `path` to fill; on success it replaces `path` as one unit, on any failure (or
+    Ctrl-C) it goes and `path` is as it was."""
+    path = Path(path)
+    tmp = path.with_name(path.name + suffix)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:

@@ -1,5 +1,8 @@
 """The controller's runner: workers import the code they were asked for, take turns, and report."""
 
+import tempfile
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -50,8 +53,10 @@ def test_a_worker_with_other_code_is_refused(monkeypatch):
 
 
 def test_bad_commit_is_a_clear_error():
-    with pytest.raises(UserError, match="cannot check out"), source_tree("no-such-commit-xyz"):
+    made = set(Path(tempfile.gettempdir()).glob("specpilot-wt-*"))
+    with pytest.raises(UserError, match="neither a folder nor a commit"), source_tree("no-such-commit-xyz"):
         pass
+    assert set(Path(tempfile.gettempdir()).glob("specpilot-wt-*")) == made  # no empty folder left behind
 
 
 def test_swapping_gpus_cancels_a_faster_gpu():

@@ -11,6 +11,7 @@ import torch
 
 from specpilot.bench.datasets import Request
 from specpilot.config import KernelPlan, System
+from specpilot.errors import UserError
 from specpilot.runtime.engine import Engine
 
 
@@ -91,9 +92,12 @@ class Runner:
         for k, text in enumerate(request.turns):
             messages.append({"role": "user", "content": text})
             prompt = self.tokenizer.chat_prompt(messages)
-            gen = engine.generate(prompt, max_new_tokens, self.tokenizer.eos_ids)
-            messages.append({"role": "assistant", "content": self.tokenizer.decode(gen.tokens)})
             rid = request.id if len(request.turns) == 1 else f"{request.id}#turn{k + 1}"
+            try:
+                gen = engine.generate(prompt, max_new_tokens, self.tokenizer.eos_ids)
+            except UserError as exc:  # which request, for a message about its length
+                raise UserError(f"request {rid}: {exc}") from None
+            messages.append({"role": "assistant", "content": self.tokenizer.decode(gen.tokens)})
             records.append(TurnRecord(rid, request.dataset, k + 1, prompt, gen.tokens, gen.prefill_s,
                                       gen.decode_s, gen.accepted))
             if recorder is not None:

@@ -186,6 +186,11 @@ def load(run_dir) -> tuple[dict, dict[str, list[TurnLattices]]]:
     if not path.exists():
         raise UserError(f"no ceiling measurements in {run_dir} (expected {path}; `specpilot ceiling --measure` "
                         "makes them)")
-    inputs = json.loads(path.read_text())
-    recordings = {name: load_lattices(Path(run_dir) / folder)[0] for name, folder in inputs["lattices"].items()}
+    try:
+        inputs = json.loads(path.read_text())
+        folders = inputs["lattices"].items()
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{path} is not a ceiling measurement ({type(exc).__name__}: {exc}); measure again with "
+                        "`specpilot ceiling --measure`") from None
+    recordings = {name: load_lattices(Path(run_dir) / folder)[0] for name, folder in folders}
     return inputs, recordings

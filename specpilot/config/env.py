@@ -12,6 +12,7 @@ import os
 
 from specpilot.config.options import BASES, OPTIONS
 from specpilot.config.system import System, parse_system, with_options
+from specpilot.errors import UserError
 
 VARIABLE = "SPECPILOT_OPTIONS"
 
@@ -26,11 +27,15 @@ def overridden(system: System) -> System:
     if not text:
         return system
     items = [i for i in text.split(",") if i.strip()]
-    for item in items:  # checked once against every base, so a typo fails for AR too
-        if item.partition("=")[0].strip() not in OPTIONS:
-            parse_system(f"{BASES[0]}:{item}")  # raises the usual error
-    kept = ",".join(i for i in items if system.base in OPTIONS[i.partition("=")[0].strip()].bases)
-    return with_options(system, kept, overridden=True) if kept else system
+    try:
+        for item in items:  # checked once against every base, so a typo fails for AR too
+            key, eq, _ = item.partition("=")
+            if key.strip() not in OPTIONS or not eq:
+                parse_system(f"{BASES[0]}:{item}")  # raises the usual error
+        kept = ",".join(i for i in items if system.base in OPTIONS[i.partition("=")[0].strip()].bases)
+        return with_options(system, kept, overridden=True) if kept else system
+    except UserError as exc:
+        raise UserError(f"{VARIABLE}={text!r}: {exc}") from None
 
 
 def parse(text: str) -> System:

@@ -11,10 +11,13 @@ an option here and nowhere else. Groups say where an option acts:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from specpilot.runtime.faults import FAULTS
+from specpilot.speculative.sequoia import parse_accept
 
 BASES = ("ar", "stock")
 GROUPS = ("engine", "kernel", "tuning", "audit", "diagnostic")
@@ -33,6 +36,7 @@ class Option:
     choices: tuple[Any, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
+    form: Callable[[Any], Any] | None = None  # a value's own syntax (ValueError says what is wrong)
 
     def to_json(self) -> dict:
         return {"name": self.name, "type": self.kind.__name__, "default": self.default, "group": self.group,
@@ -58,7 +62,7 @@ OPTIONS: dict[str, Option] = _options(
     Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands", "engine", bases=("stock",),
            minimum=1, maximum=64),
     Option("tree_accept", str, "", "sequoia: acceptance by child rank, p0/p1/... (specpilot replay measures it); "
-           "empty = the default profile (speculative/sequoia.py)", "engine", bases=("stock",)),
+           "empty = the default profile (speculative/sequoia.py)", "engine", bases=("stock",), form=parse_accept),
     Option("verify", str, "exact", "exact: one target pass verifies each draft; tlv (two-level): a pass over "
            "W12's 8-bit view (made at load) picks the first draft's likely path, the drafter drafts a second "
            "round from its end, one exact pass (BF16 or weights=w12) verifies both as one tree (the 8-bit pass "
@@ -135,6 +139,10 @@ def check(opt: Option, value: Any) -> None:
     numeric = opt.kind is float and isinstance(value, int) and not isinstance(value, bool)
     if not (numeric or (isinstance(value, opt.kind) and (opt.kind is bool) == isinstance(value, bool))):
         raise ValueError(f"option {opt.name} takes a {opt.kind.__name__}, got {value!r}")
+    if opt.kind is float and not math.isfinite(value):
+        raise ValueError(f"option {opt.name} takes a finite number, got {value!r}")
+    if opt.form is not None:
+        opt.form(value)
     if opt.choices is not None and value not in opt.choices:
         raise ValueError(f"option {opt.name} must be one of {', '.join(map(str, opt.choices))}, got {value!r}")
     if opt.minimum is not None and value < opt.minimum:

@@ -65,9 +65,13 @@ def parse_system(text: str, diagnostics: bool = False) -> System:
 
 def _options(base: str, rest: str, text: str, diagnostics: bool) -> dict[str, Any]:
     options: dict[str, Any] = {}
+    seen: set[str] = set()
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, raw = item.partition("=")
         key = key.strip()
+        if key in seen:
+            raise UserError(f"option {key!r} given twice in {text!r}")
+        seen.add(key)
         if key not in OPTIONS:
             raise UserError(f"unknown system option {key!r} in {text!r} (see `specpilot options`)")
         opt = OPTIONS[key]

@@ -86,7 +86,9 @@ def source_tree(ref: str | None):
     done = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tmp), ref],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        raise UserError(f"cannot check out {ref!r}: {done.stderr.strip().splitlines()[-1]}")
+        tmp.rmdir()
+        why = (done.stderr.strip().splitlines() or ["git failed"])[-1]
+        raise UserError(f"{ref!r} is neither a folder nor a commit of {REPO} ({why})")
     try:
         yield tmp
     finally:

@@ -3,9 +3,10 @@ every measurement, verdict and memory entry in the run directory and a report be
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -64,8 +65,21 @@ class LoopArgs:
 def requests(dep: Deployment, split: str, limit: int, data_dir: str | None) -> list:
     out = [r for d in dep.datasets for r in load_requests(d, split, data_dir, limit)]
     if len(out) < 3:
-        raise UserError(f"deployment {dep.name}: only {len(out)} {split} requests; the gate needs at least 3")
+        raise UserError(f"deployment {dep.name}: only {len(out)} {split} requests; the gate needs at least 3 "
+                        "(raise --limit, or add a --dataset)")
     return out
+
+
+def identity(a: LoopArgs) -> dict:
+    """What a run's steps depend on: the deployment as served (not its name or file), the requests' selection and
+    the output budgets, the agent."""
+    dep = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(a.dep).items()
+           if k not in ("name", "source", "limit", "max_new_tokens")}
+    for role in ("target", "drafter"):
+        if dep[role] is not None and dep[role]["path"] is not None:
+            dep[role]["path"] = str(Path(dep[role]["path"]).resolve())
+    return {"deployment": dep, "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
+            "agent": a.agent, "master": a.master}
 
 
 def node_budgets(context: int, tokens: int) -> list[int]:
@@ -102,8 +116,17 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         backend(who)  # an unknown kind or a missing program is refused before anything runs
     if a.master != "builtin" and a.agent == "builtin":
         raise UserError("--master proposes directions for a coding agent to build: give --agent too")
-    if min(a.rounds, a.limit, a.max_new_tokens, a.sealed, a.directions) <= 0:
-        raise UserError("--rounds, --limit, --max-new-tokens, --sealed-tokens and --directions must be positive")
+    counts = {"--rounds": a.rounds, "--limit": a.limit, "--max-new-tokens": a.max_new_tokens,
+              "--sealed-tokens": a.sealed, "--directions": a.directions}
+    for flag, value in counts.items():
+        if value <= 0:
+            raise UserError(f"{flag} must be positive, got {value}")
+    if a.sealed > 4096:
+        raise UserError(f"--sealed-tokens is at most 4096, got {a.sealed}")
+    if a.budget_s is not None and not (a.budget_s > 0 and math.isfinite(a.budget_s)):
+        raise UserError(f"--budget is a positive number of seconds, got {a.budget_s}")
+    if a.run_dir.exists() and not a.run_dir.is_dir():
+        raise UserError(f"--run-dir {a.run_dir} is a file; name a folder")
     if a.agent_budget is not None and (a.agent_budget.wall_s <= 0 or (a.agent_budget.turns or 1) <= 0
                                        or (a.agent_budget.usd or 1) <= 0):
         raise UserError("--agent-wall, --agent-turns and --agent-usd must be positive")
@@ -114,6 +137,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
             raise UserError("--gpus shares the builtin agent's directions; coding agents run one at a time")
     dev, sealed = (requests(a.dep, s, a.limit, a.data_dir) for s in ("dev", "sealed"))
     run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s, shared=a.slot is not None)
+    if a.slot is None:  # a slot's process writes into the run its parent checked
+        run.same_run(identity(a))
     agent = BuiltinAgent(max_directions=a.directions) if a.agent == "builtin" else coding_agent(a, sealed)
     plan = LoopPlan(a.dep, a.rounds, dev, sealed, a.max_new_tokens, a.sealed,
                     node_budgets(a.dep.context, 16), agent=agent)

@@ -17,12 +17,19 @@ FACTORS = ("tau", "kernel", "overhead", "lattice")
 
 def load_summary(run_dir: Path) -> dict:
     path = Path(run_dir) / "loop.json"
+    if Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise UserError(f"{run_dir} is not a folder: name a loop's run directory")
     if not path.is_file():
-        raise UserError(f"{run_dir} holds no finished loop (no loop.json): run `specpilot loop --run-dir {run_dir}`")
+        how = (f"continue it with `specpilot loop --resume --run-dir {run_dir}`"
+               if (Path(run_dir) / "steps").is_dir() else f"run `specpilot loop --run-dir {run_dir}`")
+        raise UserError(f"{run_dir} holds no finished loop (no loop.json): {how}")
     try:
-        return json.loads(path.read_text())
+        summary = json.loads(path.read_text())
     except ValueError as exc:
         raise UserError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("rounds"), list):
+        raise UserError(f"{path} is not a loop's summary (no rounds)")
+    return summary
 
 
 def candidate_rows(summary: dict) -> list[dict]:

@@ -3,7 +3,8 @@
 A measurement is a named step (`round-1/phase-0/ceiling`) whose result is a JSON object written atomically to
 `steps/<name>.json` when it finishes; a step that was interrupted left nothing and runs again. Events go to
 `log.jsonl` (one object per line, flushed as written). One loop at a time holds a run directory (a lock
-file); a budget (wall seconds) stops the loop cleanly between steps, never inside one.
+file); a budget (wall seconds) stops the loop cleanly between steps, never inside one. `run.json` keeps what
+the steps depend on, so that a resume under another set-up is refused.
 """
 
 from __future__ import annotations
@@ -49,6 +50,19 @@ class RunDir:
         self.reused: list[str] = []  # steps read back from a previous process
         self.touched: list[str] = []  # every step asked for, in order (measured or read back)
         self.seconds: dict[str, float] = self._durations()  # what each finished step took when it was measured
+
+    def same_run(self, identity: dict) -> None:
+        """What the steps depend on (the deployment, its requests, the budgets), kept in run.json by the run that
+        started here; a resume under anything else is refused (its steps would be reused as if measured on it)."""
+        path = self.root / "run.json"
+        if not path.is_file():
+            write_json_atomic(path, identity)
+            return
+        kept = json.loads(path.read_text())
+        differ = sorted(k for k in set(kept) | set(identity) if kept.get(k) != identity.get(k))
+        if differ:
+            raise UserError(f"{self.root} holds a run of another set-up ({', '.join(differ)} differ; see its "
+                            "run.json): resume it with the arguments it started with, or name a new folder")
 
     def path(self, name: str) -> Path:
         if not NAME.match(name):

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from specpilot.errors import UserError
@@ -22,7 +23,12 @@ console = Console(width=None if sys.stdout.isatty() else 200)  # piped: no cut a
 Root = Annotated[Path, typer.Option("--dir", help="The memory folder (entries/ and index.sqlite).")]
 
 
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
 def _store(root: Path) -> Store:
+    if not root.is_dir():
+        raise UserError(f"no memory folder at {root} (--dir names one: a loop writes DIR/memory)")
     return Store(root, REPO)
 
 
@@ -48,7 +54,11 @@ def show(entry_id: Annotated[str, typer.Argument(help="An entry's id (a unique p
          patch: Annotated[bool, typer.Option(help="Print the code patch too.")] = False) -> None:
     """One entry as JSON (registry, evidence, provenance; the patch with --patch)."""
     store = _store(root)
-    entry = store.read(store.find(entry_id))
+    found = store.find(entry_id)
+    problem = store.replay(found)[found]
+    if problem:  # shown all the same, for a look at what changed
+        err.print(f"[yellow]warning: entry {found} does not hold: {escape(problem)}[/yellow]")
+    entry = store.read(found)
     body = entry.to_json()
     if not patch:
         body["patch"] = f"<{len(entry.patch.splitlines())} lines; --patch prints them>" if entry.patch else ""
@@ -61,6 +71,8 @@ def replay(entry_id: Annotated[str | None, typer.Argument(help="One entry (defau
     """Re-check entries: their files are what their id says, and the patch applied to its base commit gives the
     recorded tree. Exit 1 if any fails."""
     results = _store(root).replay(entry_id)
+    if not results:
+        console.print(f"no entries in {root}", markup=False)
     for i, problem in results.items():
         console.print(f"[green]ok[/green] {i}" if problem is None else f"[red]rejected[/red] {i}: {problem}")
     if any(p is not None for p in results.values()):
@@ -85,5 +97,9 @@ def apply(entry_id: Annotated[str, typer.Argument(help="An entry's id (a unique 
         git(REPO, "worktree", "add", "--detach", str(worktree), entry.base_commit)
         if entry.patch:
             git(worktree, "apply", "--binary", "-", stdin=entry.patch)
-        console.print(f"{worktree}: {entry.base_commit[:12]}" + (" + patch" if entry.patch else " (no code)"))
-    console.print(entry.registry["system"])
+        console.print(f"{worktree}: {entry.base_commit[:12]}" + (" + patch" if entry.patch else " (no code)"),
+                      markup=False)
+    elif entry.patch:
+        err.print(f"entry {found} carries code (a patch against {entry.base_commit[:12]}): its system runs only "
+                  "with it; --worktree DIR checks it out", markup=False)
+    console.print(entry.registry["system"], markup=False)

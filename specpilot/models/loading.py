@@ -7,7 +7,6 @@ which Hugging Face tensors are concatenated into each of ours, and `save_*` spli
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from specpilot.models.config import (
 )
 from specpilot.models.dense import DenseTarget
 from specpilot.models.dflash import DFlashDrafter
+from specpilot.results import folder_atomic
 
 
 def _layer_sources(hf: str, ours: str, cfg: DenseConfig) -> dict[str, list[str]]:
@@ -193,12 +193,7 @@ def _write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
     """Write config + weights (+ extra files: text or bytes) into a fresh folder, atomically: nothing
     half-written on failure.
     max_shard_bytes splits the weights over several files (the GPU machine returns files of <= 16 MiB)."""
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    with folder_atomic(folder) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         shards = _shards(tensors, max_shard_bytes)
         for i, shard in enumerate(shards):
@@ -209,12 +204,6 @@ def _write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
                 (tmp / name).write_bytes(content)
             else:
                 (tmp / name).write_text(content)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
 
 
 def save_target(model: DenseTarget, folder: str | Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,8 +103,19 @@ def load(folder: Path) -> tuple[list[TurnLattices], dict]:
     path = Path(folder) / "lattices.pt"
     if not path.exists():
         raise UserError(f"no recorded lattices in {folder} (expected {path}; `specpilot replay --record` makes them)")
-    data = torch.load(path, weights_only=True)
-    if data.get("format") != FORMAT:
-        raise UserError(f"{path} has record format {data.get('format')}, this version reads {FORMAT}")
-    meta = json.loads((Path(folder) / "meta.json").read_text()) if (Path(folder) / "meta.json").exists() else {}
-    return [TurnLattices(**t) for t in data["turns"]], meta
+    try:
+        with warnings.catch_warnings():  # a foreign file's pickle warnings: the error below says it all
+            warnings.simplefilter("ignore")
+            data = torch.load(path, weights_only=True)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise UserError(f"{path} has record format {got}, this version reads {FORMAT}")
+        meta_path = Path(folder) / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        return [TurnLattices(**t) for t in data["turns"]], meta
+    except UserError:
+        raise
+    except Exception as exc:  # truncated, garbled or foreign files: say which, not a traceback
+        why = str(exc).splitlines()[0].split(". ")[0] if str(exc) else "unreadable"
+        raise UserError(f"{folder} holds no readable recording ({type(exc).__name__}: {why}); record it again "
+                        "with `specpilot replay --record`") from None

@@ -19,6 +19,7 @@ import torch
 from specpilot.config import System, parse_system
 from specpilot.config.plan import KernelPlan
 from specpilot.errors import UserError
+from specpilot.kernels.dispatch import interpreting
 from specpilot.kernels.greedy import greedy_advance
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
@@ -67,6 +68,9 @@ class Engine:
         self.plan = plan if plan is not None else self.system.plan()
         if plan is not None and plan.features() != self.system.plan().features():
             raise ValueError("the plan given to the engine is not its system's")
+        if self.plan.kernels == "triton" and self.device.type != "cuda" and not interpreting():
+            raise UserError(f"system {self.system.name!r}: kernels=triton needs a CUDA device here (or Triton's "
+                            "CPU interpreter: TRITON_INTERPRET=1, slow)")
         self.fault = self.system.get("fault")
         if self.fault in ("unverified_accept", "rare_unverified") and drafter is None:
             raise UserError(f"fault {self.fault} needs a drafter (system stock)")
@@ -140,8 +144,9 @@ class Engine:
         if max_new_tokens <= 0:
             raise UserError(f"max_new_tokens must be positive, got {max_new_tokens}")
         if len(prompt) + max_new_tokens + self.rows > self.context:
-            raise UserError(f"prompt longer than the context: {len(prompt)} prompt tokens + {max_new_tokens} "
-                            f"new + {self.rows} draft slots > context {self.context}")
+            raise UserError(f"does not fit the context: {len(prompt)} prompt tokens + {max_new_tokens} new + "
+                            f"{self.rows} draft slots > {self.context} (raise the deployment's `context`, or lower "
+                            "max_new_tokens)")
         vocab = self.target.cfg.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise UserError(f"prompt token id outside the vocabulary (0..{vocab - 1})")

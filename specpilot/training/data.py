@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specpilot.errors import UserError
+from specpilot.results import folder_atomic
 from specpilot.training.distill import Dataset
 
 ROLES = ("train", "heldout", "dev")
@@ -84,11 +83,7 @@ class DistilledData:
                             "it was distilled from another target")
 
     def save(self, folder: str | Path, max_shard_bytes: int = 15_000_000) -> None:
-        folder = Path(folder)
-        tmp = folder.with_name(f".{folder.name}.part")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
+        with folder_atomic(folder) as tmp:
             wide = any(t >= 2 * SHIFT or t < 0 for s in self.sequences for t in s)
             for k, (first, last) in enumerate(_shards(self.sequences, max_shard_bytes // (4 if wide else 2))):
                 save_file(_pack(self.sequences[first:last], self.prompt_lens[first:last], wide),
@@ -96,12 +91,6 @@ class DistilledData:
             (tmp / "prompts.jsonl.gz").write_bytes(self.prompts_file())
             meta = {**self.meta, "counts": self.counts(), "sequences": len(self.sequences)}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     @classmethod
     def load(cls, folder: str | Path) -> DistilledData:

@@ -1,0 +1,213 @@
+"""Bad input a user can give, found by auditing the commands as a user would: each is refused in one line (exit 2)
+before any work, and leaves nothing half-written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specpilot.config import parse_system
+from specpilot.deployment import load_deployment
+from specpilot.errors import UserError
+from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
+from specpilot.loop.rundir import RunDir
+from specpilot.models.loading import save_drafter, save_target
+from specpilot.results import folder_atomic
+from tests.test_cli import assert_one_line_error, specpilot
+
+TINY = ('tokenizer = "bytes"\n[target]\nrandom = { vocab_size = 300, hidden_size = 32, intermediate_size = 64, '
+        'num_layers = 2, num_heads = 2, num_kv_heads = 1, head_dim = 16 }\n')
+
+
+def test_user_text_in_an_error_is_not_read_as_markup():
+    assert_one_line_error(specpilot("bench", "--preset", "[/x]"), "unknown preset", "[/x]")
+    assert_one_line_error(specpilot("generate", "hi", "-s", "[bold]"), "unknown system", "[bold]")
+
+
+@pytest.mark.parametrize("where, needle", [
+    ("folder", "not a folder"),  # --json names an existing folder
+    ("file/out.json", "is not a folder"),  # its parent is a file
+])
+def test_json_that_cannot_be_written_is_refused_before_the_run(tmp_path, where, needle):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("mine")
+    proc = specpilot("bench", "--limit", "1", "--max-new-tokens", "2", "--json", str(tmp_path / where))
+    assert_one_line_error(proc, needle)
+    assert (tmp_path / "file").read_text() == "mine" and not any((tmp_path / "folder").iterdir())
+
+
+@pytest.mark.parametrize("body, needle", [
+    ('context = "abc"\n', "context must be an integer"),
+    ("context = -1\n", "context must be positive"),
+    ('budgets = "x"\n', "budgets must be a table"),
+    ("datasets = 5\n", "datasets must be a list of strings"),
+    ('datasets = "gsm8k"\n', "datasets must be a list of strings"),
+    ('enable_thinking = "false"\n', "enable_thinking must be true or false"),
+    ('device = "tpu"\n', "device 'tpu'"),
+    ('tokenizer = "no/such/folder"\n', "tokenizer folder not found"),
+    ('[budgets]\nmax_new_tokens = "lots"\n', "[budgets] max_new_tokens must be an integer"),
+    ("[budgets]\nlimit = 0\n", "[budgets] limit must be positive"),
+    ("[budgets]\nspeed = 3\n", "[budgets] takes max_new_tokens, limit; unknown: speed"),
+])
+def test_a_deployment_field_of_the_wrong_type_is_named(tmp_path, body, needle):
+    path = tmp_path / "dep.toml"
+    text = TINY.replace('tokenizer = "bytes"\n', "") if body.startswith("tokenizer") else TINY
+    path.write_text(body + text if not body.startswith("[") else text + body)
+    with pytest.raises(UserError) as info:
+        load_deployment(None, path)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_random_model_fields_are_typed(tmp_path):
+    path = tmp_path / "dep.toml"
+    path.write_text(TINY + '[drafter]\nrandom = { layers = "x" }\n')
+    from specpilot.models.pair import build_pair
+
+    with pytest.raises(UserError, match="random drafter field layers must be an integer"):
+        build_pair(load_deployment(None, path))
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("stock:nodes=4,nodes=8", "given twice"),
+    ("stock:pad_us=inf", "finite"),
+    ("stock:pad_us=nan", "finite"),
+    ("stock:tree_accept=garbage", "tree_accept"),
+])
+def test_a_system_string_is_refused_whole(text, needle):
+    with pytest.raises(UserError, match=needle):
+        parse_system(text)
+
+
+def test_the_override_variable_is_named_in_its_errors(monkeypatch):
+    monkeypatch.setenv("SPECPILOT_OPTIONS", "nosuch=1")
+    assert_one_line_error(specpilot("generate", "hi"), "SPECPILOT_OPTIONS", "nosuch")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--noise", "-1"], "--noise"),
+    (["--noise", "nan"], "--noise"),
+    (["--timeout", "0"], "--timeout"),
+    (["--gpu", "0"], "runs on the CPU"),
+    (["--b-source", "/no/such/thing"], "neither a folder nor a commit"),
+])
+def test_compare_refuses_what_would_bend_its_verdict(args, needle):
+    assert_one_line_error(specpilot("compare", "--preset", "tiny", "--limit", "3", "--max-new-tokens", "4", *args),
+                          needle)
+
+
+def test_generate_runs_one_system():
+    assert_one_line_error(specpilot("generate", "hi", "-s", "ar", "-s", "stock"), "one system")
+
+
+def test_a_cpu_refuses_compiled_triton_kernels(monkeypatch):
+    import specpilot.runtime.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "interpreting", lambda: False)  # the tests may have turned the interpreter on
+    target = random_target(tiny_target_config(), seed=0)
+    with pytest.raises(UserError, match="kernels=triton needs a CUDA device"):
+        engine_mod.Engine(target, None, parse_system("ar:kernels=triton"), context=64)
+
+
+def test_a_request_too_long_for_the_context_is_named(tmp_path):
+    path = tmp_path / "dep.toml"
+    path.write_text("context = 24\n" + TINY)
+    proc = specpilot("bench", "--deployment", path, "--system", "ar", "--limit", "1", "--max-new-tokens", "8")
+    last = proc.stderr.strip().splitlines()[-1]  # after the models' loading line
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    for needle in ("error: request builtin/", "does not fit the context", "raise the deployment's `context`"):
+        assert needle in last, last
+
+
+def test_folder_outputs_never_replace_what_the_command_did_not_write(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("important")
+    for command in (["distill", "--templates", "8", "--heldout", "2"], ["train-drafter", "--steps", "1"]):
+        assert_one_line_error(specpilot(*command, "--out", mine), "refusing to replace", "new or empty folder")
+    assert [p.name for p in mine.iterdir()] == ["thesis.txt"]
+    (tmp_path / "file").write_text("x")
+    assert_one_line_error(specpilot("distill", "--templates", "8", "--heldout", "2", "--out", tmp_path / "file"),
+                          "it is a file")
+
+
+def test_twin_checks_both_models_before_writing_anything(tmp_path):
+    tc = tiny_target_config(vocab=300)
+    save_target(random_target(tc, seed=0), tmp_path / "small")
+    other = tiny_drafter_config(tiny_target_config(vocab=300, hidden_size=32, head_dim=16), mask_token_id=5)
+    save_drafter(random_drafter(other, seed=1), tmp_path / "foreign")
+    for drafter, needle in (("missing", "not found"), ("foreign", "is not a drafter of")):
+        proc = specpilot("twin", "--target", tmp_path / "small", "--drafter", tmp_path / drafter, "--width", "2",
+                         "--out", tmp_path / "twin")
+        assert_one_line_error(proc, needle)
+        assert not (tmp_path / "twin").exists()
+    ok = specpilot("twin", "--target", tmp_path / "small", "--width", "2", "--out", tmp_path / "twin")
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(p.name for p in (tmp_path / "twin").iterdir()) == ["target"]
+
+
+def test_a_folder_written_atomically_is_whole_or_as_it_was(tmp_path):
+    out = tmp_path / "out"
+    with folder_atomic(out) as tmp:
+        (tmp / "a").write_text("1")
+    with pytest.raises(RuntimeError), folder_atomic(out) as tmp:
+        (tmp / "b").write_text("2")
+        raise RuntimeError("crash half way")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and [p.name for p in out.iterdir()] == ["a"]
+    with folder_atomic(out) as tmp:
+        (tmp / "c").write_text("3")
+    assert [p.name for p in out.iterdir()] == ["c"]  # replaced as a whole: nothing of the last one mixed in
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--budget", "-5"], "--budget"),
+    (["--budget", "nan"], "--budget"),
+    (["--sealed-tokens", "5000"], "at most 4096"),
+    (["--directions", "0"], "--directions must be positive"),
+])
+def test_loop_arguments_are_checked_before_it_starts(tmp_path, args, needle):
+    run = tmp_path / "run"
+    proc = specpilot("loop", "--preset", "tiny", "--limit", "3", "--max-new-tokens", "4", "--run-dir", run, *args)
+    assert_one_line_error(proc, needle)
+    assert not run.exists()
+
+
+def test_a_resume_under_another_set_up_is_refused(tmp_path):
+    with RunDir(tmp_path / "run") as rd:
+        rd.same_run({"deployment": {"seed": 0}, "limit": 3})
+    with RunDir(tmp_path / "run", resume=True) as rd:
+        rd.same_run({"deployment": {"seed": 0}, "limit": 3})  # the same: resumes
+    with RunDir(tmp_path / "run", resume=True) as rd, pytest.raises(UserError, match="deployment differ"):
+        rd.same_run({"deployment": {"seed": 1}, "limit": 3})
+
+
+def test_ctrl_c_while_starting_is_not_silent(monkeypatch):
+    import specpilot.deployment as dep_mod
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dep_mod, "load_deployment", interrupted)
+    proc = specpilot("bench", "--limit", "1")
+    assert proc.returncode == 130 and "interrupted while starting" in proc.stderr
+
+
+def test_reading_commands_refuse_what_they_cannot_read(tmp_path):
+    assert_one_line_error(specpilot("memory", "list", "--dir", tmp_path / "none"), "no memory folder")
+    assert_one_line_error(specpilot("memory", "replay", "--dir", tmp_path / "none"), "no memory folder")
+    (tmp_path / "file").write_text("x")
+    assert_one_line_error(specpilot("report", tmp_path / "file"), "is not a folder")
+    (tmp_path / "loop").mkdir()
+    (tmp_path / "loop" / "loop.json").write_text("{}")
+    assert_one_line_error(specpilot("report", tmp_path / "loop"), "not a loop's summary")
+    (tmp_path / "run" / "steps").mkdir(parents=True)
+    assert_one_line_error(specpilot("report", tmp_path / "run"), "--resume")
+    (tmp_path / "rec").mkdir()
+    torch.save({"not": "a recording"}, tmp_path / "rec" / "lattices.pt")
+    assert_one_line_error(specpilot("replay", tmp_path / "rec"), "record format")
+    (tmp_path / "rec" / "lattices.pt").write_bytes(b"\x80garbage")
+    assert_one_line_error(specpilot("replay", tmp_path / "rec"), "no readable recording")
+    (tmp_path / "ceil").mkdir()
+    (tmp_path / "ceil" / "inputs.json").write_text(json.dumps({"other": 1}))
+    assert_one_line_error(specpilot("ceiling", tmp_path / "ceil"), "not a ceiling measurement")
