@@ -163,6 +163,26 @@ def test_every_layout_gives_the_same_bits(layout, n, k):
 
 
 @pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")
+@pytest.mark.parametrize("n,k", [(200, 1024), (1024, 2048), (72, 1088)])
+def test_w12_sums_as_bf16_does_except_for_its_escapes(n, k):
+    """The W12 form decodes in registers to the BF16 matrix's own values and sums them as the BF16 form does;
+    only a weight row with escapes differs, by its correction x * (true - decoded) added after the row's sum
+    (fragment.cu). So an output whose weight row has no escape has the BF16 form's bits exactly, bias and
+    residual included, at every row count; the escaped rows' order is for token forcing to judge."""
+    w = weights(n, k, n + 7).cuda().nan_to_num(0.0, 1.0, -1.0)
+    b = torch.randn(n, device="cuda").to(torch.bfloat16)
+    x64 = torch.randn(64, k, device="cuda").to(torch.bfloat16)
+    res = torch.randn(64, n, device="cuda").to(torch.bfloat16)
+    w12, bf16 = fewrow.encode_checked(w, b), fewrow.FewRowWeight.bf16(w, b)
+    clean = torch.ones(n, dtype=torch.bool)
+    clean[escape_rows(untile(w12.w12)).unique()] = False
+    assert clean.any() and not clean.all()  # both kinds of row are tested
+    for m in (1, 2, 9, 17, 33, 64):
+        got = fewrow.product(x64[:m], w12, residual=res[:m])
+        assert torch.equal(got[:, clean.cuda()], fewrow.product(x64[:m], bf16, residual=res[:m])[:, clean.cuda()]), m
+
+
+@pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")
 def test_infinities_and_nans_in_the_weights_reach_the_outputs():
     w = torch.full((32, 128), 0.01, device="cuda").to(torch.bfloat16)
     w[3, 5], w[7, 9] = float("inf"), float("nan")
