@@ -274,3 +274,17 @@ def test_repeated_step_timings_start_from_the_same_state_without_a_new_prefill(s
     assert engine.requests == begun  # the second timing restored, it did not generate
     engine.generate(prompt, 2)
     assert not engine.restore(snap)
+
+
+def test_the_profile_of_eager_steps_prints_nothing_of_its_own(capfd):
+    """Kineto writes profiler_start / profiler_stop lines to file descriptor 2 whatever its log level: the
+    profile silences them (a loop's terminal shows its own progress), and still times every step."""
+    from specpilot.ceiling.profile import profile_generations
+    from specpilot.config import parse_system
+    from specpilot.fixtures.random_models import random_target, tiny_target_config
+    from specpilot.runtime.engine import Engine
+
+    engine = Engine(random_target(tiny_target_config(), seed=0), None, parse_system("ar:graphs=false"), context=64)
+    prof = profile_generations(engine, [[1, 2, 3]], 4)
+    assert prof.steps >= 3 and sum(prof.classes.values()) > 0
+    assert "profiler_st" not in capfd.readouterr().err

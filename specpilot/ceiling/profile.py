@@ -9,6 +9,9 @@ gaps between kernels) is what T_step / T_prof measures.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -171,9 +174,31 @@ def profile_generations(engine, prompts: list[list[int]], max_new_tokens: int, s
         engine.generate(prompt, max_new_tokens, stop_ids)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*clears events.*")  # one cycle is all it records here
-        with profile(activities=activities) as prof, labelled():
-            for prompt in prompts:
-                steps += max(len(engine.generate(prompt, max_new_tokens, stop_ids).accepted), 1)
-            if cuda:
-                torch.cuda.synchronize(engine.device)
+        prof = profile(activities=activities)
+        with _fd2_silenced():
+            prof.start()
+        try:
+            with labelled():
+                for prompt in prompts:
+                    steps += max(len(engine.generate(prompt, max_new_tokens, stop_ids).accepted), 1)
+                if cuda:
+                    torch.cuda.synchronize(engine.device)
+        finally:
+            with _fd2_silenced():
+                prof.stop()
         return attribute(prof.events(), cuda, steps)
+
+
+@contextlib.contextmanager
+def _fd2_silenced():
+    """Kineto prints its profiler_start / profiler_stop lines straight to file descriptor 2 (KINETO_LOG_LEVEL does
+    not stop them), in the middle of a user's terminal: silenced for the start and the stop alone."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
