@@ -1,0 +1,5 @@
+"""`python -m specpilot.cli`: the command, as the console script runs it."""
+
+from specpilot.cli import main
+
+main()

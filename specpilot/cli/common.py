@@ -1,0 +1,131 @@
+"""What the commands share: the Typer apps and consoles, the options several commands take, and the checks
+made before any work (a user's mistake is one line and exit 2, never a traceback after the work)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from specpilot.errors import Interrupted, UserError
+from specpilot.memory.cli import app as memory_app
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="SpecPilot: lossless speculative decoding, measured and tuned per deployment.")
+data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark data files.")
+app.add_typer(data_app, name="data")
+models_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Real models from package registries.")
+app.add_typer(models_app, name="models")
+app.add_typer(memory_app, name="memory")
+w12_app = typer.Typer(add_completion=False, no_args_is_help=True, help="W12, the lossless 12-bit weight format.")
+app.add_typer(w12_app, name="w12")
+# Piped, a console is 80 columns by default and cuts tables there: give it room instead.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def system_help(what: str) -> str:
+    """The --system help: the bases, every option with its default, and where the defaults come from."""
+    from specpilot.config import BASES, OPTIONS
+
+    listed = ", ".join(f"{o.name}={shown(o.default)}" for o in OPTIONS.values() if o.group != "diagnostic")
+    return (f"{what} as base[:key=value,...]. Bases: {', '.join(BASES)}. Options (default: stock's, from "
+            f"specpilot/config/options.py; `specpilot options` explains each): {listed}. SPECPILOT_OPTIONS="
+            "key=value,... sets options on every system (an override, recorded in the results).")
+
+
+def shown(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+Named = Annotated[str | None, typer.Option("--preset", "-p", help="A named deployment (see `specpilot presets`).")]
+Preset = Annotated[str | None, typer.Option("--preset", "-p", help="A named deployment (see `specpilot presets`); "
+                                            "with neither --preset nor --deployment: tiny (random models).")]
+DeploymentFile = Annotated[Path | None, typer.Option("--deployment", "-d", help="A deployment TOML file.")]
+Datasets = Annotated[list[str] | None, typer.Option(
+    "--dataset", help="gsm8k, math500, humaneval, mbpp, mtbench or builtin; repeatable. Default: the deployment's.",
+    callback=lambda names: list(dict.fromkeys(names)) if names else names)]  # named twice: run once
+Limit = Annotated[int | None, typer.Option(help="At most N requests per dataset. Default: the deployment's "
+                                           "[budgets] limit, else all.")]
+DataDir = Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")]
+Split = Annotated[str | None, typer.Option(help="dev (tuning), sealed (finals) or all. Default: the deployment's "
+                                           "split, else dev.")]
+
+
+@contextlib.contextmanager
+def interruptible(kept: str):
+    """Ctrl-C inside: stop, and say what was kept (Typer would otherwise exit 130 with a blank line)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(kept) from None
+
+
+def check_output(path: Path | None) -> None:
+    """Fail before any work when the output could not be written (it is written atomically at the end, beside
+    itself: results.write_json_atomic)."""
+    if path is None:
+        return
+    if not path.name or path.is_dir():
+        raise UserError(f"cannot write {str(path)!r}: give a file's path, not a folder")
+    if not path.parent.is_dir():
+        what = "is not a folder" if path.parent.exists() else "does not exist"
+        raise UserError(f"cannot write {path}: {path.parent} {what}")
+    try:  # the temporary file the atomic write will make there
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
+            pass
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def check_output_folder(path: Path, mark: str) -> None:
+    """Fail before any work when a folder output could not be written, or would replace a folder this command did
+    not write (the write replaces the folder as one unit; `mark` is a file every earlier output of it holds)."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"cannot write {path}: it is a file; give a folder's path")
+    if path.is_dir() and any(path.iterdir()) and not (path / mark).exists():
+        raise UserError(f"refusing to replace {path}: it holds files this command did not write (no {mark}); "
+                        "give a new or empty folder")
+    if not path.parent.is_dir():
+        what = "is not a folder" if path.parent.exists() else "does not exist"
+        raise UserError(f"cannot write {path}: {path.parent} {what}")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {path}: {path.parent} is not writable")
+
+
+def named_or_tiny(preset: str | None, deployment: Path | None) -> tuple[str | None, Path | None]:
+    """The deployment a command names; neither: the tiny preset."""
+    return ("tiny", None) if preset is None and deployment is None else (preset, deployment)
+
+
+def load_named(preset: str | None, deployment: Path | None):
+    from specpilot.deployment import load_deployment
+
+    return load_deployment(*named_or_tiny(preset, deployment))
+
+
+def fmt(v, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def read_json_object(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds no JSON object")
+    return data
+
+
+def positive(**values) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")

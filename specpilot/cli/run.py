@@ -1,0 +1,143 @@
+"""`bench` and `generate`: systems run on a deployment's requests, or on one prompt."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from specpilot.cli.common import (
+    DataDir,
+    Datasets,
+    DeploymentFile,
+    Limit,
+    Preset,
+    Split,
+    app,
+    check_output,
+    console,
+    err,
+    fmt,
+    interruptible,
+    load_named,
+    system_help,
+)
+from specpilot.errors import UserError
+
+
+def _table(summaries: dict) -> Table:
+    t = Table(title="decode, single request")
+    for col in ("system", "tau", "speedup vs AR", "decode tok/s", "ms/token", "ms/step", "prefill ms",
+                "mismatch vs AR", "req"):
+        t.add_column(col, justify="left" if col == "system" else "right")
+    for name, s in summaries.items():
+        t.add_row(name, fmt(s["tau"]), fmt(s.get("speedup_vs_ar"), ".3f") + "x",
+                  fmt(s["decode_tokens_per_s"], ".1f"), fmt(s["decode_ms_per_token"], ".3f"),
+                  fmt(s.get("decode_ms_per_step"), ".3f"),
+                  fmt(s["prefill_ms_mean"], ".1f"),
+                  fmt(100 * s["mismatch_vs_ar"] if s.get("mismatch_vs_ar") is not None else None, ".2f") + "%",
+                  str(s["n_requests"]))
+    return t
+
+
+@app.command()
+def bench(
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    system: Annotated[list[str] | None, typer.Option(
+        "--system", "-s", help=system_help("A system (repeatable; AR always runs, it is the reference; default: "
+                                            "the deployment's `system`, else stock),"))] = None,
+    dataset: Datasets = None,
+    split: Split = None,
+    limit: Limit = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation. Default: "
+                                                            "the deployment's [budgets] max_new_tokens.")] = None,
+    data_dir: DataDir = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write every figure and per-request row here.")
+                         ] = None,
+    oracle: Annotated[bool, typer.Option(help="Also replay the drafter's lattices along AR's output: the chain's "
+                                         "tau and the top-16 oracle tau (the lattice's ceiling).")] = False,
+) -> None:
+    """Run systems on a deployment's requests and report tau, speedup over AR, decode rate and mismatch."""
+    from specpilot.bench.harness import Runner
+    from specpilot.bench.run import BenchPlan, bench_report, collect_requests, plan_systems, run_bench
+    from specpilot.models.pair import build_pair
+    from specpilot.results import write_json_atomic
+
+    dep = load_named(preset, deployment)
+    plan = BenchPlan(dep, plan_systems(system or ([dep.system] if dep.system else [])), dataset or dep.datasets,
+                     split or dep.split,
+                     limit if limit is not None else dep.limit,
+                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, data_dir, oracle)
+    if plan.limit is not None and plan.limit <= 0:
+        raise UserError(f"--limit must be positive, got {plan.limit}")
+    if plan.max_new_tokens <= 0:
+        raise UserError(f"max_new_tokens must be positive, got {plan.max_new_tokens}")
+    check_output(json_path)
+    requests = collect_requests(plan)
+    needs_drafter = any(s.base == "stock" for s in plan.systems)
+    if needs_drafter and dep.drafter is None:
+        raise UserError(f"deployment {dep.name} has no drafter, so it cannot run {plan.systems[-1].name}")
+    err.print(f"[dim]deployment {dep.name}: loading models on {dep.torch_device()} ({dep.torch_dtype()})[/dim]")
+    target, drafter, tok = build_pair(dep, with_drafter=needs_drafter)
+    runner = Runner(target, drafter, tok, dep.context)
+    turns = sum(len(r.turns) for r in requests) * len(plan.systems)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    kept = "nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
+    with interruptible(f"bench interrupted before its summary: {kept}"), \
+            Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(f"{len(requests)} requests x {len(plan.systems)} systems", total=turns)
+        summaries = run_bench(plan, runner, requests, lambda: bar.advance(task))
+    report = bench_report(plan, summaries)
+    if json_path is not None:
+        write_json_atomic(json_path, report)
+    console.print(_table(summaries))
+    for name, s in summaries.items():
+        hist = " ".join(f"{k}:{v}" for k, v in s["tau_histogram"].items())
+        console.print(f"[dim]{name} tokens per target pass (count): {hist}[/dim]")
+        if s.get("oracle_tau_top16") is not None:
+            console.print(f"[dim]{name} replayed along AR's output: chain tau {s['replay_chain_tau']:.2f}, "
+                          f"top-16 oracle tau {s['oracle_tau_top16']:.2f}[/dim]")
+    if json_path is not None:
+        console.print(f"[dim]wrote {json_path}[/dim]")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The user message.")],
+    preset: Preset = None,
+    deployment: DeploymentFile = None,
+    system: Annotated[list[str] | None, typer.Option("--system", "-s", help=system_help(
+        "The system (one; default: the deployment's `system`, else stock),"))] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (default: the deployment's).")] = None,
+) -> None:
+    """Answer one prompt with one system: the model's text on stdout exactly as decoded (then one newline), its
+    step statistics on stderr. Every option of the system applies (graphs and the `gemv` step tuning are warmed
+    up first)."""
+    from specpilot.config.env import parse
+    from specpilot.models.pair import build_pair
+    from specpilot.runtime.engine import Engine
+
+    dep = load_named(preset, deployment)
+    if system and len(system) > 1:
+        raise UserError(f"generate runs one system; got {len(system)} (compare them with `specpilot bench`)")
+    sys_ = parse(system[0] if system else dep.system or "stock")
+    budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
+    if not prompt.strip():
+        raise UserError("empty prompt")
+    if sys_.speculative and dep.drafter is None:
+        raise UserError(f"deployment {dep.name} has no drafter, so it cannot run {sys_.name}")
+    with interruptible("generation interrupted: nothing was printed"):
+        target, drafter, tok = build_pair(dep, with_drafter=sys_.speculative)
+        engine = Engine(target, drafter, sys_, context=dep.context)
+        engine.warmup()
+        gen = engine.generate(tok.chat_prompt([{"role": "user", "content": prompt}]), budget, tok.eos_ids)
+    sys.stdout.write(tok.decode(gen.tokens) + "\n")  # as decoded: no wrapping, no markup
+    sys.stdout.flush()
+    tau = sum(gen.accepted) / len(gen.accepted) if gen.accepted else float("nan")
+    err.print(f"[dim]{sys_.name}: {len(gen.tokens)} tokens, tau {tau:.2f}, prefill {1000 * gen.prefill_s:.1f} ms, "
+              f"decode {1000 * gen.decode_s:.1f} ms[/dim]")
