@@ -173,6 +173,14 @@ def test_loop_arguments_are_checked_before_it_starts(tmp_path, args, needle):
     assert not run.exists()
 
 
+def test_the_loop_needs_a_drafter(tmp_path):
+    path = tmp_path / "dep.toml"
+    path.write_text(TINY)
+    assert_one_line_error(specpilot("loop", "--deployment", path, "--run-dir", tmp_path / "run"), "has no drafter",
+                          "train-drafter")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_resume_under_another_set_up_is_refused(tmp_path):
     with RunDir(tmp_path / "run") as rd:
         rd.same_run({"deployment": {"seed": 0}, "limit": 3})

@@ -116,6 +116,9 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         backend(who)  # an unknown kind or a missing program is refused before anything runs
     if a.master != "builtin" and a.agent == "builtin":
         raise UserError("--master proposes directions for a coding agent to build: give --agent too")
+    if a.dep.drafter is None:
+        raise UserError(f"deployment {a.dep.name} has no drafter: the loop tunes speculative decoding from the "
+                        "drafter's stock behaviour (train one with `specpilot train-drafter`)")
     counts = {"--rounds": a.rounds, "--limit": a.limit, "--max-new-tokens": a.max_new_tokens,
               "--sealed-tokens": a.sealed, "--directions": a.directions}
     for flag, value in counts.items():
