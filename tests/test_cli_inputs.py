@@ -219,3 +219,49 @@ def test_reading_commands_refuse_what_they_cannot_read(tmp_path):
     (tmp_path / "ceil").mkdir()
     (tmp_path / "ceil" / "inputs.json").write_text(json.dumps({"other": 1}))
     assert_one_line_error(specpilot("ceiling", tmp_path / "ceil"), "not a ceiling measurement")
+
+
+def test_plain_ar_is_the_reference_whatever_ar_variant_is_named(tmp_path):
+    """A lossy AR variant named beside stock is measured like any system, never taken as the reference."""
+    out = tmp_path / "b.json"
+    proc = specpilot("bench", "-s", "stock", "-s", "ar:fault=near_tie", "--limit", "2", "--max-new-tokens", "24",
+                     "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["reference"] == "ar" and list(report["systems"])[0] == "ar"
+    assert report["systems"]["stock"]["mismatch_vs_ar"] == 0.0  # float32 on the CPU: stock is AR's tokens
+    assert report["systems"]["ar:fault=near_tie"]["mismatch_vs_ar"] > 0
+
+
+@pytest.mark.parametrize("system, needle", [
+    ("stock:nodes=64", "tree=chain holds 2..8 nodes"),  # was run as 8 rows under the name nodes=64
+    ("stock:nodes=1", "tree=chain holds 2..8 nodes"),
+    ("stock:tree=ddtree,nodes=250,verify=tlv", "verify=tlv doubles"),
+])
+def test_rows_a_step_that_cannot_run_as_named_are_refused(system, needle):
+    assert_one_line_error(specpilot("generate", "hi", "-s", system, "--max-new-tokens", "4"), needle)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("nodes=abc", "takes an integer"),  # a value for stock only, checked when only AR runs
+    ("tree_k=99", "must be <= 64"),
+    ("nodes", "needs a value"),
+])
+def test_override_values_are_checked_even_where_they_do_not_apply(monkeypatch, override, needle):
+    monkeypatch.setenv("SPECPILOT_OPTIONS", override)
+    assert_one_line_error(specpilot("generate", "hi", "-s", "ar", "--max-new-tokens", "2"), "SPECPILOT_OPTIONS", needle)
+
+
+def test_triton_kernels_run_under_the_interpreter_the_error_points_to():
+    """TRITON_INTERPRET=1, which the CPU's refusal of kernels=triton suggests, runs every Triton kernel (a fresh
+    process: the interpreter's loop fix must come from the engine, not from a test module's import)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "specpilot.cli", "generate", "hi", "-s", "ar:kernels=triton",
+                           "--max-new-tokens", "2"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 tokens" in done.stderr

@@ -27,11 +27,10 @@ class BenchPlan:
 
 
 def plan_systems(names: list[str]) -> list[System]:
-    """AR is always run: it is the reference every other system's speedup and mismatch are measured
-    against (plain `ar` unless one is named). Duplicates are dropped; SPECPILOT_OPTIONS applies to all."""
-    systems = [parse(n) for n in names] or [parse("ar"), parse("stock")]
-    if all(s.base != "ar" for s in systems):
-        systems.insert(0, parse("ar"))
+    """Plain AR always runs first: it is the reference every other system's speedup and mismatch are measured
+    against (a named AR variant, a lossy fault or an idle pad included, is a system like any other). Duplicates
+    are dropped; SPECPILOT_OPTIONS applies to all, the reference too."""
+    systems = [parse("ar"), *([parse(n) for n in names] or [parse("stock")])]
     unique = {s.name: s for s in systems}
     return list(unique.values())
 
@@ -47,7 +46,7 @@ def collect_requests(plan: BenchPlan) -> list[Request]:
 
 def run_bench(plan: BenchPlan, runner: Runner, requests: list[Request], progress=None) -> dict:
     records = run_request_major(runner, {s.name: s for s in plan.systems}, requests, plan.max_new_tokens, progress)
-    ar = next(s.name for s in plan.systems if s.base == "ar")
+    ar = plan.systems[0].name  # plan_systems puts plain AR first
     summaries = {name: summarize(recs, records[ar]) for name, recs in records.items()}
     for system in plan.systems:  # the complete configuration each system ran under, tuning table included
         summaries[system.name]["config"] = system_record(runner.engine(system))
@@ -94,5 +93,6 @@ def bench_report(plan: BenchPlan, summaries: dict) -> dict:
         "split": plan.split,
         "limit": plan.limit,
         "max_new_tokens": plan.max_new_tokens,
+        "reference": plan.systems[0].name,  # speedup and mismatch are against it: plain AR (plan_systems)
         "systems": summaries,
     }

@@ -49,7 +49,7 @@ def bench(
     preset: Preset = None,
     deployment: DeploymentFile = None,
     system: Annotated[list[str] | None, typer.Option(
-        "--system", "-s", help=system_help("A system (repeatable; AR always runs, it is the reference; default: "
+        "--system", "-s", help=system_help("A system (repeatable; plain AR always runs, it is the reference; default: "
                                             "the deployment's `system`, else stock),"))] = None,
     dataset: Datasets = None,
     split: Split = None,

@@ -28,10 +28,9 @@ def overridden(system: System) -> System:
         return system
     items = [i for i in text.split(",") if i.strip()]
     try:
-        for item in items:  # checked once against every base, so a typo fails for AR too
-            key, eq, _ = item.partition("=")
-            if key.strip() not in OPTIONS or not eq:
-                parse_system(f"{BASES[0]}:{item}")  # raises the usual error
+        for item in items:  # each checked, value too, against a base it applies to: a typo fails for AR too
+            key = item.partition("=")[0].strip()
+            parse_system(f"{OPTIONS[key].bases[0] if key in OPTIONS else BASES[0]}:{item}")  # the usual errors
         kept = ",".join(i for i in items if system.base in OPTIONS[i.partition("=")[0].strip()].bases)
         return with_options(system, kept, overridden=True) if kept else system
     except UserError as exc:

@@ -71,7 +71,7 @@ OPTIONS: dict[str, Option] = _options(
     Option("lookahead", int, 1, "steps the host enqueues ahead of the one whose tokens it reads (CUDA graphs)",
            "engine", minimum=1, maximum=4),
     Option("pad_us", float, 0.0, "an idle kernel of this many microseconds in every decode step: a known, "
-           "lossless slowdown for testing the controller", "engine", minimum=0),
+           "lossless slowdown for testing the controller", "engine", minimum=0, maximum=100_000),
     # kernel
     Option("gemv", bool, False, "few-row target projections through the Triton weight-streaming GEMV with the "
            "norm, SwiGLU, residual, rope and K/V write fused in, and its step tuning (default: cuBLAS)", "kernel"),
@@ -118,6 +118,9 @@ def plan_options() -> list[Option]:
     return [o for o in OPTIONS.values() if o.group in PLAN_GROUPS]
 
 
+KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
 def convert(opt: Option, raw: str) -> Any:
     """A string value (from a system string or an override) as the option's type, checked; ValueError says why."""
     if opt.kind is bool:
@@ -129,7 +132,7 @@ def convert(opt: Option, raw: str) -> Any:
     try:
         value = opt.kind(raw)
     except ValueError:
-        raise ValueError(f"option {opt.name} takes a {opt.kind.__name__}, got {raw!r}") from None
+        raise ValueError(f"option {opt.name} takes {KINDS[opt.kind]}, got {raw!r}") from None
     check(opt, value)
     return value
 
@@ -138,7 +141,7 @@ def check(opt: Option, value: Any) -> None:
     """ValueError unless value is of the option's type and within its choices or range."""
     numeric = opt.kind is float and isinstance(value, int) and not isinstance(value, bool)
     if not (numeric or (isinstance(value, opt.kind) and (opt.kind is bool) == isinstance(value, bool))):
-        raise ValueError(f"option {opt.name} takes a {opt.kind.__name__}, got {value!r}")
+        raise ValueError(f"option {opt.name} takes {KINDS[opt.kind]}, got {value!r}")
     if opt.kind is float and not math.isfinite(value):
         raise ValueError(f"option {opt.name} takes a finite number, got {value!r}")
     if opt.form is not None:

@@ -48,6 +48,8 @@ def values(name: str, system: System, device: str = "cpu", block: int | None = N
                and (opt.maximum is None or v <= opt.maximum) and v != current]
         if name == "block_size" and block is not None:
             out = [v for v in out if v < block]  # a smaller draft block; the drafter's own is the default
+        if name == "nodes" and system.get("tree") == "chain" and block is not None:
+            out = [v for v in out if v < block]  # a chain verifies the block's rows at most
     else:
         out = []
     return out

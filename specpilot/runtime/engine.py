@@ -19,7 +19,7 @@ import torch
 from specpilot.config import System, parse_system
 from specpilot.config.plan import KernelPlan
 from specpilot.errors import UserError
-from specpilot.kernels.dispatch import interpreting
+from specpilot.kernels.dispatch import fix_triton_interpreter, interpreting
 from specpilot.kernels.greedy import greedy_advance
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
@@ -71,6 +71,7 @@ class Engine:
         if self.plan.kernels == "triton" and self.device.type != "cuda" and not interpreting():
             raise UserError(f"system {self.system.name!r}: kernels=triton needs a CUDA device here (or Triton's "
                             "CPU interpreter: TRITON_INTERPRET=1, slow)")
+        fix_triton_interpreter()  # under the interpreter, every Triton kernel's loops run (a no-op elsewhere)
         self.fault = self.system.get("fault")
         if self.fault in ("unverified_accept", "rare_unverified") and drafter is None:
             raise UserError(f"fault {self.fault} needs a drafter (system stock)")
@@ -144,9 +145,10 @@ class Engine:
         if max_new_tokens <= 0:
             raise UserError(f"max_new_tokens must be positive, got {max_new_tokens}")
         if len(prompt) + max_new_tokens + self.rows > self.context:
+            rows = f", or verify fewer rows a step: {self._rows_option()}" if self.rows else ""
             raise UserError(f"does not fit the context: {len(prompt)} prompt tokens + {max_new_tokens} new + "
-                            f"{self.rows} draft slots > {self.context} (raise the deployment's `context`, or lower "
-                            "max_new_tokens)")
+                            f"{self.rows} draft slots > {self.context} (raise the deployment's `context`, lower "
+                            f"max_new_tokens{rows})")
         vocab = self.target.cfg.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise UserError(f"prompt token id outside the vocabulary (0..{vocab - 1})")
@@ -208,14 +210,22 @@ class Engine:
             self.state.ctx_count.zero_()
         step.prepare()
 
+    def _rows_option(self) -> str:
+        return "`nodes`" + (" (verify=tlv doubles the slots)" if self.system.get("verify") == "tlv" else "")
+
     def warmup(self) -> None:
         """Capture the step graphs outside any timed region (throwaway requests). With `gemv` on CUDA, first
         choose the one-row kernels' configs by timing the captured AR step (kernels/tuning), beginning where
         kernels/tuning/starts.py has a table for this GPU (unless the plan's `tune_start` is off)."""
-        self.generate([0] * 4, 2 * max(self.block, 1) + 2)
+        new = 2 * max(self.block, 1) + 2
+        if 4 + new + self.rows > self.context:  # said of the system, not of the throwaway request
+            raise UserError(f"system {self.system.name!r}: {self.rows} draft slots a step leave no room in the "
+                            f"context of {self.context} (raise the deployment's `context`, or verify fewer rows "
+                            f"a step: {self._rows_option()})")
+        self.generate([0] * 4, new)
         if self.plan.gemv and self.use_graphs and not self.tuning:
             self.tuning = self._tune_gemv()
-            self.generate([0] * 4, 2 * max(self.block, 1) + 2)
+            self.generate([0] * 4, new)
 
     def _tune_gemv(self) -> dict:
         from specpilot.kernels.tuning.descent import tune_step

@@ -187,10 +187,10 @@ class TreeBuilder:
         self.builder, self.depth, self.width, self.k = builder, depth, width, min(k, width)
         self.plan = plan
         most = max_nodes(builder, depth, width, self.k)
-        if not 2 <= nodes <= most and builder != "chain":
+        if not 2 <= nodes <= most:  # a chain too: asked more than its block, it would have run less, unsaid
             raise ValueError(f"tree={builder} holds 2..{most} nodes on a lattice of depth {depth} and width "
                              f"{width}, {nodes} asked")
-        self.nodes = min(nodes, depth + 1) if builder == "chain" else nodes
+        self.nodes = nodes
         self.shape, self._levels = None, {}
         if builder == "sequoia":
             from specpilot.speculative import sequoia
