@@ -298,6 +298,11 @@ class Loop:
         combined = combine(start, parts)
         if combined is None or combined in parts or combined == start:
             return {"parts": parts, "combined": combined, "result": best}
+        merged = parse(combined)
+        block = merged.get("block_size") or self._block()
+        if merged.get("tree") == "chain" and merged.get("nodes") > block:  # e.g. nodes=8 beside block_size=4
+            return {"parts": parts, "combined": combined, "result": best,
+                    "refused": f"a chain verifies its block's {block} rows at most, {merged.get('nodes')} asked"}
         short = self._short(f"{step}/gate", "gate")
         if short:
             return {"parts": parts, "combined": combined, "refused": short, "result": best}
