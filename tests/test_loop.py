@@ -381,6 +381,8 @@ def test_combine_and_space():
     stock = parse_system("stock")
     assert values("gemv", stock) == [True] and "triton" not in values("kernels", stock, "cpu")
     assert values("block_size", stock, block=8) == [2, 3, 4, 6]
+    assert values("nodes", stock, block=8) == [4]  # a chain verifies its block's rows at most
+    assert values("nodes", parse_system("stock:tree=eagle2"), block=8)[-1] == 64
     assert values("fault", stock) == [] and values("pad_us", stock) == []  # never searched
     assert values("tree", parse_system("ar")) == []
     agent = BuiltinAgent()
@@ -392,6 +394,19 @@ def test_combine_and_space():
     assert base.factor == "base"  # speculation losing: AR looked at first
     assert [s.name for s in agent.candidates(base, parse_system("stock:gemv=true,nodes=8"), "cpu", 8)] == [
         "ar:gemv=true"]
+
+
+def test_integration_refuses_a_chain_longer_than_its_combined_block(tmp_path):
+    """Each part runs (6 rows on the block of 8; a block of 4); together a chain of 6 rows on a block of 4 would
+    not: Phase 2 refuses it, with the reason, and keeps the best part, gating nothing."""
+    loop, _, gate = synthetic_loop(tmp_path)
+
+    def gated(cand, gain):
+        return {"candidate": cand, "promoted": True, "controller": {"gain": gain}, "forcing": {"verdict": "pass"}}
+
+    out = loop._integrate("round-1/phase-2", "stock", [gated("stock:nodes=6", 1.2), gated("stock:block_size=4", 1.1)])
+    assert out["combined"] == "stock:block_size=4,nodes=6" and "block's 4 rows" in out["refused"]
+    assert out["result"] == "stock:nodes=6" and gate.judged == []
 
 
 def test_best_toml_reads_back(tmp_path):
