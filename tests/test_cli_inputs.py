@@ -80,6 +80,18 @@ def test_a_system_string_is_refused_whole(text, needle):
         parse_system(text)
 
 
+def test_an_option_only_another_builder_reads_is_refused_or_dropped():
+    """Said when a user writes it; dropped when systems are composed (an option only eagle2 reads does not follow
+    a move to best_first), so equal systems keep equal names."""
+    from specpilot.config.system import with_options
+
+    for text in ("stock:tree_k=2", "stock:tree=ddtree,nodes=8,tree_accept=0.5", "stock:tree=eagle2,tree_accept=0.5"):
+        with pytest.raises(UserError, match="acts only with tree="):
+            parse_system(text)
+    moved = with_options(parse_system("stock:tree=eagle2,tree_k=2,nodes=8"), "tree=best_first")
+    assert moved.name == "stock:nodes=8,tree=best_first"
+
+
 def test_the_override_variable_is_named_in_its_errors(monkeypatch):
     monkeypatch.setenv("SPECPILOT_OPTIONS", "nosuch=1")
     assert_one_line_error(specpilot("generate", "hi"), "SPECPILOT_OPTIONS", "nosuch")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from specpilot.config.options import BASES, OPTIONS
-from specpilot.config.system import System, parse_system, with_options
+from specpilot.config.system import System, check_options, parse_system, with_options
 from specpilot.errors import UserError
 
 VARIABLE = "SPECPILOT_OPTIONS"
@@ -30,7 +30,7 @@ def overridden(system: System) -> System:
     try:
         for item in items:  # each checked, value too, against a base it applies to: a typo fails for AR too
             key = item.partition("=")[0].strip()
-            parse_system(f"{OPTIONS[key].bases[0] if key in OPTIONS else BASES[0]}:{item}")  # the usual errors
+            check_options(OPTIONS[key].bases[0] if key in OPTIONS else BASES[0], item)  # the usual errors
         kept = ",".join(i for i in items if system.base in OPTIONS[i.partition("=")[0].strip()].bases)
         return with_options(system, kept, overridden=True) if kept else system
     except UserError as exc:

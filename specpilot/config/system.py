@@ -60,7 +60,27 @@ def parse_system(text: str, diagnostics: bool = False) -> System:
     base, _, rest = text.strip().partition(":")
     if base not in BASES:
         raise UserError(f"unknown system {base!r} (known: {', '.join(BASES)})")
-    return System(base, _options(base, rest, text, diagnostics))
+    options = _options(base, rest, text, diagnostics)
+    idle = _idle(options)
+    if idle:  # a user's text: said, not dropped
+        key, builder = idle[0], BUILDER_OF[idle[0]]
+        raise UserError(f"option {key} acts only with tree={builder} (in {text!r})")
+    return System(base, options)
+
+
+def check_options(base: str, text: str) -> None:
+    """Each key=value of `text` known, applying to `base`, of its option's type and range; no system is made (an
+    override's options are checked one by one, wherever they will apply)."""
+    _options(base, text, f"{base}:{text}", False)
+
+
+BUILDER_OF = {"tree_k": "eagle2", "tree_accept": "sequoia"}  # options one tree builder alone reads
+
+
+def _idle(options: dict[str, Any]) -> list[str]:
+    """The options set that the system's tree builder does not read (they would change its name, not its run)."""
+    tree = options.get("tree", OPTIONS["tree"].default)
+    return [k for k, builder in BUILDER_OF.items() if k in options and tree != builder]
 
 
 def _options(base: str, rest: str, text: str, diagnostics: bool) -> dict[str, Any]:
@@ -98,5 +118,7 @@ def with_options(system: System, text: str, diagnostics: bool = False, overridde
     keys = {k.strip().partition("=")[0].strip() for k in text.split(",") if k.strip()}
     options = {k: v for k, v in system.options.items() if k not in keys}
     options.update(changes)
+    for key in _idle(options):  # composed (the loop's variants, an override): another builder's option goes
+        options.pop(key)
     marked = tuple(sorted(set(system.overridden) | (keys if overridden else set())))
     return System(system.base, options, marked)

@@ -35,6 +35,8 @@ def values(name: str, system: System, device: str = "cpu", block: int | None = N
     opt = OPTIONS[name]
     if searchable(name) or system.base not in opt.bases or (device == "cpu" and name in CUDA_ONLY):
         return []
+    if name == "tree_k" and system.get("tree") != "eagle2":
+        return []  # only eagle2 reads it
     current = system.get(name)
     if opt.kind is bool:
         out = [not current]
