@@ -37,7 +37,8 @@ def shape(p: tuple[float, ...], nodes: int, max_depth: int) -> tuple[list[int], 
                 choice[h, r, n] = m + 1
         f[h, 2:] = g[0, 1:nodes]
     if not np.isfinite(f[max_depth, nodes]):
-        raise ValueError(f"tree=sequoia cannot place {nodes} nodes within depth {max_depth} using {ranks} child ranks")
+        raise ValueError(f"tree=sequoia cannot place {nodes} nodes within depth {max_depth} using {ranks} child ranks "
+                         "(tree_accept gives the ranks: give more, or fewer nodes)")
     return _unfold(choice, nodes, max_depth)
 
 
