@@ -382,6 +382,11 @@ def test_combine_and_space():
     assert values("gemv", stock) == [True] and "triton" not in values("kernels", stock, "cpu")
     assert values("block_size", stock, block=8) == [2, 3, 4, 6]
     assert values("nodes", stock, block=8) == [4]  # a chain verifies its block's rows at most
+    assert values("nodes", parse_system("stock:block_size=6"), block=8) == [4]
+    agent = BuiltinAgent()
+    shorter = agent.candidates(Direction("tau", "a smaller block", ["block_size"]), parse_system("stock:nodes=6"),
+                               "cpu", 8)
+    assert [s.name for s in shorter] == ["stock:block_size=6,nodes=6"]  # 2, 3 and 4 would hold fewer than 6 rows
     assert values("nodes", parse_system("stock:tree=eagle2"), block=8)[-1] == 64
     assert values("fault", stock) == [] and values("pad_us", stock) == []  # never searched
     assert values("tree", parse_system("ar")) == []

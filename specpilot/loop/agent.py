@@ -18,7 +18,7 @@ from specpilot.config import System
 from specpilot.config.options import OPTIONS
 from specpilot.config.system import parse_system
 from specpilot.loop.evidence import RUN, Evidence
-from specpilot.loop.space import GRIDS, values, variant
+from specpilot.loop.space import GRIDS, runs_as_named, values, variant
 
 FACTORS = ("tau", "kernel", "overhead")  # what a configuration can change (the lattice needs training)
 
@@ -60,7 +60,11 @@ class BuiltinAgent:
         return out[: self.max_directions]
 
     def candidates(self, d: Direction, start: System, device: str, block: int) -> list[System]:
-        """Every system the direction can reach from `start` in one move (its parameters varied jointly)."""
+        """Every system the direction can reach from `start` in one move (its parameters varied jointly), each one
+        the engine runs as named."""
+        return [s for s in self._moves(d, start, device, block) if runs_as_named(s, block)]
+
+    def _moves(self, d: Direction, start: System, device: str, block: int) -> list[System]:
         if d.factor == "base":
             other = "ar" if start.speculative else "stock"
             kept = ",".join(f"{k}={v}" for k, v in start.options.items() if "ar" in OPTIONS[k].bases)

@@ -31,7 +31,7 @@ from specpilot.loop.coding import CodingAgent, Halted, submissions
 from specpilot.loop.evidence import Evidence
 from specpilot.loop.gate import Gate, TreeGate, forcing_summary, summary
 from specpilot.loop.rundir import BudgetSpent, RunDir
-from specpilot.loop.space import variant
+from specpilot.loop.space import runs_as_named, variant
 
 # the kernel classes and the options that configure their kernels (Phase 3)
 CLASS_OPTIONS = {"target_gemm": ["gemv", "staged", "l2", "tune_rounds", "ahead", "epilogue_early"],
@@ -299,8 +299,8 @@ class Loop:
         if combined is None or combined in parts or combined == start:
             return {"parts": parts, "combined": combined, "result": best}
         merged = parse(combined)
-        block = merged.get("block_size") or self._block()
-        if merged.get("tree") == "chain" and merged.get("nodes") > block:  # e.g. nodes=8 beside block_size=4
+        if not runs_as_named(merged, self._block()):  # e.g. a chain of nodes=8 beside block_size=4
+            block = merged.get("block_size") or self._block()
             return {"parts": parts, "combined": combined, "result": best,
                     "refused": f"a chain verifies its block's {block} rows at most, {merged.get('nodes')} asked"}
         short = self._short(f"{step}/gate", "gate")

@@ -51,10 +51,16 @@ def values(name: str, system: System, device: str = "cpu", block: int | None = N
         if name == "block_size" and block is not None:
             out = [v for v in out if v < block]  # a smaller draft block; the drafter's own is the default
         if name == "nodes" and system.get("tree") == "chain" and block is not None:
-            out = [v for v in out if v < block]  # a chain verifies the block's rows at most
+            out = [v for v in out if v < (system.get("block_size") or block)]  # a chain verifies its block at most
     else:
         out = []
     return out
+
+
+def runs_as_named(system: System, block: int) -> bool:
+    """Whether the engine takes the system as it is named: a chain verifies the rows of its block at most (the
+    drafter's `block`, or its own block_size), and is refused beyond them."""
+    return system.get("tree") != "chain" or system.get("nodes") <= (system.get("block_size") or block)
 
 
 def variant(system: System, **changes) -> System:
