@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -75,10 +74,15 @@ def check_output(path: Path | None) -> None:
         return
     if not path.name or path.is_dir():
         raise UserError(f"cannot write {str(path)!r}: give a file's path, not a folder")
+    _writable_parent(path)
+
+
+def _writable_parent(path: Path) -> None:
+    """path's folder exists and takes a file (the temporary one an atomic write makes beside path)."""
     if not path.parent.is_dir():
         what = "is not a folder" if path.parent.exists() else "does not exist"
         raise UserError(f"cannot write {path}: {path.parent} {what}")
-    try:  # the temporary file the atomic write will make there
+    try:
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
             pass
     except OSError as exc:
@@ -93,11 +97,7 @@ def check_output_folder(path: Path, mark: str) -> None:
     if path.is_dir() and any(path.iterdir()) and not (path / mark).exists():
         raise UserError(f"refusing to replace {path}: it holds files this command did not write (no {mark}); "
                         "give a new or empty folder")
-    if not path.parent.is_dir():
-        what = "is not a folder" if path.parent.exists() else "does not exist"
-        raise UserError(f"cannot write {path}: {path.parent} {what}")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write {path}: {path.parent} is not writable")
+    _writable_parent(path)
 
 
 def named_or_tiny(preset: str | None, deployment: Path | None) -> tuple[str | None, Path | None]:

@@ -76,7 +76,7 @@ class BuiltinAgent:
         if "tree" in d.options:  # a builder is nothing without its budget: tune both (small budgets first: bounds)
             builders = values("tree", start, device) + [start.get("tree")]
             return [variant(start, tree=b, nodes=n) for n, b in product(GRIDS["nodes"], builders)
-                    if (b != "chain" or n <= block) and (b, n) != (start.get("tree"), start.get("nodes"))]
+                    if (b, n) != (start.get("tree"), start.get("nodes"))]  # a chain past its block: candidates
         out = []
         for name in d.options:
             out += [variant(start, **{name: v}) for v in values(name, start, device, block)]

@@ -68,10 +68,11 @@ class Engine:
         self.plan = plan if plan is not None else self.system.plan()
         if plan is not None and plan.features() != self.system.plan().features():
             raise ValueError("the plan given to the engine is not its system's")
-        if self.plan.kernels == "triton" and self.device.type != "cuda" and not interpreting():
-            raise UserError(f"system {self.system.name!r}: kernels=triton needs a CUDA device here (or Triton's "
-                            "CPU interpreter: TRITON_INTERPRET=1, slow)")
-        fix_triton_interpreter()  # under the interpreter, every Triton kernel's loops run (a no-op elsewhere)
+        if self.plan.kernels == "triton" and self.device.type != "cuda":  # Triton on the CPU: its interpreter
+            if not interpreting():
+                raise UserError(f"system {self.system.name!r}: kernels=triton needs a CUDA device here (or Triton's "
+                                "CPU interpreter: TRITON_INTERPRET=1, slow)")
+            fix_triton_interpreter()  # every Triton kernel's loops run under it
         self.fault = self.system.get("fault")
         if self.fault in ("unverified_accept", "rare_unverified") and drafter is None:
             raise UserError(f"fault {self.fault} needs a drafter (system stock)")
