@@ -8,8 +8,10 @@
 #          best (best_first, NODES nodes) alone, with W12, with TLV and with both (tau = tokens per exact pass).
 #   force: token forcing on SmolLM2 (bench/force_suite.py, the runs of stock and AR shared): stock:verify=tlv
 #          and stock:weights=w12 against stock, ar:weights=w12 against ar; LIMIT dev requests of each benchmark
-#          to start, doubled twice toward the power bound, MAXNEW tokens, the outputs made by WORKERS processes
-#          and kept in .stage/force_outputs (a later call that carries them back resumes there). CASES="REF CAND;..."
+#          to start, doubled twice toward the power bound, MAXNEW tokens, the outputs made by WORKERS processes (4: at
+#          c18d054, 4 warm workers made >= 3.6 AR outputs a second, 12 cold ones 1 a second; the contexts take turns)
+#          and kept in .stage/force_outputs (they stay there on a held machine between calls; a call on a fresh machine
+#          resumes from them when they are carried). CASES="REF CAND;..."
 #          judges other pairs (the AR control: CASES="ar ar:fewrow=true;ar ar:weights=w12;ar:fewrow=true ar:weights=w12").
 #          EXACT: the exact target (force_suite.py --exact; auto, the default, gives a candidate with other kernels
 #          than its reference the float32 model); EXACT="auto deployment" scores the same outputs both ways, one after
@@ -50,11 +52,11 @@ force)
     for exact in ${EXACT:-auto}; do
         timeout $((end > SECONDS ? end - SECONDS : 1)) python3 bench/force_suite.py \
             --deployment bench/gpu/smollm2-pair.toml --cases none --limit "${LIMIT:-5}" \
-            --max-new-tokens "${MAXNEW:-256}" --workers "${WORKERS:-1}" --outputs .stage/force_outputs \
+            --max-new-tokens "${MAXNEW:-256}" --workers "${WORKERS:-4}" --outputs .stage/force_outputs \
             --exact "$exact" $cases --out "$OUT/force_$exact.json"
         echo "force suite ($exact): exit $?"
     done
-    echo "outputs made: $(($(kept) - n0)) in $((SECONDS - t0)) s with ${WORKERS:-1} workers (start-up included)"
+    echo "outputs made: $(($(kept) - n0)) in $((SECONDS - t0)) s with ${WORKERS:-4} workers (start-up included)"
     tar czf "$OUT/force_outputs.tgz" -C .stage force_outputs 2>/dev/null ;;
 rows)
     python3 bench/gpu/rows_alike.py --out "$OUT/rows_alike.json"
