@@ -46,17 +46,17 @@ force)
     # $OUT/force_outputs.tgz (one file: at most 8 come back): unpacked into .stage and carried as
     # .stage/force_outputs into the next call, they are reused there. EXACT="auto deployment" scores the same
     # outputs both ways, one after the other (force_auto.json, force_deployment.json)
-    end=$((SECONDS + ${FORCE_S:-540})) t0=$SECONDS
+    end=$((SECONDS + ${FORCE_S:-540})) t0=$SECONDS workers=${WORKERS:-4}
     kept() { cat .stage/force_outputs/*.jsonl 2>/dev/null | wc -l; }
     n0=$(kept)
     for exact in ${EXACT:-auto}; do
         timeout $((end > SECONDS ? end - SECONDS : 1)) python3 bench/force_suite.py \
             --deployment bench/gpu/smollm2-pair.toml --cases none --limit "${LIMIT:-5}" \
-            --max-new-tokens "${MAXNEW:-256}" --workers "${WORKERS:-4}" --outputs .stage/force_outputs \
+            --max-new-tokens "${MAXNEW:-256}" --workers "$workers" --outputs .stage/force_outputs \
             --exact "$exact" $cases --out "$OUT/force_$exact.json"
         echo "force suite ($exact): exit $?"
     done
-    echo "outputs made: $(($(kept) - n0)) in $((SECONDS - t0)) s with ${WORKERS:-4} workers (start-up included)"
+    echo "outputs made: $(($(kept) - n0)) in $((SECONDS - t0)) s with $workers workers (start-up included)"
     tar czf "$OUT/force_outputs.tgz" -C .stage force_outputs 2>/dev/null ;;
 rows)
     python3 bench/gpu/rows_alike.py --out "$OUT/rows_alike.json"
