@@ -49,6 +49,9 @@ force)
     end=$((SECONDS + ${FORCE_S:-540})) t0=$SECONDS workers=${WORKERS:-4}
     kept() { cat .stage/force_outputs/*.jsonl 2>/dev/null | wc -l; }
     n0=$(kept)
+    # the outputs kept every 20 s: how long the workers take to start, and the rate between the judges' pauses
+    (while sleep 20; do echo "$((SECONDS - t0)) s: $(($(kept) - n0)) outputs"; done > "$OUT/force_progress.log") &
+    monitor=$!
     for exact in ${EXACT:-auto}; do
         timeout $((end > SECONDS ? end - SECONDS : 1)) python3 bench/force_suite.py \
             --deployment bench/gpu/smollm2-pair.toml --cases none --limit "${LIMIT:-5}" \
@@ -56,6 +59,7 @@ force)
             --exact "$exact" $cases --out "$OUT/force_$exact.json"
         echo "force suite ($exact): exit $?"
     done
+    kill $monitor 2>/dev/null
     echo "outputs made: $(($(kept) - n0)) in $((SECONDS - t0)) s with $workers workers (start-up included)"
     tar czf "$OUT/force_outputs.tgz" -C .stage force_outputs 2>/dev/null ;;
 rows)
