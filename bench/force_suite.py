@@ -8,6 +8,8 @@ Usage: PYTHONPATH=. python bench/force_suite.py --preset smollm2 [--deployment D
 --workers N: the outputs made by N processes at once (forcing/parallel.py), scored here.
 --outputs DIR: the outputs kept there, and reused by a later run of the same code (forcing/outputs.py).
 Each case starts on --limit requests per dataset and may double twice toward the power bound (0.1 points).
+--at-once: judge each case on those four times as many requests in one round (the last round the doubling would
+reach; nothing judged between, so the workers never wait on a judge before the end).
 --lossless-rounds R: also judge R lossless variants on R further disjoint request sets (the false-reject sample).
 Prints a table last; the JSON (rewritten after every verdict) holds each verdict with its evidence summary.
 """
@@ -64,6 +66,7 @@ def main() -> None:
                          "for a candidate with other kernels than its reference, forcing/run.exact_mode)")
     ap.add_argument("--workers", type=int, default=1, help="processes that make the outputs at once (forcing/parallel)")
     ap.add_argument("--outputs", help="keep the outputs in this folder and reuse those kept there (forcing/outputs)")
+    ap.add_argument("--at-once", action="store_true", help="one round on all the requests the doubling may reach")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dep = load_deployment(args.preset, args.deployment)
@@ -73,6 +76,7 @@ def main() -> None:
     start = len([r for name in dep.datasets for r in load_requests(name, dep.split, None, args.limit)])
     pool = round_robin([r for name in dep.datasets for r in load_requests(name, dep.split, None, None)])
     requests, rest = pool[: 4 * start], pool[4 * start :]  # the power bound may double the start twice
+    start = len(requests) if args.at_once else start
     reuse: dict = {}
     rows = {}
     cases = [] if args.cases == "none" else [("stock", f"stock:fault={f}") for f in FAULTS if f != "none"] + [

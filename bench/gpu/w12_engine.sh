@@ -13,6 +13,7 @@
 #          and kept in .stage/force_outputs (they stay there on a held machine between calls; a call on a fresh machine
 #          resumes from them when they are carried). CASES="REF CAND;..."
 #          judges other pairs (the AR control: CASES="ar ar:fewrow=true;ar ar:weights=w12;ar:fewrow=true ar:weights=w12").
+#          AT_ONCE=1: one round on the 4 x LIMIT requests the doubling would reach (no judge pauses before it).
 #          EXACT: the exact target (force_suite.py --exact; auto, the default, gives a candidate with other kernels
 #          than its reference the float32 model); EXACT="auto deployment" scores the same outputs both ways, one after
 #          the other (outputs kept by the first are only scored again by the second).
@@ -56,7 +57,7 @@ force)
         timeout $((end > SECONDS ? end - SECONDS : 1)) python3 bench/force_suite.py \
             --deployment bench/gpu/smollm2-pair.toml --cases none --limit "${LIMIT:-5}" \
             --max-new-tokens "${MAXNEW:-256}" --workers "$workers" --outputs .stage/force_outputs \
-            --exact "$exact" $cases --out "$OUT/force_$exact.json"
+            --exact "$exact" $cases ${AT_ONCE:+--at-once} --out "$OUT/force_$exact.json"
         echo "force suite ($exact): exit $?"
     done
     kill $monitor 2>/dev/null
