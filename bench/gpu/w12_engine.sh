@@ -49,7 +49,8 @@ force)
     # outputs both ways, one after the other (force_auto.json, force_deployment.json)
     end=$((SECONDS + ${FORCE_S:-540})) t0=$SECONDS workers=${WORKERS:-4}
     kept() { cat .stage/force_outputs/*.jsonl 2>/dev/null | wc -l; }
-    n0=$(kept)
+    n0=$(kept) once=()
+    [ "${AT_ONCE:-0}" = 1 ] && once=(--at-once)
     # the outputs kept every 20 s: how long the workers take to start, and the rate between the judges' pauses
     (while sleep 20; do echo "$((SECONDS - t0)) s: $(($(kept) - n0)) outputs"; done > "$OUT/force_progress.log") &
     monitor=$!
@@ -57,7 +58,7 @@ force)
         timeout $((end > SECONDS ? end - SECONDS : 1)) python3 bench/force_suite.py \
             --deployment bench/gpu/smollm2-pair.toml --cases none --limit "${LIMIT:-5}" \
             --max-new-tokens "${MAXNEW:-256}" --workers "$workers" --outputs .stage/force_outputs \
-            --exact "$exact" $cases ${AT_ONCE:+--at-once} --out "$OUT/force_$exact.json"
+            --exact "$exact" $cases "${once[@]}" --out "$OUT/force_$exact.json"
         echo "force suite ($exact): exit $?"
     done
     kill $monitor 2>/dev/null
