@@ -23,6 +23,9 @@
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
 python3 bench/gpu/prebuild.py --install .stage/cubin
+# Triton's JIT cache of an earlier call (force brings it back as $OUT/triton_cache.tgz): a fresh machine's workers
+# then load the dense kernels instead of each compiling them
+if [ -d .stage/triton ]; then mkdir -p ~/.triton/cache && cp -r .stage/triton/. ~/.triton/cache/; fi
 case ${1:-micro} in
 micro)
     python3 -m pytest -q -p no:cacheprovider tests/test_fewrow.py tests/test_two_level.py 2>&1 | tail -4
@@ -63,7 +66,8 @@ force)
     done
     kill $monitor 2>/dev/null
     echo "outputs made: $(($(kept) - n0)) in $((SECONDS - t0)) s with $workers workers (start-up included)"
-    tar czf "$OUT/force_outputs.tgz" -C .stage force_outputs 2>/dev/null ;;
+    tar czf "$OUT/force_outputs.tgz" -C .stage force_outputs 2>/dev/null
+    [ -d ~/.triton/cache ] && tar czf "$OUT/triton_cache.tgz" -C ~/.triton/cache . ;;
 rows)
     python3 bench/gpu/rows_alike.py --out "$OUT/rows_alike.json"
     echo "rows alike: exit $?" ;;
