@@ -25,7 +25,8 @@ export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage
 python3 bench/gpu/prebuild.py --install .stage/cubin
 # Triton's JIT cache of an earlier call (force brings it back as $OUT/triton_cache.tgz): a fresh machine's workers
 # then load the dense kernels instead of each compiling them
-if [ -d .stage/triton ]; then mkdir -p ~/.triton/cache && cp -r .stage/triton/. ~/.triton/cache/; fi
+triton_cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+if [ -d .stage/triton ]; then mkdir -p "$triton_cache" && cp -r .stage/triton/. "$triton_cache/"; fi
 case ${1:-micro} in
 micro)
     python3 -m pytest -q -p no:cacheprovider tests/test_fewrow.py tests/test_two_level.py 2>&1 | tail -4
@@ -67,7 +68,7 @@ force)
     kill $monitor 2>/dev/null
     echo "outputs made: $(($(kept) - n0)) in $((SECONDS - t0)) s with $workers workers (start-up included)"
     tar czf "$OUT/force_outputs.tgz" -C .stage force_outputs 2>/dev/null
-    [ -d ~/.triton/cache ] && tar czf "$OUT/triton_cache.tgz" -C ~/.triton/cache . ;;
+    if [ -d "$triton_cache" ]; then tar czf "$OUT/triton_cache.tgz" -C "$triton_cache" .; fi ;;
 rows)
     python3 bench/gpu/rows_alike.py --out "$OUT/rows_alike.json"
     echo "rows alike: exit $?" ;;
