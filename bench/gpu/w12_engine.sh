@@ -23,10 +23,10 @@
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
 python3 bench/gpu/prebuild.py --install .stage/cubin
-# Triton's JIT cache of an earlier call (force brings it back as $OUT/triton_cache.tgz): a fresh machine's workers
-# then load the dense kernels instead of each compiling them
+# Triton's JIT cache of an earlier call (force brings it back as $OUT/triton_cache.tgz; copied to .stage and carried
+# packed, as unpacked it is ~95 MB): a fresh machine's workers then load the dense kernels instead of compiling them
 triton_cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
-if [ -d .stage/triton ]; then mkdir -p "$triton_cache" && cp -r .stage/triton/. "$triton_cache/"; fi
+if [ -f .stage/triton_cache.tgz ]; then mkdir -p "$triton_cache" && tar xzf .stage/triton_cache.tgz -C "$triton_cache"; fi
 case ${1:-micro} in
 micro)
     python3 -m pytest -q -p no:cacheprovider tests/test_fewrow.py tests/test_two_level.py 2>&1 | tail -4
