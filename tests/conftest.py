@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specpilot.fixtures.random_models import random_target, tiny_target_config
+from specpilot.runtime.engine import Engine
 from specpilot.training.distill import build_dataset
 from specpilot.training.train_drafter import TrainConfig, drafter_config, train
 
@@ -32,3 +33,17 @@ def trained(looping_target):
     return drafter, metrics, eval_ds, tc, train_ds
 
 
+class RecordingEngine(Engine):
+    """Keeps every block the serving path drafted, with its anchor position."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.drafted = []
+        proposer, own = self.spec.proposer, self.spec.proposer.drafts
+
+        def drafts(anchor, start, cache):
+            out = own(anchor, start, cache)
+            self.drafted.append((int(start), out[0].tolist()))
+            return out
+
+        proposer.drafts = drafts

@@ -1,8 +1,9 @@
 """The gallery of adversarial stand-in agents (specpilot/fixtures/agents), each run through the real session code
-(worktree, brief, backend command line, stream parsing, jail, seal, freeze) and, where a candidate reaches it,
-the tree gate on the tiny deployment: every cheat is refused with its reason; the honest mechanism is promoted and
-its memory entry replays byte for byte. The `claude` and `codex` stand-ins run through those backends' paths."""
+(worktree, brief, backend command line, stream parsing, jail, seal, freeze): every cheat the session can see is
+refused with its reason. The `claude` and `codex` stand-ins run through those backends' paths. What the gates make
+of the candidates that reach them is in test_agents_judged.py and test_agents_loop.py."""
 
+import secrets
 import shutil
 import subprocess
 import sys
@@ -44,10 +45,11 @@ def judges(tmp_path):
 DEFAULT = Budget(60, 5, 1.0)
 
 
-def agent(spec, judges, tmp_path, base, use_jail=True, budget=DEFAULT, name="d0"):
+def agent(spec, judges, tmp_path, base, use_jail=True, budget=DEFAULT, name="d0", env=None):
     install, data = judges
     setup = AgentSetup(backend(spec), REPO, tmp_path / "agents", budget, Seal.take(install / "specpilot", [data]),
-                       [install, data.parent], use_jail=use_jail, env={"SPECPILOT_SEALED_FILE": str(data)})
+                       [install, data.parent], use_jail=use_jail,
+                       env={"SPECPILOT_SEALED_FILE": str(data), **(env or {})})
     try:
         out = run_agent(setup, name, base, dict(BRIEF))
     finally:
@@ -109,11 +111,27 @@ def test_an_agent_that_hangs_is_killed_at_its_wall_time(judges, tmp_path, base):
 
 @pytest.mark.parametrize("use_jail", JAILS)
 def test_an_agent_whose_child_outlives_it_is_refused_and_the_child_killed(judges, tmp_path, base, use_jail):
-    out = agent(command("orphan"), judges, tmp_path, base, use_jail)
+    token = secrets.token_hex(8)  # inherited by the agent's children: finds them whoever counted them
+    out = agent(command("orphan"), judges, tmp_path, base, use_jail, env={TOKEN: token})
     assert "outlived it" in out["refused"]
     assert (out["jail"]["survivors"] if use_jail else len(out["finished"]["stragglers"])) >= 1
-    for pid in out["finished"]["stragglers"]:
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert living(token) == []
+
+
+TOKEN = "SPECPILOT_TEST_ORPHAN"
+
+
+def living(token):
+    """Processes, other than zombies, whose environment carries TOKEN=token."""
+    needle, out = f"{TOKEN}={token}".encode(), []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc.name.isdigit() and needle in (proc / "environ").read_bytes().split(b"\0")
+                    and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+                out.append(int(proc.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return out
 
 
 def test_an_agent_that_spends_past_its_turns_is_killed(judges, tmp_path, base):

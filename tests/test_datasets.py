@@ -84,7 +84,6 @@ def test_prompt_formats(tmp_path: Path) -> None:
     turns = {name: by_id(load_requests(name, "all", tmp_path)) for name in DATASETS if name != "builtin"}
     assert turns["gsm8k"]["gsm8k/1"].turns == ("Q1?" + SUFFIX,)
     assert turns["math500"]["math500/2"].turns == ("P2" + SUFFIX,)
-    assert SUFFIX.endswith("within \\boxed{}.") and SUFFIX.count("\\") == 1
     assert turns["humaneval"]["humaneval/0"].turns == (
         "Write a solution to the following problem and make sure that it passes the tests:\n"
         "```python\ndef f0():\n\n```",

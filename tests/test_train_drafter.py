@@ -22,7 +22,7 @@ from specpilot.training.train_drafter import (
     evaluate,
     train,
 )
-from tests.conftest import prompts
+from tests.conftest import RecordingEngine, prompts
 
 
 @pytest.fixture(scope="module")
@@ -56,22 +56,6 @@ def test_training_fits_its_data(looping_target, trained):
     fit = evaluate(drafter, looping_target.embed, looping_target.head, train_ds, tc.block_size,
                    drafter.cfg.mask_token_id)
     assert fit["tau"] > 3.0 and fit["tau"] <= fit["oracle_tau_top_k"] <= tc.block_size, fit
-
-
-class RecordingEngine(Engine):
-    """Keeps every block the serving path drafted, with its anchor position."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.drafted = []
-        proposer, own = self.spec.proposer, self.spec.proposer.drafts
-
-        def drafts(anchor, start, cache):
-            out = own(anchor, start, cache)
-            self.drafted.append((int(start), out[0].tolist()))
-            return out
-
-        proposer.drafts = drafts
 
 
 def test_training_path_drafts_what_the_engine_drafts(target):

@@ -7,7 +7,7 @@ from specpilot.fixtures.random_models import random_drafter, random_target, tiny
 from specpilot.models.dense import Mode
 from specpilot.models.twin import widen_drafter, widen_target
 from specpilot.runtime.engine import Engine
-from tests.conftest import prompts
+from tests.conftest import RecordingEngine, prompts
 
 CASES = {
     "llama-untied": dict(family="llama"),
@@ -61,21 +61,24 @@ def test_widened_pair_drafts_and_decodes_like_the_small_pair(extra):
     twin_t, twin_d = widen_target(small_t, r), widen_drafter(small_d, r)
     for prompt in prompts(3, seed=5):
         prompt = [t % 200 for t in prompt]
-        a = Engine(small_t, small_d, context=80).generate(prompt, 30, (), "stock")
-        b = Engine(twin_t, twin_d, context=80).generate(prompt, 30, (), "stock")
+        ea, eb = RecordingEngine(small_t, small_d, context=80), RecordingEngine(twin_t, twin_d, context=80)
+        a, b = ea.generate(prompt, 30, (), "stock"), eb.generate(prompt, 30, (), "stock")
         assert a.tokens == b.tokens and a.accepted == b.accepted
+        assert len(ea.drafted) == len(a.accepted) and ea.drafted == eb.drafted  # rejected drafts too
 
 
-def test_widened_drafter_lattice_matches(trained, looping_target):
+def test_widened_trained_drafter_keeps_its_drafts(trained, looping_target):
     """A trained drafter (accepted often) keeps its drafts after widening both models."""
     drafter, _, _, tc, _ = trained
     r = 2
     twin_t, twin_d = widen_target(looping_target, r), widen_drafter(drafter, r)
+    accepted = []
     for prompt in prompts(3, seed=2):
-        a = Engine(looping_target, drafter, context=80).generate(prompt, 30, (), "stock")
-        b = Engine(twin_t, twin_d, context=80).generate(prompt, 30, (), "stock")
-        assert a.tokens == b.tokens and a.accepted == b.accepted
-    assert max(a.accepted) > 1
+        ea, eb = RecordingEngine(looping_target, drafter, context=80), RecordingEngine(twin_t, twin_d, context=80)
+        a, b = ea.generate(prompt, 30, (), "stock"), eb.generate(prompt, 30, (), "stock")
+        assert a.tokens == b.tokens and a.accepted == b.accepted and ea.drafted == eb.drafted
+        accepted += a.accepted
+    assert max(accepted) > 1
 
 
 TWIN_TOML = """
@@ -110,10 +113,10 @@ def test_deployment_twin_section_serves_the_widened_pair(tmp_path):
     assert wide_t.cfg.hidden_size == 64 and wide_d.cfg.layer.hidden_size == 64
     prompt = [5, 9, 33, 2, 71]
     ar = Engine(small_t, None, context=128).generate(prompt, 24, (), "ar").tokens
-    small = Engine(small_t, small_d, context=128).generate(prompt, 24, (), "stock")
-    wide = Engine(wide_t, wide_d, context=128).generate(prompt, 24, (), "stock")
+    es, ew = RecordingEngine(small_t, small_d, context=128), RecordingEngine(wide_t, wide_d, context=128)
+    small, wide = es.generate(prompt, 24, (), "stock"), ew.generate(prompt, 24, (), "stock")
     assert wide.tokens == ar == small.tokens
-    assert wide.accepted == small.accepted  # the widened drafter drafts what the small one does
+    assert es.drafted and ew.drafted == es.drafted  # the widened drafter drafts what the small one does
 
 
 @pytest.mark.parametrize("section, message", [
