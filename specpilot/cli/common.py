@@ -54,6 +54,8 @@ Datasets = Annotated[list[str] | None, typer.Option(
 Limit = Annotated[int | None, typer.Option(help="At most N requests per dataset. Default: the deployment's "
                                            "[budgets] limit, else all.")]
 DataDir = Annotated[str | None, typer.Option(help="Folder holding the benchmark files.")]
+MaxNewTokens = Annotated[int | None, typer.Option(help="Output budget per generation (tokens). Default: the "
+                                                  "deployment's [budgets] max_new_tokens.")]
 Split = Annotated[str | None, typer.Option(help="dev (tuning), sealed (finals) or all. Default: the deployment's "
                                            "split, else dev.")]
 
@@ -123,6 +125,15 @@ def read_json_object(path: Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{path} holds no JSON object")
     return data
+
+
+def output_budget(given: int | None, dep, most: int | None = None) -> int:
+    """--max-new-tokens, else the deployment's; checked before any model loads."""
+    budget = given if given is not None else dep.max_new_tokens
+    if budget <= 0 or (most is not None and budget > most):
+        bound = f"in 1..{most}" if most is not None else "positive"
+        raise UserError(f"--max-new-tokens must be {bound}, got {budget}")
+    return budget
 
 
 def positive(**values) -> None:

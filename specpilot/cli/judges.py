@@ -18,6 +18,7 @@ from specpilot.cli.common import (
     Datasets,
     DeploymentFile,
     Limit,
+    MaxNewTokens,
     Preset,
     Split,
     app,
@@ -27,6 +28,7 @@ from specpilot.cli.common import (
     interruptible,
     load_named,
     named_or_tiny,
+    output_budget,
     positive,
     system_help,
 )
@@ -45,8 +47,7 @@ def force(
     limit: Annotated[int | None, typer.Option(help="Requests per dataset to start from (the power bound may add "
                                                    "more, up to --max-limit). Default: the deployment's [budgets] "
                                                    "limit, else all.")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (up to 4096). Default: the "
-                                                            "deployment's [budgets] max_new_tokens.")] = None,
+    max_new_tokens: MaxNewTokens = None,
     data_dir: DataDir = None,
     power_bound: Annotated[float, typer.Option(help="Add requests (doubling, up to --max-limit per dataset) until an "
                                                "excess mismatch rate this small (a fraction: 0.001 = 0.1 points) "
@@ -89,9 +90,7 @@ def force(
 
     dep = load_named(preset, deployment)
     parse(candidate), parse(reference)  # bad names fail before any model loads
-    budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
-    if not 0 < budget <= 4096:
-        raise UserError(f"max_new_tokens must be in 1..4096, got {budget}")
+    budget = output_budget(max_new_tokens, dep, most=4096)
     check_output(json_path)
     if not 0 <= power_bound < 1:
         raise UserError(f"--power-bound is a fraction in [0, 1), got {power_bound}")
@@ -165,8 +164,7 @@ def compare(
     deployment: DeploymentFile = None,
     dataset: Datasets = None,
     limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget. Default: the deployment's "
-                                                            "[budgets] max_new_tokens.")] = None,
+    max_new_tokens: MaxNewTokens = None,
     block: Annotated[int, typer.Option(help="Requests per turn in the A B B A interleaving.")] = 4,
     gpu: Annotated[str | None, typer.Option(help="CUDA device the workers are pinned to (one GPU: A B B A blocks).")
                    ] = None,
@@ -216,9 +214,7 @@ def compare(
         raise UserError(f"--noise is the A/A noise as a fraction (0.01 = 1%), from 0 to below 1; got {noise}")
     if not timeout > 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {timeout}")
-    new_tokens = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
-    if new_tokens <= 0:
-        raise UserError(f"max_new_tokens must be positive, got {new_tokens}")
+    new_tokens = output_budget(max_new_tokens, dep)
     check_output(json_path)
     aa = _aa_run(aa_card) if aa_card is not None else None
     on_cpu = dep.torch_device().type == "cpu"

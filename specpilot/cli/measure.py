@@ -14,6 +14,7 @@ from specpilot.cli.common import (
     Datasets,
     DeploymentFile,
     Limit,
+    MaxNewTokens,
     Preset,
     Split,
     app,
@@ -23,6 +24,7 @@ from specpilot.cli.common import (
     fmt,
     interruptible,
     load_named,
+    output_budget,
     positive,
     read_json_object,
 )
@@ -42,8 +44,7 @@ def replay(
     dataset: Datasets = None,
     split: Split = None,
     limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation. Default: "
-                                                            "the deployment's [budgets] max_new_tokens.")] = None,
+    max_new_tokens: MaxNewTokens = None,
     data_dir: DataDir = None,
     builder: Annotated[list[str] | None, typer.Option(
         "--builder", help="Tree builders to replay (repeatable; default: all: chain, ddtree, best_first, eagle2, "
@@ -123,9 +124,7 @@ def _speculative_run(run_dir: Path, systems: list[str], why: str, preset, deploy
     dep = load_named(preset, deployment)
     if dep.drafter is None:
         raise UserError(f"deployment {dep.name} has no drafter")
-    budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
-    if budget <= 0:
-        raise UserError(f"max_new_tokens must be positive, got {budget}")
+    budget = output_budget(max_new_tokens, dep)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir} is a file, not a folder")
     plan = BenchPlan(dep, parsed, dataset or dep.datasets, split or dep.split,
@@ -183,8 +182,7 @@ def ceiling(
     dataset: Datasets = None,
     split: Split = None,
     limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation. Default: "
-                                                            "the deployment's [budgets] max_new_tokens.")] = None,
+    max_new_tokens: MaxNewTokens = None,
     data_dir: DataDir = None,
     nodes: Annotated[str, typer.Option(help="Node budgets whose step is timed for c(N) (with --measure).")
                      ] = "8,16,32,64",

@@ -15,6 +15,7 @@ from specpilot.cli.common import (
     Datasets,
     DeploymentFile,
     Limit,
+    MaxNewTokens,
     Preset,
     Split,
     app,
@@ -24,6 +25,7 @@ from specpilot.cli.common import (
     fmt,
     interruptible,
     load_named,
+    output_budget,
     system_help,
 )
 from specpilot.errors import UserError
@@ -54,8 +56,7 @@ def bench(
     dataset: Datasets = None,
     split: Split = None,
     limit: Limit = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget per generation. Default: "
-                                                            "the deployment's [budgets] max_new_tokens.")] = None,
+    max_new_tokens: MaxNewTokens = None,
     data_dir: DataDir = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every figure and per-request row here.")
                          ] = None,
@@ -72,11 +73,9 @@ def bench(
     plan = BenchPlan(dep, plan_systems(system or ([dep.system] if dep.system else [])), dataset or dep.datasets,
                      split or dep.split,
                      limit if limit is not None else dep.limit,
-                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, data_dir, oracle)
+                     output_budget(max_new_tokens, dep), data_dir, oracle)
     if plan.limit is not None and plan.limit <= 0:
         raise UserError(f"--limit must be positive, got {plan.limit}")
-    if plan.max_new_tokens <= 0:
-        raise UserError(f"max_new_tokens must be positive, got {plan.max_new_tokens}")
     check_output(json_path)
     requests = collect_requests(plan)
     needs_drafter = any(s.base == "stock" for s in plan.systems)
@@ -113,7 +112,7 @@ def generate(
     deployment: DeploymentFile = None,
     system: Annotated[list[str] | None, typer.Option("--system", "-s", help=system_help(
         "The system (one; default: the deployment's `system`, else stock),"))] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Output budget (default: the deployment's).")] = None,
+    max_new_tokens: MaxNewTokens = None,
 ) -> None:
     """Answer one prompt with one system: the model's text on stdout exactly as decoded (then one newline), its
     step statistics on stderr. Every option of the system applies (graphs and the `gemv` step tuning are warmed
@@ -126,7 +125,7 @@ def generate(
     if system and len(system) > 1:
         raise UserError(f"generate runs one system; got {len(system)} (compare them with `specpilot bench`)")
     sys_ = parse(system[0] if system else dep.system or "stock")
-    budget = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
+    budget = output_budget(max_new_tokens, dep)
     if not prompt.strip():
         raise UserError("empty prompt")
     if sys_.speculative and dep.drafter is None:
