@@ -99,7 +99,7 @@ def synthetic_loop(tmp_path, rounds=2, resume=False, interrupt_at=None):
     gate, ev = FakeGate(), Planted()
     loop = Loop(plan, run, models=lambda: pytest.fail("the synthetic loop loads no models"),
                 gate_factory=lambda runner: gate)
-    loop._runner, loop.evidence, loop._block = object(), lambda ceiling: ev, lambda: 8
+    loop._runner, loop.evidence, loop._block, loop._width = object(), lambda ceiling: ev, lambda: 8, lambda: 16
     if interrupt_at is not None:  # a kill after `interrupt_at` measurements
         real = run.once
 
@@ -394,6 +394,10 @@ def test_combine_and_space():
     tree = Direction("tau", "tree builder over the lattice", ["tree"])
     got = {s.name for s in agent.candidates(tree, stock, "cpu", 8)}
     assert "stock:nodes=4" in got and "stock:nodes=16" not in got  # a chain holds the block at most
+    eagle = parse_system("stock:tree=eagle2,nodes=16")
+    k_moves = agent.candidates(Direction("tree", "eagle2's k", ["tree_k"]), eagle, "cpu", 8, width=4)
+    assert [s.get("tree_k") for s in k_moves] == [2]  # 8 exceeds a drafter of 4 candidates a position
+    assert len(agent.candidates(Direction("tree", "eagle2's k", ["tree_k"]), eagle, "cpu", 8)) == 2  # width unknown
     assert PLANTED in got
     base = agent.directions(CEILING["factors"], stock, speedup=0.6)[0]
     assert base.factor == "base"  # speculation losing: AR looked at first

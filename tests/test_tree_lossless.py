@@ -131,9 +131,31 @@ def test_trees_accept_off_the_greedy_chain_and_stay_lossless(oracle_setup, name,
 def test_bad_tree_systems_are_user_errors():
     target, drafter = _models("llama-mha-b4-selector")  # block 4, K = 4
     for text, words in [("stock:tree=eagle2,nodes=200", "holds 2.."), ("stock:tree=sequoia,tree_accept=0.9/0.5", "sum"),
-                        ("stock:tree=best_first,nodes=1", "holds 2..")]:
+                        ("stock:tree=best_first,nodes=1", "holds 2.."),
+                        ("stock:tree=eagle2,tree_k=5", "tree_k=5 exceeds the drafter's 4 candidates")]:
         with pytest.raises(UserError, match=words):
             Engine(target, drafter, parse_system(text), context=CONTEXT)
     with pytest.raises(UserError, match="draft slots"):  # a tree's rows need room in the context
         Engine(target, drafter, parse_system("stock:tree=best_first,nodes=60"), context=CONTEXT).generate(
             [1] * 60, CONTEXT - 70, ())
+
+
+def test_the_loop_knows_which_trees_the_engine_takes():
+    """loop/space.runs_as_named, given the drafter's block and width, says yes exactly where the engine builds."""
+    from specpilot.loop.space import GRIDS, runs_as_named, variant
+
+    target, drafter = _models("llama-mha-b4-selector")  # block 4, K = 4
+    stock, seen = parse_system("stock"), set()
+    for tree in BUILDERS:
+        for nodes in (0, *GRIDS["nodes"]):
+            for k in GRIDS["tree_k"] if tree == "eagle2" else (4,):
+                for block in (0, 2, 3):
+                    system = variant(stock, tree=tree, nodes=nodes, tree_k=k, block_size=block)
+                    try:
+                        Engine(target, drafter, system, context=CONTEXT)
+                        built = True
+                    except UserError:
+                        built = False
+                    assert runs_as_named(system, 4, 4) == built, system.name
+                    seen.add(built)
+    assert seen == {True, False}

@@ -59,7 +59,8 @@ OPTIONS: dict[str, Option] = _options(
            bases=("stock",), choices=("chain", "ddtree", "best_first", "eagle2", "sequoia")),
     Option("nodes", int, 0, "rows verified per step, the anchor included: 0 = the block size; a tree may hold "
            "more than the block (a chain no more)", "engine", bases=("stock",), minimum=0, maximum=512),
-    Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands", "engine", bases=("stock",),
+    Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands (at most the drafter's "
+           "candidates per position)", "engine", bases=("stock",),
            minimum=1, maximum=64),
     Option("tree_accept", str, "", "sequoia: acceptance by child rank, p0/p1/... (specpilot replay measures it); "
            "empty = the default profile (speculative/sequoia.py)", "engine", bases=("stock",), form=parse_accept),

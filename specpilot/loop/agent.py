@@ -59,10 +59,10 @@ class BuiltinAgent:
             out.append(Direction("memory", "entries of the structured memory", [], reused=True, systems=systems))
         return out[: self.max_directions]
 
-    def candidates(self, d: Direction, start: System, device: str, block: int) -> list[System]:
+    def candidates(self, d: Direction, start: System, device: str, block: int, width: int = 0) -> list[System]:
         """Every system the direction can reach from `start` in one move (its parameters varied jointly), each one
-        the engine runs as named."""
-        return [s for s in self._moves(d, start, device, block) if runs_as_named(s, block)]
+        the engine runs as named (block and width: the drafter's, space.runs_as_named)."""
+        return [s for s in self._moves(d, start, device, block) if runs_as_named(s, block, width)]
 
     def _moves(self, d: Direction, start: System, device: str, block: int) -> list[System]:
         if d.factor == "base":
@@ -83,7 +83,7 @@ class BuiltinAgent:
         return out
 
     def tune(self, d: Direction, start: System, ev: Evidence, device: str, block: int,
-             rivals: dict[str, float] | None = None) -> dict:
+             rivals: dict[str, float] | None = None, width: int = 0) -> dict:
         """Predict every candidate; submit the best `per_direction` that beat the start's prediction by the
         headroom. A candidate whose tau needed a short run is held to the start's prediction from the same short
         run. rivals (base -> predicted speedup of what the round already promoted): a candidate of another base
@@ -102,7 +102,7 @@ class BuiltinAgent:
             return max((v for b, v in rivals.items() if b != mine), default=0.0)
 
         evaluated, best = [], 0.0
-        for c in self.candidates(d, start, device, block):
+        for c in self.candidates(d, start, device, block, width):
             # what it must reach to be submitted: the start's and rivals' bars, and the best replayed so far
             needed = max(base.get("speedup", 0.0) * margin, rival(c.name) * margin,
                          best if self.per_direction == 1 else 0.0)

@@ -258,7 +258,8 @@ class Loop:
             return {"direction": d.to_json(), "evidence": {"skipped": short, "evaluated": [], "chosen": []},
                     "gated": []}
         tuned = self.run.once(f"{step}/evidence", lambda: {"skipped": skipped, "evaluated": [], "chosen": []}
-                              if skipped else self.plan.agent.tune(d, start, ev(), device, self._block(), dict(rivals)))
+                              if skipped else self.plan.agent.tune(d, start, ev(), device, self._block(), dict(rivals),
+                                                                   self._width()))
         gated = []
         for cand in tuned["chosen"]:
             short = self._short(f"{step}/{slug(cand)}/gate", "gate")
@@ -299,10 +300,8 @@ class Loop:
         if combined is None or combined in parts or combined == start:
             return {"parts": parts, "combined": combined, "result": best}
         merged = parse(combined)
-        if not runs_as_named(merged, self._block()):  # e.g. a chain of nodes=8 beside block_size=4
-            block = merged.get("block_size") or self._block()
-            return {"parts": parts, "combined": combined, "result": best,
-                    "refused": f"a chain verifies its block's {block} rows at most, {merged.get('nodes')} asked"}
+        if not runs_as_named(merged, self._block(), self._width()):  # e.g. a chain of nodes=8 beside block_size=4
+            return {"parts": parts, "combined": combined, "result": best, "refused": self._unrunnable(merged)}
         short = self._short(f"{step}/gate", "gate")
         if short:
             return {"parts": parts, "combined": combined, "refused": short, "result": best}
@@ -310,6 +309,13 @@ class Loop:
         g = self.run.once(f"{step}/gate", lambda: self.gate.judge(start, combined))
         better = g["promoted"] and (not promoted or g["controller"]["gain"] >= promoted[0]["controller"]["gain"])
         return {"parts": parts, "combined": combined, "gated": g, "result": combined if better else best}
+
+    def _unrunnable(self, system) -> str:
+        block, tree, nodes = system.get("block_size") or self._block(), system.get("tree"), system.get("nodes")
+        if tree == "chain":
+            return f"a chain verifies its block's {block} rows at most, {nodes} asked"
+        return (f"tree={tree} (tree_k={system.get('tree_k')}) cannot place {nodes} rows on the drafter's lattice "
+                f"({block - 1} deep, {self._width()} wide)")
 
     def _tune_kernels(self, step: str, ceiling: dict, start: str, ev, device: str) -> dict:
         furthest = next((c["class"] for c in ceiling["classes"] if c["class"] in CLASS_OPTIONS
@@ -322,7 +328,8 @@ class Loop:
             return {"class": furthest, "refused": short}
         self.say(f"phase 3: {d.mechanism}")
         tuned = self.run.once(f"{step}/evidence",
-                              lambda: self.plan.agent.tune(d, parse(start), ev(), device, self._block()))
+                              lambda: self.plan.agent.tune(d, parse(start), ev(), device, self._block(),
+                                                           width=self._width()))
         out = {"class": furthest, "evidence": tuned}
         if tuned["chosen"]:
             cand = tuned["chosen"][0]
@@ -387,6 +394,10 @@ class Loop:
     def _block(self) -> int:
         """The drafter's block (the models load here, only when a step must run)."""
         return self.runner.engine(parse("stock")).block
+
+    def _width(self) -> int:
+        """The drafter's lattice candidates per position (as _block)."""
+        return self.runner.engine(parse("stock")).width
 
     def loop(self, remember: Callable[[dict], list[str]] = lambda r: []) -> dict:
         """With a budget (the run directory's), a round starts only if the last one's duration fits in what is

@@ -57,10 +57,18 @@ def values(name: str, system: System, device: str = "cpu", block: int | None = N
     return out
 
 
-def runs_as_named(system: System, block: int) -> bool:
-    """Whether the engine takes the system as it is named: a chain verifies the rows of its block at most (the
-    drafter's `block`, or its own block_size), and is refused beyond them."""
-    return system.get("tree") != "chain" or system.get("nodes") <= (system.get("block_size") or block)
+def runs_as_named(system: System, block: int, width: int = 0) -> bool:
+    """Whether the engine takes the system as it is named: a tree holds the rows its builder can place on the
+    lattice (depth: the block, the drafter's `block` or its own block_size, less the anchor; width: the drafter's
+    candidates per position, 0 when not known: only a chain's limit is checked), and eagle2 keeps at most `width`
+    per depth; the engine refuses the rest."""
+    from specpilot.speculative.tree import max_nodes  # torch: only once a loop runs
+
+    tree, nodes, own = system.get("tree"), system.get("nodes"), system.get("block_size") or block
+    if tree == "chain" or not width:
+        return tree != "chain" or nodes <= own
+    k = system.get("tree_k")
+    return not (tree == "eagle2" and k > width) and (nodes or own) <= max_nodes(tree, own - 1, width, k)
 
 
 def variant(system: System, **changes) -> System:

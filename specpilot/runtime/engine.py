@@ -96,7 +96,7 @@ class Engine:
         self._ar = StepGraph(self._ar_step, self.use_graphs)
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
-        self.block = self.rows = 0
+        self.block = self.rows = self.width = 0  # width: the drafter's lattice candidates per position
         self.builder = None
         if drafter is not None:
             self._init_spec(drafter, self.system.get("block_size") if self.system.speculative else 0)
@@ -107,11 +107,13 @@ class Engine:
         if block_size and not 2 <= block_size <= own:
             raise UserError(f"block_size={block_size} is outside 2..{own} (the drafter's own block size)")
         self.block = block_size or own
+        self.width = min(drafter.selector.top_k if drafter.selector is not None else TOP_K,
+                         self.target.cfg.vocab_size)
         if drafter.rope.length < self.context + 1:
             drafter.set_rope_length(self.context + 1, device=self.device)
         # One extra slot at the end absorbs the K/V of context rows that are not valid this step.
         self.dcache = drafter.new_cache(1, self.context + 1)
-        self.builder = self._builder(drafter)
+        self.builder = self._builder()
         rows = self.builder.rows if self.builder is not None else self.block  # one round's rows
         tlv = self.system.get("verify") == "tlv"
         paths = 2 * self.block if tlv else self.block  # the longest committed path (two rounds' with tlv)
@@ -127,16 +129,18 @@ class Engine:
         self.spec = TwoLevelStep(*args, rows=rows, path=self.block) if tlv else SpecStep(*args)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
 
-    def _builder(self, drafter: DFlashDrafter) -> TreeBuilder | None:
+    def _builder(self) -> TreeBuilder | None:
         """The system's tree builder (None: stock's chain at the block size, the released behaviour)."""
         name, nodes = self.system.get("tree"), self.system.get("nodes")
         if name == "chain" and nodes in (0, self.block):
             return None
-        width = min(drafter.selector.top_k if drafter.selector is not None else TOP_K, self.target.cfg.vocab_size)
+        k = self.system.get("tree_k")
+        if name == "eagle2" and k > self.width:  # the builder would keep fewer per depth than the name says
+            raise UserError(f"system {self.system.name!r}: tree_k={k} exceeds the drafter's {self.width} candidates "
+                            "per position")
         try:
             accept = parse_accept(self.system.get("tree_accept"))
-            return TreeBuilder(name, nodes or self.block, self.block - 1, width, self.system.get("tree_k"), accept,
-                               self.plan)
+            return TreeBuilder(name, nodes or self.block, self.block - 1, self.width, k, accept, self.plan)
         except ValueError as exc:
             raise UserError(f"system {self.system.name!r}: {exc}") from None
 
