@@ -311,11 +311,15 @@ class Loop:
         return {"parts": parts, "combined": combined, "gated": g, "result": combined if better else best}
 
     def _unrunnable(self, system) -> str:
-        block, tree, nodes = system.get("block_size") or self._block(), system.get("tree"), system.get("nodes")
+        """Why the engine refuses a system that runs_as_named turned down."""
+        block, tree, k, width = system.get("block_size") or self._block(), system.get("tree"), system.get("tree_k"), \
+            self._width()
+        nodes = system.get("nodes") or block
         if tree == "chain":
             return f"a chain verifies its block's {block} rows at most, {nodes} asked"
-        return (f"tree={tree} (tree_k={system.get('tree_k')}) cannot place {nodes} rows on the drafter's lattice "
-                f"({block - 1} deep, {self._width()} wide)")
+        if tree == "eagle2" and k > width:
+            return f"tree_k={k} exceeds the drafter's {width} candidates per position"
+        return f"tree={tree} cannot place {nodes} rows on the drafter's lattice ({block - 1} deep, {width} wide)"
 
     def _tune_kernels(self, step: str, ceiling: dict, start: str, ev, device: str) -> dict:
         furthest = next((c["class"] for c in ceiling["classes"] if c["class"] in CLASS_OPTIONS
