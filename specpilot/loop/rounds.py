@@ -312,8 +312,8 @@ class Loop:
 
     def _unrunnable(self, system) -> str:
         """Why the engine refuses a system that runs_as_named turned down."""
-        block, tree, k, width = system.get("block_size") or self._block(), system.get("tree"), system.get("tree_k"), \
-            self._width()
+        block = system.get("block_size") or self._block()
+        tree, k, width = system.get("tree"), system.get("tree_k"), self._width()
         nodes = system.get("nodes") or block
         if tree == "chain":
             return f"a chain verifies its block's {block} rows at most, {nodes} asked"
