@@ -82,7 +82,10 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def folder_atomic(path: str | Path, suffix: str = ".partial"):
     """Yield a fresh folder beside `path` to fill; on success it replaces `path` as one unit, on any failure (or
     Ctrl-C) it goes and `path` is as it was."""
-    path = Path(path)
+    path = Path(os.path.abspath(path))  # "." has no name to put a sibling beside
+    old = path.with_name(f".{path.name}.replaced")
+    if old.is_dir() and not path.exists():  # an earlier swap died between its renames: old is the last copy
+        old.rename(path)
     tmp = path.with_name(path.name + suffix)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -91,9 +94,23 @@ def folder_atomic(path: str | Path, suffix: str = ".partial"):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _swap_in(tmp, path, old)
+
+
+def _swap_in(new: Path, path: Path, old: Path) -> None:
+    """Rename the old folder away, the new one in, then delete the old: some complete copy is on disk at every
+    instant (a crash between the renames leaves the old one at `old`, put back by the next write)."""
+    shutil.rmtree(old, ignore_errors=True)
     if path.exists():
-        shutil.rmtree(path)
-    tmp.rename(path)
+        path.rename(old)
+    try:
+        new.rename(path)
+    except BaseException:
+        if old.exists() and not path.exists():
+            old.rename(path)
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:

@@ -288,3 +288,32 @@ def test_the_profile_of_eager_steps_prints_nothing_of_its_own(capfd):
     prof = profile_generations(engine, [[1, 2, 3]], 4)
     assert prof.steps >= 3 and sum(prof.classes.values()) > 0
     assert "profiler_st" not in capfd.readouterr().err
+
+
+def test_a_measurement_that_fails_midway_leaves_the_last_one_whole(tmp_path, monkeypatch):
+    """inputs.json and every system's recording are one measurement: a failure on the second system's files
+    leaves the last measurement as it was, not the first system's new recording beside its old inputs."""
+    import dataclasses
+
+    import torch
+
+    from specpilot.ceiling import run as ceiling_run
+
+    run, turn = tmp_path / "run", _synthetic_turn()
+    ceiling_run.save(run, {"n": 1}, {"a": [turn], "b": [turn]}, {"deployment": "old"})
+    real, calls = torch.save, []
+
+    def save(obj, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    new = dataclasses.replace(turn, live=[1, 1, 1])
+    with pytest.raises(OSError):
+        ceiling_run.save(run, {"n": 2}, {"a": [new], "b": [new]}, {"deployment": "new"})
+    inputs, recordings = ceiling_run.load(run)
+    assert inputs["n"] == 1 and inputs["meta"] == {"deployment": "old"}
+    assert [t.live for turns in recordings.values() for t in turns] == [[2, 1, 2], [2, 1, 2]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

@@ -172,6 +172,40 @@ def test_a_folder_written_atomically_is_whole_or_as_it_was(tmp_path):
     assert [p.name for p in out.iterdir()] == ["c"]  # replaced as a whole: nothing of the last one mixed in
 
 
+def test_a_folder_swap_that_fails_midway_keeps_the_old_copy(tmp_path, monkeypatch):
+    """The old folder is renamed away before the new one goes in: a failure there must put the old one back."""
+    out = tmp_path / "out"
+    with folder_atomic(out) as tmp:
+        (tmp / "a").write_text("old")
+    real = type(out).rename
+
+    def rename(self, target):
+        if self.name == "out.partial":  # the new folder's rename into place fails (disk, signal, ...)
+            raise OSError("rename failed")
+        return real(self, target)
+
+    monkeypatch.setattr(type(out), "rename", rename)
+    with pytest.raises(OSError), folder_atomic(out) as tmp:
+        (tmp / "b").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "a").read_text() == "old"
+
+
+def test_a_swap_that_died_between_its_renames_is_put_back(tmp_path):
+    """A kill (no handler runs) after the old folder was renamed away: the next write finds the hidden copy and
+    puts it back first, so even a failing write leaves the last complete folder in place."""
+    out = tmp_path / "out"
+    with folder_atomic(out) as tmp:
+        (tmp / "a").write_text("old")
+    out.rename(tmp_path / ".out.replaced")  # the state a kill between the two renames leaves
+    with pytest.raises(RuntimeError), folder_atomic(out) as tmp:
+        raise RuntimeError("crash")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "a").read_text() == "old"
+    out.rename(tmp_path / ".out.replaced")
+    with folder_atomic(out) as tmp:
+        (tmp / "b").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and [p.name for p in out.iterdir()] == ["b"]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--budget", "-5"], "--budget"),
     (["--budget", "nan"], "--budget"),

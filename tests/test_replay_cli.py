@@ -1,11 +1,15 @@
 """`specpilot replay` end to end on the tiny preset, its one-line errors, and the node-budget curves."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from specpilot.replay.budget import curves, plot
+from specpilot.replay.record import load, save
 from specpilot.replay.run import accept_option, policies
+from tests.test_ceiling import _synthetic_turn
 from tests.test_cli import assert_one_line_error, specpilot
 
 
@@ -65,3 +69,23 @@ def test_node_budget_curves(tmp_path):
     pytest.importorskip("matplotlib")
     path = plot(result, "test", tmp_path / "c.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_recording_that_fails_midway_leaves_the_last_one_whole(tmp_path, monkeypatch):
+    """lattices.pt and meta.json are one recording: a failure writing the second never pairs a new first with the
+    last run's second."""
+    run, turn = tmp_path / "run", _synthetic_turn()
+    save(run, [turn], {"system": "old"})
+    real = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.name == "meta.json":
+            raise OSError("disk full")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(OSError):
+        save(run, [dataclasses.replace(turn, live=[1, 1, 1])], {"system": "new"})
+    turns, meta = load(run)
+    assert meta == {"system": "old"} and turns[0].live == [2, 1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

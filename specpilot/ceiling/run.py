@@ -29,10 +29,10 @@ from specpilot.config.system import with_options
 from specpilot.errors import UserError
 from specpilot.replay.record import TurnLattices
 from specpilot.replay.record import load as load_lattices
-from specpilot.replay.record import save as save_lattices
+from specpilot.replay.record import write as write_lattices
 from specpilot.replay.run import record
 from specpilot.replay.walk import best
-from specpilot.results import write_json_atomic
+from specpilot.results import folder_atomic
 
 KEPT = ("tau", "tau_histogram", "decode_ms_per_step", "decode_ms_per_token", "speedup_vs_ar", "n_requests",
         "mismatch_vs_ar", "by_dataset")
@@ -171,14 +171,14 @@ def _bytes(dtype: torch.dtype) -> int:
 
 
 def save(run_dir, inputs: dict, recordings: dict[str, list[TurnLattices]], meta: dict) -> None:
-    """run_dir/inputs.json and one recorded-lattice folder per system (lattices-<i>, named in inputs.json)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    folders = {}
-    for i, (name, turns) in enumerate(recordings.items()):
-        folders[name] = f"lattices-{i}"
-        save_lattices(run_dir / folders[name], turns, {**meta, "system": name})
-    write_json_atomic(run_dir / "inputs.json", {**inputs, "meta": meta, "lattices": folders})
+    """run_dir/inputs.json and one recorded-lattice folder per system (lattices-<i>, named in inputs.json), the
+    folder replaced as one unit (never one system's recording new and another's old)."""
+    with folder_atomic(run_dir) as tmp:
+        folders = {}
+        for i, (name, turns) in enumerate(recordings.items()):
+            folders[name] = f"lattices-{i}"
+            write_lattices(tmp / folders[name], turns, {**meta, "system": name})
+        (tmp / "inputs.json").write_text(json.dumps({**inputs, "meta": meta, "lattices": folders}, indent=1) + "\n")
 
 
 def load(run_dir) -> tuple[dict, dict[str, list[TurnLattices]]]:

@@ -6,7 +6,6 @@ and the output (the target's greedy continuation from every committed prefix). S
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import torch
 
 from specpilot.errors import UserError
-from specpilot.results import write_json_atomic
+from specpilot.results import folder_atomic
 from specpilot.speculative.lattice import Lattice
 
 FORMAT = 1
@@ -89,14 +88,18 @@ class Recorder:
 
 
 def save(folder: Path, turns: list[TurnLattices], meta: dict) -> Path:
-    """folder/lattices.pt and folder/meta.json, each written under a temporary name first."""
+    """folder/lattices.pt and folder/meta.json, the folder replaced as one unit: a reader never finds one file
+    of this recording beside one of the last."""
+    with folder_atomic(folder) as tmp:
+        write(tmp, turns, meta)
+    return Path(folder) / "lattices.pt"
+
+
+def write(folder: Path, turns: list[TurnLattices], meta: dict) -> None:
+    """The recording's files into a folder being filled (a ceiling measurement's holds one per system)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "lattices.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save({"format": FORMAT, "turns": [t.__dict__ for t in turns]}, tmp)
-    os.replace(tmp, path)
-    write_json_atomic(folder / "meta.json", meta)
-    return path
+    torch.save({"format": FORMAT, "turns": [t.__dict__ for t in turns]}, folder / "lattices.pt")
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 def load(folder: Path) -> tuple[list[TurnLattices], dict]:
