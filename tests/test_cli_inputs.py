@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from specpilot.cli.common import check_output_folder
 from specpilot.config import parse_system
 from specpilot.deployment import load_deployment
 from specpilot.errors import UserError
@@ -204,6 +205,45 @@ def test_a_swap_that_died_between_its_renames_is_put_back(tmp_path):
     with folder_atomic(out) as tmp:
         (tmp / "b").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and [p.name for p in out.iterdir()] == ["b"]
+
+
+OUTPUT_FOLDERS = {  # commands that write a folder at the end of their work, "{out}" where it goes
+    "loop": ["loop", "--preset", "tiny", "--limit", "3", "--max-new-tokens", "4", "--run-dir", "{out}"],
+    "replay": ["replay", "{out}", "--record", "--preset", "tiny", "--limit", "1", "--max-new-tokens", "4"],
+    "ceiling": ["ceiling", "{out}", "--measure", "--preset", "tiny", "--limit", "1", "--max-new-tokens", "4"],
+}
+
+
+@pytest.mark.parametrize("command, where, needle", [
+    *[(c, "file/a/b", "file is a file") for c in OUTPUT_FOLDERS],  # a file on the way: no folder can be made
+    *[(c, "file", "it is a file") for c in OUTPUT_FOLDERS],
+    ("replay", "mine", "refusing to replace"),  # another's folder the result would replace (a loop's: RunDir's)
+    ("ceiling", "mine", "refusing to replace"),
+])
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch, command, where,
+                                                                           needle):
+    import specpilot.loop.main as loop_main
+    import specpilot.models.pair as pair
+
+    def work(*args, **kwargs):
+        raise AssertionError("the work started")
+
+    monkeypatch.setattr(pair, "build_pair", work)
+    monkeypatch.setattr(loop_main, "run_loop", work)
+    (tmp_path / "file").write_text("kept")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.txt").write_text("kept")
+    args = [str(tmp_path / where) if a == "{out}" else a for a in OUTPUT_FOLDERS[command]]
+    assert_one_line_error(specpilot(*args), needle)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine"]
+    assert (tmp_path / "file").read_text() == "kept" and [p.name for p in (tmp_path / "mine").iterdir()] == [
+        "thesis.txt"]
+
+
+def test_a_recording_may_go_under_folders_not_made_yet(tmp_path):
+    check_output_folder(tmp_path / "new" / "deeper" / "run", "lattices.pt", make_parents=True)  # the write makes them
+    with pytest.raises(UserError, match="does not exist"):
+        check_output_folder(tmp_path / "new" / "run", "meta.json")  # the training outputs still want the parent
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -84,22 +84,40 @@ def _writable_parent(path: Path) -> None:
     if not path.parent.is_dir():
         what = "is not a folder" if path.parent.exists() else "does not exist"
         raise UserError(f"cannot write {path}: {path.parent} {what}")
+    _takes_files(path.parent, path)
+
+
+def _takes_files(folder: Path, path: Path) -> None:
     try:
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".check"):
             pass
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def check_output_folder(path: Path, mark: str) -> None:
+def check_output_folder(path: Path, mark: str, make_parents: bool = False) -> None:
     """Fail before any work when a folder output could not be written, or would replace a folder this command did
     not write (the write replaces the folder as one unit; `mark` is a file every earlier output of it holds)."""
-    if path.exists() and not path.is_dir():
-        raise UserError(f"cannot write {path}: it is a file; give a folder's path")
+    check_folder_path(path, make_parents)
     if path.is_dir() and any(path.iterdir()) and not (path / mark).exists():
         raise UserError(f"refusing to replace {path}: it holds files this command did not write (no {mark}); "
                         "give a new or empty folder")
-    _writable_parent(path)
+
+
+def check_folder_path(path: Path, make_parents: bool = False) -> None:
+    """path is, or can become, a folder: not a file, and its parent (make_parents: the nearest folder above it
+    that exists, the write making the rest) a folder that takes new entries."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"cannot write {path}: it is a file; give a folder's path")
+    if not make_parents:
+        _writable_parent(path)
+        return
+    above = path.absolute().parent
+    while not above.exists() and above != above.parent:  # a path through a file "does not exist" up to the file
+        above = above.parent
+    if not above.is_dir():
+        raise UserError(f"cannot write {path}: {above} is a file, not a folder")
+    _takes_files(above, path)
 
 
 def named_or_tiny(preset: str | None, deployment: Path | None) -> tuple[str | None, Path | None]:

@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from specpilot.cli.common import DataDir, Datasets, DeploymentFile, Named, app, console, err, interruptible
+from specpilot.cli.common import (
+    DataDir,
+    Datasets,
+    DeploymentFile,
+    Named,
+    app,
+    check_folder_path,
+    console,
+    err,
+    interruptible,
+)
 from specpilot.errors import UserError
 
 # What `specpilot loop` runs with no arguments: the SmolLM2 pair, one short request from each benchmark whose data
@@ -92,8 +102,7 @@ def loop(
     if dataset:
         dep = dataclasses.replace(dep, datasets=list(dataset))
     folder = run_dir or Path("runs") / f"loop-{dep.name}"
-    if folder.parent.exists() and not folder.parent.is_dir():
-        raise UserError(f"--run-dir {folder}: {folder.parent} is a file")
+    check_folder_path(folder, make_parents=True)  # a file on the way fails here, not after a round's work
     if not resume:
         folder.parent.mkdir(parents=True, exist_ok=True)
     args = LoopArgs(dep, naming(preset, deployment),

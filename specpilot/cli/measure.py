@@ -19,6 +19,7 @@ from specpilot.cli.common import (
     Split,
     app,
     check_output,
+    check_output_folder,
     console,
     err,
     fmt,
@@ -80,7 +81,8 @@ def replay(
     if not low <= tree_k <= high:
         raise UserError(f"--tree-k must be in {low:g}..{high:g}, got {tree_k}")
     check_output(json_path)
-    if record:
+    if record:  # the recording replaces RUN_DIR at the end: a path that cannot take it fails before the run
+        check_output_folder(run_dir, "lattices.pt", make_parents=True)
         _record(run_dir, system, preset, deployment, dataset, split, limit, max_new_tokens, data_dir)
     elif not run_dir.exists():
         raise UserError(f"{run_dir} does not exist (record into it with --record)")
@@ -108,10 +110,10 @@ def replay(
         console.print(f"[dim]wrote {json_path}[/dim]")
 
 
-def _speculative_run(run_dir: Path, systems: list[str], why: str, preset, deployment, dataset, split, limit,
-                     max_new_tokens, data_dir):
+def _speculative_run(systems: list[str], why: str, preset, deployment, dataset, split, limit, max_new_tokens,
+                     data_dir):
     """The checks and set-up that recording and measuring share: stock systems only, a deployment with a drafter,
-    a positive budget, RUN_DIR a folder; then the requests and the models. -> (systems, plan, requests, runner)."""
+    a positive budget; then the requests and the models. -> (systems, plan, requests, runner)."""
     from specpilot.bench.harness import Runner
     from specpilot.bench.run import BenchPlan, collect_requests
     from specpilot.config.env import parse
@@ -125,8 +127,6 @@ def _speculative_run(run_dir: Path, systems: list[str], why: str, preset, deploy
     if dep.drafter is None:
         raise UserError(f"deployment {dep.name} has no drafter")
     budget = output_budget(max_new_tokens, dep)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"{run_dir} is a file, not a folder")
     plan = BenchPlan(dep, parsed, dataset or dep.datasets, split or dep.split,
                      limit if limit is not None else dep.limit, budget, data_dir)
     requests = collect_requests(plan)
@@ -140,7 +140,7 @@ def _record(run_dir: Path, system: str, preset, deployment, dataset, split, limi
     from specpilot.replay.run import record
     from specpilot.results import environment
 
-    (sys_,), plan, requests, runner = _speculative_run(run_dir, [system], "to record", preset, deployment, dataset,
+    (sys_,), plan, requests, runner = _speculative_run([system], "to record", preset, deployment, dataset,
                                                        split, limit, max_new_tokens, data_dir)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with interruptible(f"recording interrupted: {run_dir} was not touched"), \
@@ -213,7 +213,8 @@ def ceiling(
     sweep_report = read_json_object(sweep) if sweep is not None else None
     if sweep_report is not None and not isinstance(sweep_report.get("systems"), dict):
         raise UserError(f"--sweep {sweep} is not a `specpilot bench --json` report (it has no systems)")
-    if measure:
+    if measure:  # the measurement replaces RUN_DIR at the end: a path that cannot take it fails before the run
+        check_output_folder(run_dir, "inputs.json", make_parents=True)
         _measure_ceiling(run_dir, system or ["stock"], preset, deployment, dataset, split, limit, max_new_tokens,
                          data_dir, budgets, profile_requests, profile_tokens)
     elif not run_dir.exists():
@@ -253,7 +254,7 @@ def _measure_ceiling(run_dir: Path, systems: list[str], preset, deployment, data
     from specpilot.results import environment
 
     positive(profile_requests=profile_requests, profile_tokens=profile_tokens)
-    parsed, plan, requests, runner = _speculative_run(run_dir, systems, "to analyse (AR is the baseline)", preset,
+    parsed, plan, requests, runner = _speculative_run(systems, "to analyse (AR is the baseline)", preset,
                                                       deployment, dataset, split, limit, max_new_tokens, data_dir)
     cplan = CeilingPlan(parsed, requests, plan.max_new_tokens, budgets, profile_requests, profile_tokens)
     with interruptible(f"ceiling measurement interrupted: {run_dir} was not touched"), \
