@@ -63,6 +63,38 @@ class Deployment:
             return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
         return DTYPES[self.dtype]
 
+    @property
+    def twin(self) -> bool:
+        """Whether the models served are the widened twin of the ones named (models/pair.py)."""
+        return self.twin_width > 1 or self.twin_depth is not None
+
+    def tokenizer_folder(self) -> Path | None:
+        """The folder the tokenizer loads from (None: bytes)."""
+        if self.tokenizer == "bytes":
+            return None
+        return self.target.path if self.tokenizer == "target" else Path(self.tokenizer)
+
+    def as_served(self) -> dict:
+        """Every field as it resolved, for a result file: model and tokenizer folders absolute, with seeds and
+        random configs; the device and dtype the models run on (the file's `auto` kept under `asked`)."""
+        served = _plain(dataclasses.asdict(self))
+        folder = self.tokenizer_folder()
+        served.update(device=str(self.torch_device()), dtype=str(self.torch_dtype()), twin=self.twin,
+                      tokenizer="bytes" if folder is None else str(folder.resolve()),
+                      asked={"device": self.device, "dtype": self.dtype, "tokenizer": self.tokenizer})
+        return served
+
+
+def _plain(value: Any) -> Any:
+    """JSON's types: paths absolute strings, inside tables and lists too."""
+    if isinstance(value, Path):
+        return str(value.resolve())
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
 
 def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))

@@ -329,6 +329,55 @@ def test_bench_results_name_the_complete_configuration(tmp_path):
     assert report["schema"] == 1 and report["env_overrides"] == {}
 
 
+def test_a_record_gives_the_values_an_engine_ran_at_not_the_drafters_default():
+    stock = parse_system("stock:tree=best_first")
+    ran = stock.resolving(block_size=8, nodes=8)
+    assert ran == stock and ran.name == stock.name  # the same system: results and caches key on it alike
+    record = ran.to_json()
+    assert record["options"]["block_size"] == 8 and record["options"]["nodes"] == 8
+    assert record["asked"] == {"block_size": 0, "nodes": 0} and record["changed"] == ["tree"]
+    assert stock.to_json()["options"]["block_size"] == 0 and stock.to_json()["asked"] == {}  # not run: as asked
+
+
+def test_bench_results_record_the_deployment_and_the_values_that_ran(tmp_path):
+    import hashlib
+
+    data = tmp_path / "data" / "gsm8k" / "test.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(8)))
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(app, ["bench", "--preset", "tiny", "--system", "stock:nodes=6,tree=best_first",
+                                      "--dataset", "builtin", "--dataset", "gsm8k", "--data-dir", str(data.parents[1]),
+                                      "--limit", "1", "--max-new-tokens", "4", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    dep = report["deployment"]
+    assert dep["name"] == "tiny" and dep["source"].endswith("tiny.toml") and dep["context"] == 512
+    assert dep["target"]["seed"] == 0 and dep["drafter"]["seed"] == 1 and dep["drafter"]["random"]["block_size"] == 8
+    assert dep["tokenizer"] == "bytes" and dep["twin"] is False and dep["enable_thinking"] is False
+    assert dep["device"] == "cpu" and dep["dtype"] == "torch.float32" and dep["asked"]["dtype"] == "auto"
+    assert report["data_files"] == {"builtin": None, "gsm8k": {
+        "path": str(data.resolve()), "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}}
+    config = report["systems"]["stock:nodes=6,tree=best_first"]["config"]
+    assert config["options"]["block_size"] == 8 and config["options"]["nodes"] == 6  # the drafter's block, as run
+    assert config["asked"] == {"block_size": 0}
+    assert "block_size" not in report["systems"]["ar"]["config"]["options"]
+
+
+def test_a_deployment_records_its_folders_absolute(tmp_path):
+    from specpilot.deployment import load_deployment
+
+    (tmp_path / "models" / "t").mkdir(parents=True)
+    path = tmp_path / "dep.toml"
+    path.write_text('[target]\npath = "models/t"\nseed = 3\n[twin]\nwidth = 2\n')
+    served = load_deployment(path=path).as_served()
+    assert served["target"] == {"path": str((tmp_path / "models" / "t").resolve()), "random": None, "seed": 3}
+    assert served["tokenizer"] == served["target"]["path"] and served["asked"]["tokenizer"] == "target"
+    assert served["twin"] is True and served["twin_width"] == 2 and served["drafter"] is None
+    json.dumps(served)  # plain JSON throughout
+
+
 def test_no_import_cycle_between_modules():
     """No chain of imports (lazy ones included) leads a module back to itself, but a package's __init__ and
     the submodules it imports lazily (attention -> attention.triton -> attention)."""

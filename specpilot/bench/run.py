@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specpilot.bench.datasets import Request, load_requests
+from specpilot.bench.datasets import Request, data_file, load_requests
 from specpilot.bench.harness import Runner, TurnRecord, run_request_major
 from specpilot.bench.metrics import summarize
 from specpilot.config import System
 from specpilot.config.env import parse
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
+from specpilot.pypi import sha256_file
 from specpilot.results import environment, system_record
 
 
@@ -84,15 +85,23 @@ def _mean(values: list[float] | None) -> float | None:
 
 
 def bench_report(plan: BenchPlan, summaries: dict) -> dict:
-    dep = plan.deployment
     return {
         **environment(),
-        "deployment": {"name": dep.name, "source": dep.source, "regime": dep.regime, "dtype": str(dep.torch_dtype()),
-                       "context": dep.context},
+        "deployment": plan.deployment.as_served(),  # what ran, not only its name: a preset's file may change
         "datasets": plan.datasets,
+        "data_files": data_files(plan),
         "split": plan.split,
         "limit": plan.limit,
         "max_new_tokens": plan.max_new_tokens,
         "reference": plan.systems[0].name,  # speedup and mismatch are against it: plain AR (plan_systems)
         "systems": summaries,
     }
+
+
+def data_files(plan: BenchPlan) -> dict:
+    """Each dataset's file as read, with its sha256 (None: the built-in prompts, fixed by the commit)."""
+    out = {}
+    for name in plan.datasets:
+        path = data_file(name, plan.data_dir)
+        out[name] = None if path is None else {"path": str(path.resolve()), "sha256": sha256_file(path)}
+    return out

@@ -94,7 +94,7 @@ def _system_inputs(runner: Runner, sys_: System, turns: list[TurnLattices], prom
             continue  # a chain holds the block at most
         variant = sys_ if n == engine.rows else with_options(sys_, f"nodes={n}")
         step_s[str(n)] = step_seconds(runner, variant, prompts[0], plan.profile_tokens, plan.step_reps)
-    return {"config": sys_.to_json(), "builder": sys_.get("tree"), "rows": engine.rows, "block": engine.block,
+    return {"config": engine.system.to_json(), "builder": sys_.get("tree"), "rows": engine.rows, "block": engine.block,
             "shape": dataclasses.asdict(shape), "floors": to_json(floors(runner.target.cfg, runner.drafter.cfg, shape)),
             "profile": _profile(runner, sys_, prompts, plan.profile_tokens, stops),
             "step_s": step_s, "ideal": ideal(runner.target, turns, plan.ideal_k, engine.rows)}

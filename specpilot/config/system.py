@@ -8,7 +8,7 @@ file and evidence card records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specpilot.config.options import BASES, OPTIONS, convert, plan_options
@@ -21,6 +21,9 @@ class System:
     base: str
     options: dict[str, Any] = field(default_factory=dict)  # the non-default ones
     overridden: tuple[str, ...] = ()  # options set by the SPECPILOT_OPTIONS override (config/env.py)
+    # what an engine resolved options whose default defers to the drafter to (block_size=0: its own block); the
+    # same system either way, so not compared
+    resolved: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def name(self) -> str:
@@ -42,12 +45,19 @@ class System:
     def diagnostic(self) -> bool:
         return any(OPTIONS[k].group == "diagnostic" for k in self.options)
 
+    def resolving(self, **values: Any) -> System:
+        """This system with the values an engine ran its drafter-relative options at (block_size, nodes)."""
+        return replace(self, resolved=values)
+
     def to_json(self) -> dict:
-        """The complete configuration: every option with its value, which ones differ from the defaults and
-        which an environment override set."""
-        values = {name: self.get(name) for name, opt in OPTIONS.items() if self.base in opt.bases}
-        return {"system": self.name, "base": self.base, "options": values, "changed": sorted(self.options),
-                "env_overrides": list(self.overridden)}
+        """The complete configuration: every option with the value it ran at (resolved, where an engine resolved
+        it), the value asked for where that differs, which ones differ from the defaults and which an environment
+        override set."""
+        values = {name: self.resolved.get(name, self.get(name)) for name, opt in OPTIONS.items()
+                  if self.base in opt.bases}
+        asked = {k: self.get(k) for k, v in self.resolved.items() if v != self.get(k)}
+        return {"system": self.name, "base": self.base, "options": values, "asked": asked,
+                "changed": sorted(self.options), "env_overrides": list(self.overridden)}
 
 
 def _fmt(v: Any) -> str:

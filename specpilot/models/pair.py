@@ -53,7 +53,7 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
             drafter = random_drafter(dcfg, dep.drafter.seed, dtype, device, rope_length=rope)
         check_pair(target.cfg, drafter.cfg)
     tokenizer = _tokenizer(dep, target.cfg)
-    if dep.twin_width > 1 or dep.twin_depth is not None:
+    if dep.twin:
         target, drafter = _twin(dep, target, drafter)
     return target, drafter, tokenizer
 
@@ -102,10 +102,10 @@ def _hint(path) -> str:
 
 
 def _tokenizer(dep: Deployment, cfg: DenseConfig):
-    if dep.tokenizer == "bytes":
+    folder = dep.tokenizer_folder()
+    if folder is None:
         tok = ByteTokenizer(cfg.vocab_size)
     else:
-        folder = dep.target.path if dep.tokenizer == "target" else dep.tokenizer
         tok = HFTokenizer(folder, enable_thinking=dep.enable_thinking)
         if tok.vocab_size > cfg.vocab_size:
             raise UserError(f"tokenizer has {tok.vocab_size} tokens, more than the target's {cfg.vocab_size}")

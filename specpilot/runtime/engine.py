@@ -128,6 +128,8 @@ class Engine:
                 self.builder)
         self.spec = TwoLevelStep(*args, rows=rows, path=self.block) if tlv else SpecStep(*args)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
+        # results record what ran: the drafter's block, not "0"
+        self.system = self.system.resolving(block_size=self.block, nodes=self.system.get("nodes") or self.block)
 
     def _builder(self) -> TreeBuilder | None:
         """The system's tree builder (None: stock's chain at the block size, the released behaviour)."""
