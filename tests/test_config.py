@@ -248,6 +248,27 @@ def test_environment_override_applies_at_the_edge_and_is_recorded(monkeypatch):
     assert environment()["env_overrides"] == {}
 
 
+def test_an_override_records_only_what_the_run_reads(monkeypatch):
+    """tree_k acts only with tree=eagle2, block_size only on stock: an override naming them elsewhere is listed as
+    ignored, never as an option the result ran under."""
+    from specpilot.config.env import parse
+
+    monkeypatch.setenv("SPECPILOT_OPTIONS", "tree_k=8,pad_us=5,block_size=4")
+    stock = parse("stock")
+    assert stock.name == "stock:block_size=4,pad_us=5.0" and stock.get("tree_k") == 4
+    assert stock.to_json()["env_overrides"] == ["block_size", "pad_us"] and stock.to_json()["env_ignored"] == [
+        "tree_k"]
+    ar = parse("ar").to_json()
+    assert ar["env_overrides"] == ["pad_us"] and ar["env_ignored"] == ["block_size", "tree_k"]
+    eagle = parse("stock:tree=eagle2").to_json()
+    assert eagle["env_overrides"] == ["block_size", "pad_us", "tree_k"] and eagle["env_ignored"] == []
+    monkeypatch.setenv("SPECPILOT_OPTIONS", "tree=chain")  # drops the system's own eagle2 option
+    chain = parse("stock:tree=eagle2,tree_k=8").to_json()
+    assert chain["system"] == "stock" and chain["env_overrides"] == ["tree"] and chain["env_ignored"] == ["tree_k"]
+    monkeypatch.setenv("SPECPILOT_OPTIONS", "tree_k=4")  # at its default, still unread by a chain
+    assert parse("stock").to_json()["env_overrides"] == [] and parse("stock").to_json()["env_ignored"] == ["tree_k"]
+
+
 def test_generate_honours_every_option(monkeypatch):
     """The issue's case: `ar:pad_us=200000` used to run as fast as plain `ar` (the option was dropped)."""
     import specpilot.runtime.engine as engine_mod

@@ -21,6 +21,8 @@ class System:
     base: str
     options: dict[str, Any] = field(default_factory=dict)  # the non-default ones
     overridden: tuple[str, ...] = ()  # options set by the SPECPILOT_OPTIONS override (config/env.py)
+    # options the override named that this system does not read (another base's, another tree builder's)
+    ignored: tuple[str, ...] = field(default=(), compare=False)
     # what an engine resolved options whose default defers to the drafter to (block_size=0: its own block); the
     # same system either way, so not compared
     resolved: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -51,13 +53,14 @@ class System:
 
     def to_json(self) -> dict:
         """The complete configuration: every option with the value it ran at (resolved, where an engine resolved
-        it), the value asked for where that differs, which ones differ from the defaults and which an environment
-        override set."""
+        it), the value asked for where that differs, which ones differ from the defaults, which an environment
+        override set and which it named to no effect here."""
         values = {name: self.resolved.get(name, self.get(name)) for name, opt in OPTIONS.items()
                   if self.base in opt.bases}
         asked = {k: self.get(k) for k, v in self.resolved.items() if v != self.get(k)}
         return {"system": self.name, "base": self.base, "options": values, "asked": asked,
-                "changed": sorted(self.options), "env_overrides": list(self.overridden)}
+                "changed": sorted(self.options), "env_overrides": list(self.overridden),
+                "env_ignored": list(self.ignored)}
 
 
 def _fmt(v: Any) -> str:
@@ -128,7 +131,16 @@ def with_options(system: System, text: str, diagnostics: bool = False, overridde
     keys = {k.strip().partition("=")[0].strip() for k in text.split(",") if k.strip()}
     options = {k: v for k, v in system.options.items() if k not in keys}
     options.update(changes)
-    for key in _idle(options):  # composed (the loop's variants, an override): another builder's option goes
+    unread = _unread(options, keys)
+    for key in unread & set(options):  # composed (the loop's variants, an override): another builder's option goes
         options.pop(key)
-    marked = tuple(sorted(set(system.overridden) | (keys if overridden else set())))
-    return System(system.base, options, marked)
+    # an override records what it set that the run reads and, apart, what it named to no effect
+    marked = (set(system.overridden) | (keys if overridden else set())) - unread
+    ignored = set(system.ignored) | (unread if overridden else set())
+    return System(system.base, options, tuple(sorted(marked)), tuple(sorted(ignored)))
+
+
+def _unread(options: dict[str, Any], named: set[str]) -> set[str]:
+    """The options set, or named (at their default too), that the system's tree builder does not read."""
+    tree = options.get("tree", OPTIONS["tree"].default)
+    return {k for k in set(options) | named if BUILDER_OF.get(k, tree) != tree}
