@@ -105,10 +105,10 @@ class Worker:
         if spec.get("cpu"):  # idle OpenMP threads sleep instead of spinning on the cores the other side times on
             env["OMP_WAIT_POLICY"] = "PASSIVE"
         self.side, self.timeout = side, timeout
-        systems = [side.system] + ([also] if isinstance(also, str) else list(also or []))
+        self.systems = [side.system] + ([also] if isinstance(also, str) else list(also or []))
         # The worker script is the controller's own; only `specpilot` comes from the side's tree.
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("worker.py")),
-                                      json.dumps({**spec, "systems": systems})], cwd=side.source, env=env,
+                                      json.dumps({**spec, "systems": self.systems})], cwd=side.source, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
         self.hello = self._read()
@@ -133,15 +133,16 @@ class Worker:
                     raise UserError(f"worker for {self.side.system} died: {err[-1] if err else 'no output'}")
                 return json.loads(line)
 
-    def send(self, ids: list[str], system: str | None = None) -> None:
-        self.proc.stdin.write(json.dumps({"run": ids, "system": system or self.side.system}) + "\n")
+    def send(self, ids: list[str], side: int = 0) -> None:
+        """side: which of this worker's systems (by position: an A/A run's B is its second engine of A)."""
+        self.proc.stdin.write(json.dumps({"run": ids, "side": side, "system": self.systems[side]}) + "\n")
         self.proc.stdin.flush()
 
     def receive(self) -> list[dict]:
         return self._read()["rows"]
 
-    def run(self, ids: list[str], system: str | None = None) -> list[dict]:
-        self.send(ids, system)
+    def run(self, ids: list[str], side: int = 0) -> list[dict]:
+        self.send(ids, side)
         return self.receive()
 
     def outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> list[dict]:
@@ -337,8 +338,8 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
             if spec.get("cpu"):
                 rows_a, rows_b = lockstep(w, w.hello["requests"], reps, noise)
             else:
-                rows_a, rows_b = interleaved(partial(w.run, system=a.system), partial(w.run, system=b.system),
-                                             w.hello["requests"], 1, reps)
+                rows_a, rows_b = interleaved(partial(w.run, side=0), partial(w.run, side=1), w.hello["requests"], 1,
+                                             reps)
             hello_a, hello_b = ({**w.hello, "config": w.hello.get("configs", {}).get(s.system)} for s in (a, b))
     else:
         with two_workers(a, b, spec, gpu, gpu, timeout) as (wa, wb):
