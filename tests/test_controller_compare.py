@@ -306,3 +306,46 @@ def test_one_worker_sends_each_side_by_position(monkeypatch):
     assert got["mode"] == "alternating" and len(got["ratios"]) == 4
     assert sorted(sent) == sorted((ids, side) for ids in {ids for ids, _ in sent} for side in (0, 1))  # each once
 
+
+def test_an_earlier_aa_run_stands_only_for_the_same_side_a_deployment_and_budget(tmp_path):
+    """The card's A/A run records what its noise belongs to; a run that differs in side A's name, code or
+    configuration, the deployment, the output budget, the mode or the clock refuses it, or (remeasure, the loop)
+    times a new one. Which requests, and the tuning table a warm-up measured, do not matter."""
+    from specpilot.controller.compare import StaleAA, aa_mismatch, check_config, setup_of
+
+    first = compare(Side("ar", REPO_ROOT), Side("ar", REPO_ROOT), SPEC, timeout=300, alternating=True)
+    aa, a = first["aa"], Side("ar", REPO_ROOT)
+    assert aa["setup"] == setup_of(SPEC) and aa["a"]["config"]["system"] == "ar"
+    assert aa_mismatch(aa, a, {**SPEC, "split": "test", "limit": 6}, "alternating", "worker") is None
+    budget = int(torch.randint(9, 64, (1,)))
+    bare = {k: v for k, v in aa.items() if k != "setup"}
+    stale = {"side A is 'ar', this run's is 'stock'": (aa, Side("stock", REPO_ROOT), SPEC, "alternating"),
+             "this run's is 000000000000": (aa, Side("ar", REPO_ROOT, "0" * 64), SPEC, "alternating"),
+             f"max_new_tokens 8 (now {budget})": (aa, a, {**SPEC, "max_new_tokens": budget}, "alternating"),
+             "preset 'tiny' (now None)": (aa, a, {**SPEC, "preset": None}, "alternating"),
+             "not comparable": (aa, a, SPEC, "interleaved"),
+             "records no deployment": (bare, a, SPEC, "alternating")}
+    for needle, args in stale.items():
+        why = aa_mismatch(*args, "worker")
+        assert why is not None and needle in why, (needle, why)
+    assert "(controller clock)" in aa_mismatch(aa, a, SPEC, "alternating", "controller")
+    dep = tmp_path / "dep.toml"  # a deployment file: its bytes, not its path
+    dep.write_text("a = 1\n")
+    on_file = {**SPEC, "preset": None, "deployment": str(dep)}
+    with_file = {**aa, "setup": setup_of(on_file)}
+    assert aa_mismatch(with_file, a, on_file, "alternating", "worker") is None
+    dep.write_text(f"a = {int(torch.randint(2, 99, (1,)))}\n")
+    assert "deployment_sha256" in aa_mismatch(with_file, a, on_file, "alternating", "worker")
+    with pytest.raises(StaleAA, match="max_new_tokens"):  # refused before any worker starts
+        compare(a, Side("stock", REPO_ROOT), {**SPEC, "max_new_tokens": budget}, timeout=300, aa=aa, alternating=True)
+
+    config = aa["a"]["config"]
+    retuned = {**aa, "a": {**aa["a"], "config": {**config, "plan": {**config["plan"], "tuning": {"k": [1, 2]}}}}}
+    check_config(retuned, {"config": config})  # each worker tunes its own table
+    padded = float(torch.rand(1)) * 50 + 1
+    other = {**aa, "a": {**aa["a"], "config": {**config, "options": {**config["options"], "pad_us": padded}}}}
+    with pytest.raises(StaleAA, match=f"options.pad_us {padded!r} \\(now 0.0\\)"):
+        compare(a, Side("stock", REPO_ROOT), SPEC, timeout=300, aa=other, alternating=True)
+    card = compare(a, Side("stock", REPO_ROOT), SPEC, timeout=300, aa=other, alternating=True, remeasure=True)
+    assert card["aa"] is not other and card["aa"]["a"]["config"] == config and len(card["aa"]["ratios"]) == 4
+    assert card["decision"]["noise"] != first["decision"]["noise"] or card["aa"]["ratios"] != aa["ratios"]
