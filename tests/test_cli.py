@@ -224,6 +224,31 @@ def test_compare_bad_input_is_one_line(args, needle):
     assert_one_line_error(specpilot("compare", "--preset", "tiny", "--max-new-tokens", "8", *args), needle)
 
 
+def test_compare_refuses_an_aa_card_of_another_side_a_or_budget(tmp_path):
+    """--aa-card's A/A run gives its noise only to a run of the same side A, code, deployment and budget: another
+    is one line, before any worker starts."""
+    import os
+
+    from specpilot.controller.compare import REPO
+    from specpilot.controller.worker import code_hash
+
+    budget = int(torch.randint(9, 32, (1,)))
+    aa = {"mode": "lockstep", "clock": "worker", "requests": ["r0", "r1", "r2"], "ratios": [1.0, 1.01, 0.99],
+          "estimate": {"gain": 1.0, "lower": 0.98, "upper": 1.02, "requests": 3},
+          "a": {"system": "stock", "code_hash": code_hash(REPO / "specpilot"), "config": None},
+          "setup": {"preset": "tiny", "deployment": None, "deployment_sha256": None, "max_new_tokens": budget,
+                    "threads": len(os.sched_getaffinity(0))}}
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps({"aa": aa}))
+    args = ("compare", "--preset", "tiny", "--aa-card", card)
+    assert_one_line_error(specpilot(*args, "--max-new-tokens", budget + 1),
+                          f"max_new_tokens {budget} (now {budget + 1})", "drop --aa-card")
+    assert_one_line_error(specpilot(*args, "--max-new-tokens", budget, "--a", "ar", "--b", "ar"),
+                          "side A is 'stock', this run's is 'ar'")
+    card.write_text(json.dumps({"aa": {k: v for k, v in aa.items() if k != "setup"}}))
+    assert_one_line_error(specpilot(*args, "--max-new-tokens", budget), "records no deployment")
+
+
 def test_the_pytest_script_collects_what_python_m_pytest_does():
     """`pytest` (the console script) does not put the repository on sys.path as `python -m pytest` does; the
     project's pytest config does, so tests that import tests.conftest or bench.gpu collect either way."""

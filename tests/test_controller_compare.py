@@ -4,6 +4,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -241,3 +242,110 @@ def test_tamper_checks_hold_b_to_a_s_own_share_and_repeats():
     assert "faster than the first time" in tamper.check(lucky, rows(1.0, 0.2, 0.95))["refused"]
     once = tamper.check(rows(1.0, 1.0, 0.95, passes=1), rows(0.1, 0.1, 0.95, passes=1))
     assert once["refused"] is None and once["repeat"]["b"] is None
+
+
+def _tiny_runner():
+    from specpilot.bench.harness import Runner
+    from specpilot.deployment import load_deployment
+    from specpilot.models.pair import build_pair
+
+    dep = load_deployment("tiny")
+    return Runner(*build_pair(dep), dep.context)
+
+
+def test_an_aa_run_times_two_engines_of_its_system_and_an_ab_run_one_of_each(monkeypatch):
+    """The worker gives a system named twice a second engine (slot 1), built as the first (same system, plan,
+    models), on the GPU's request-by-request path as on the CPU's lockstep; two systems keep one engine each."""
+    from specpilot.bench.datasets import load_requests
+    from specpilot.config.env import parse
+    from specpilot.controller.worker import serve, slots
+    from specpilot.runtime import engine as engine_mod
+
+    used = []
+    real = engine_mod.Engine.generate
+    monkeypatch.setattr(engine_mod.Engine, "generate", lambda self, *a, **k: used.append(self) or real(self, *a, **k))
+    requests = {r.id: r for r in load_requests("builtin", "dev", None, 2)}
+    rid = sorted(requests)[torch.randint(2, (1,)).item()]  # either request: nothing depends on which
+    for names in (["stock", "stock"], ["ar", "stock"]):
+        runner = _tiny_runner()
+        sides = [(parse(n), slot) for n, slot in zip(names, slots(names), strict=True)]
+        engines, rows = [], []
+        for side in (0, 1):
+            used.clear()
+            rows.append(serve({"run": [rid], "side": side}, runner, names, sides, requests, 8)["rows"])
+            assert len(set(map(id, used))) == 1
+            engines.append(used[0])
+        a, b = engines
+        assert a.system.name == names[0] and b.system.name == names[1]
+        if names[0] == names[1]:  # A/A: two engines of one system, built alike, answering alike
+            assert a is not b and sorted(runner._engines) == ["stock", "stock#1"]
+            assert a.system.to_json() == b.system.to_json() and a.plan is b.plan
+            assert a.target is b.target and a.drafter is b.drafter
+            assert [r["tokens"] for r in rows[0]] == [r["tokens"] for r in rows[1]]
+        else:  # A/B: one engine each, none extra
+            assert sorted(runner._engines) == ["ar", "stock"]
+        used.clear()  # a command naming its system by name gets that name's first side, as before
+        serve({"run": [rid], "system": names[1]}, runner, names, sides, requests, 8)
+        assert used[0] is (a if names[0] == names[1] else b)
+    lock = _tiny_runner()  # the CPU's lockstep: its own second engine, as it had
+    ra, rb = serve({"lockstep": [rid]}, lock, ["stock", "stock"], [(parse("stock"), 0), (parse("stock"), 1)],
+                   requests, 8).values()
+    assert sorted(lock._engines) == ["stock", "stock#1"] and ra[0]["tokens"] == rb[0]["tokens"]
+
+
+def test_one_worker_sends_each_side_by_position(monkeypatch):
+    """The controller names side B of one worker by position, so an A/A run's B reaches the second engine."""
+    from specpilot.controller.compare import Worker
+
+    sent = []
+    real = Worker.send
+    monkeypatch.setattr(Worker, "send", lambda self, ids, side=0: sent.append((tuple(ids), side)) or
+                        real(self, ids, side))
+    got = measure(Side("stock", REPO_ROOT), Side("stock", REPO_ROOT), SPEC, block=1, gpu=None, timeout=300,
+                  alternating=True)
+    assert got["mode"] == "alternating" and len(got["ratios"]) == 4
+    assert sorted(sent) == sorted((ids, side) for ids in {ids for ids, _ in sent} for side in (0, 1))  # each once
+
+
+def test_an_earlier_aa_run_stands_only_for_the_same_side_a_deployment_and_budget(tmp_path):
+    """The card's A/A run records what its noise belongs to; a run that differs in side A's name, code or
+    configuration, the deployment, the output budget, the mode or the clock refuses it, or (remeasure, the loop)
+    times a new one. Which requests, and the tuning table a warm-up measured, do not matter."""
+    from specpilot.controller.compare import StaleAA, aa_mismatch, check_config, setup_of
+
+    first = compare(Side("ar", REPO_ROOT), Side("ar", REPO_ROOT), SPEC, timeout=300, alternating=True)
+    aa, a = first["aa"], Side("ar", REPO_ROOT)
+    assert aa["setup"] == setup_of(SPEC) and aa["a"]["config"]["system"] == "ar"
+    assert aa_mismatch(aa, a, {**SPEC, "split": "test", "limit": 6}, "alternating", "worker") is None
+    budget = int(torch.randint(9, 64, (1,)))
+    bare = {k: v for k, v in aa.items() if k != "setup"}
+    stale = {"side A is 'ar', this run's is 'stock'": (aa, Side("stock", REPO_ROOT), SPEC, "alternating"),
+             "this run's is 000000000000": (aa, Side("ar", REPO_ROOT, "0" * 64), SPEC, "alternating"),
+             f"max_new_tokens 8 (now {budget})": (aa, a, {**SPEC, "max_new_tokens": budget}, "alternating"),
+             "preset 'tiny' (now None)": (aa, a, {**SPEC, "preset": None}, "alternating"),
+             "not comparable": (aa, a, SPEC, "interleaved"),
+             "records no deployment": (bare, a, SPEC, "alternating")}
+    for needle, args in stale.items():
+        why = aa_mismatch(*args, "worker")
+        assert why is not None and needle in why, (needle, why)
+    assert "(controller clock)" in aa_mismatch(aa, a, SPEC, "alternating", "controller")
+    dep = tmp_path / "dep.toml"  # a deployment file: its bytes, not its path
+    dep.write_text("a = 1\n")
+    on_file = {**SPEC, "preset": None, "deployment": str(dep)}
+    with_file = {**aa, "setup": setup_of(on_file)}
+    assert aa_mismatch(with_file, a, on_file, "alternating", "worker") is None
+    dep.write_text(f"a = {int(torch.randint(2, 99, (1,)))}\n")
+    assert "deployment_sha256" in aa_mismatch(with_file, a, on_file, "alternating", "worker")
+    with pytest.raises(StaleAA, match="max_new_tokens"):  # refused before any worker starts
+        compare(a, Side("stock", REPO_ROOT), {**SPEC, "max_new_tokens": budget}, timeout=300, aa=aa, alternating=True)
+
+    config = aa["a"]["config"]
+    retuned = {**aa, "a": {**aa["a"], "config": {**config, "plan": {**config["plan"], "tuning": {"k": [1, 2]}}}}}
+    check_config(retuned, {"config": config})  # each worker tunes its own table
+    padded = float(torch.rand(1)) * 50 + 1
+    other = {**aa, "a": {**aa["a"], "config": {**config, "options": {**config["options"], "pad_us": padded}}}}
+    with pytest.raises(StaleAA, match=f"options.pad_us {padded!r} \\(now 0.0\\)"):
+        compare(a, Side("stock", REPO_ROOT), SPEC, timeout=300, aa=other, alternating=True)
+    card = compare(a, Side("stock", REPO_ROOT), SPEC, timeout=300, aa=other, alternating=True, remeasure=True)
+    assert card["aa"] is not other and card["aa"]["a"]["config"] == config and len(card["aa"]["ratios"]) == 4
+    assert card["decision"]["noise"] != first["decision"]["noise"] or card["aa"]["ratios"] != aa["ratios"]

@@ -52,9 +52,13 @@ class Runner:
         # captured graphs: ~1 GB apiece on a 28B target); None keeps every one.
         self.max_engines = max_engines
 
+    @staticmethod
+    def _key(system: System, slot: int) -> str:
+        return system.name if slot == 0 else f"{system.name}#{slot}"
+
     def engine(self, system: System, slot: int = 0) -> Engine:
         """slot: a second engine of the same system (its own caches), for running a system against itself."""
-        key = system.name if slot == 0 else f"{system.name}#{slot}"
+        key = self._key(system, slot)
         if key in self._engines:
             self._engines[key] = self._engines.pop(key)  # now the most recently used
         else:
@@ -77,15 +81,17 @@ class Runner:
             gc.collect()
             torch.cuda.empty_cache()
 
-    def warmup(self, system: System) -> None:
-        if system.name not in self._warm:
-            self.engine(system).warmup()
-            self._warm.add(system.name)
+    def warmup(self, system: System, slot: int = 0) -> None:
+        key = self._key(system, slot)
+        if key not in self._warm:
+            self.engine(system, slot).warmup()
+            self._warm.add(key)
 
     def run(self, system: System, request: Request, max_new_tokens: int,
-            on_turn: Callable[[], None] | None = None, recorder=None) -> list[TurnRecord]:
-        """recorder (replay/record.Recorder): each turn's lattices are recorded (its steps run one by one)."""
-        engine = self.engine(system)
+            on_turn: Callable[[], None] | None = None, recorder=None, slot: int = 0) -> list[TurnRecord]:
+        """recorder (replay/record.Recorder): each turn's lattices are recorded (its steps run one by one).
+        slot: which engine of the system (engine()), so that an A/A run's two sides are two engines."""
+        engine = self.engine(system, slot)
         engine.recorder = recorder
         messages: list[dict[str, str]] = []
         records = []

@@ -173,9 +173,10 @@ def compare(
     noise: Annotated[float | None, typer.Option(help="Known A/A noise as a fraction (0.01 = 1%); default: measure it "
                                                     "with an A/A run.")
                      ] = None,
-    aa_card: Annotated[Path | None, typer.Option(help="Evidence card of an earlier compare of the same deployment "
-                                                      "and mode: reuse its A/A run (noise, slot difference) "
-                                                      "instead of timing a new one.")] = None,
+    aa_card: Annotated[Path | None, typer.Option(help="Evidence card of an earlier compare: reuse its A/A run "
+                                                      "(noise, slot difference) instead of timing a new one; only "
+                                                      "for the same side A (name, configuration, code), "
+                                                      "deployment, --max-new-tokens and mode.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a worker may take per reply before its group is killed.")
                        ] = 1800,
     workers: Annotated[str, typer.Option(help="one: a single worker runs A and B (on a CPU in lockstep, step by "
@@ -193,7 +194,7 @@ def compare(
     running A and B in lockstep, step by step), and promote B only if its gain's 95% lower bound clears 1% (3% if
     outputs differ) + 2x the A/A noise. Exit 0 on promote, 1 otherwise."""
     from specpilot.config.env import parse
-    from specpilot.controller.compare import Side, source_tree
+    from specpilot.controller.compare import Side, StaleAA, aa_mismatch, run_mode, source_tree
     from specpilot.controller.compare import compare as run_compare
     from specpilot.results import environment, write_json_atomic
 
@@ -235,12 +236,20 @@ def compare(
     if count < 3:  # checked before any worker starts: the gate needs 3 paired requests
         raise UserError(f"only {count} requests selected; the gate needs at least 3 (raise --limit)")
     with source_tree(a_source) as src_a, source_tree(b_source) as src_b:
+        mode = run_mode(spec, pair, alternating)
+        why = aa_mismatch(aa, Side(a, src_a), spec, mode, "worker") if aa is not None else None
+        if why:  # before any worker starts; the configuration A runs is checked once its worker reports it
+            raise UserError(f"--aa-card {aa_card}: its A/A run cannot stand for this one: {why}; time a new one "
+                            "(drop --aa-card)")
         err.print(f"[dim]timing {a} ({src_a}) against {b} ({src_b})[/dim]")
         kept = "no verdict; the workers were stopped and nothing was written" + (
             f" ({json_path} was not touched)" if json_path else "")
         with interruptible(f"compare interrupted: {kept}"):
-            card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair, aa=aa,
-                               reps=reps, alternating=alternating)
+            try:
+                card = run_compare(Side(a, src_a), Side(b, src_b), spec, block, gpu, timeout, noise, gpus=pair,
+                                   aa=aa, reps=reps, alternating=alternating)
+            except StaleAA as exc:
+                raise UserError(f"--aa-card {aa_card}: {exc}; time a new one (drop --aa-card)") from None
     card = {**environment(), **card, **({"aa_card": str(aa_card)} if aa_card else {})}
     if json_path is not None:
         write_json_atomic(json_path, card)

@@ -16,6 +16,7 @@ evidence card records the hash of the controller's code next to the hashes of th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -105,10 +106,10 @@ class Worker:
         if spec.get("cpu"):  # idle OpenMP threads sleep instead of spinning on the cores the other side times on
             env["OMP_WAIT_POLICY"] = "PASSIVE"
         self.side, self.timeout = side, timeout
-        systems = [side.system] + ([also] if isinstance(also, str) else list(also or []))
+        self.systems = [side.system] + ([also] if isinstance(also, str) else list(also or []))
         # The worker script is the controller's own; only `specpilot` comes from the side's tree.
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("worker.py")),
-                                      json.dumps({**spec, "systems": systems})], cwd=side.source, env=env,
+                                      json.dumps({**spec, "systems": self.systems})], cwd=side.source, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
         self.hello = self._read()
@@ -133,15 +134,16 @@ class Worker:
                     raise UserError(f"worker for {self.side.system} died: {err[-1] if err else 'no output'}")
                 return json.loads(line)
 
-    def send(self, ids: list[str], system: str | None = None) -> None:
-        self.proc.stdin.write(json.dumps({"run": ids, "system": system or self.side.system}) + "\n")
+    def send(self, ids: list[str], side: int = 0) -> None:
+        """side: which of this worker's systems (by position: an A/A run's B is its second engine of A)."""
+        self.proc.stdin.write(json.dumps({"run": ids, "side": side, "system": self.systems[side]}) + "\n")
         self.proc.stdin.flush()
 
     def receive(self) -> list[dict]:
         return self._read()["rows"]
 
-    def run(self, ids: list[str], system: str | None = None) -> list[dict]:
-        self.send(ids, system)
+    def run(self, ids: list[str], side: int = 0) -> list[dict]:
+        self.send(ids, side)
         return self.receive()
 
     def outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> list[dict]:
@@ -302,12 +304,18 @@ def combine_pairings(first: tuple[list[str], list[float]], second: tuple[list[st
     return ids, [math.sqrt(one[i] * two[i]) for i in ids]
 
 
-def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], timeout: float) -> dict:
+OnStart = Callable[[dict], None]  # called with side A's hello once its worker is up, before any timing
+
+
+def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], timeout: float,
+                   on_start: OnStart | None = None) -> dict:
     """Two GPUs: A and B run the same requests at the same time on different GPUs, then again with the
     GPUs swapped; one pairing's workers are closed before the next starts (a GPU holds one model)."""
     pairings, equal = [], True
     for gpu_a, gpu_b in ((gpus[0], gpus[1]), (gpus[1], gpus[0])):
         with two_workers(a, b, spec, gpu_a, gpu_b, timeout) as (wa, wb):
+            if on_start:
+                on_start(wa.hello)
             rows_a, rows_b = side_by_side(wa, wb, wa.hello["requests"], block)
         ids, ratios, same = pair_ratios(rows_a, rows_b)
         equal = equal and same
@@ -322,7 +330,8 @@ def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], ti
 
 
 def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float, reps: int = 1,
-            alternating: bool = False, noise: float | None = None, clock: str = "worker") -> dict:
+            alternating: bool = False, noise: float | None = None, clock: str = "worker",
+            on_start: OnStart | None = None) -> dict:
     """One device. Two workers taking turns over blocks of requests (interleaved), or, for two systems of one
     source tree, one worker that alternates between them request by request (alternating: on a small CPU two
     processes disturb each other's timing and caches, one process holds both systems' models in one place).
@@ -334,14 +343,18 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
             raise UserError("one worker serves two systems of one source tree only; these sides come from "
                             f"{a.source} and {b.source}")
         with closing(Worker(a, spec, gpu, timeout, also=b.system)) as w:
+            hello_a, hello_b = ({**w.hello, "config": w.hello.get("configs", {}).get(s.system)} for s in (a, b))
+            if on_start:
+                on_start(hello_a)
             if spec.get("cpu"):
                 rows_a, rows_b = lockstep(w, w.hello["requests"], reps, noise)
             else:
-                rows_a, rows_b = interleaved(partial(w.run, system=a.system), partial(w.run, system=b.system),
-                                             w.hello["requests"], 1, reps)
-            hello_a, hello_b = ({**w.hello, "config": w.hello.get("configs", {}).get(s.system)} for s in (a, b))
+                rows_a, rows_b = interleaved(partial(w.run, side=0), partial(w.run, side=1), w.hello["requests"], 1,
+                                             reps)
     else:
         with two_workers(a, b, spec, gpu, gpu, timeout) as (wa, wb):
+            if on_start:
+                on_start(wa.hello)
             if clock == "controller":
                 rows_a, rows_b = interleaved(clocked(wa.run), clocked(wb.run), wa.hello["requests"], 1, reps)
             else:
@@ -359,38 +372,114 @@ def _mode(spec: dict, alternating: bool) -> str:
     return ("lockstep" if spec.get("cpu") else "alternating") if alternating else "interleaved"
 
 
+def run_mode(spec: dict, gpus: list[str] | None, alternating: bool) -> str:
+    """The mode a compare times in (what an earlier A/A run must share): paired with two GPUs."""
+    return "paired" if gpus and len(gpus) >= 2 else _mode(spec, alternating)
+
+
+class StaleAA(UserError):
+    """An earlier A/A run that cannot give this run its noise: another side A, code, deployment or budget."""
+
+
+SAME_SETUP = ("preset", "deployment_sha256", "max_new_tokens", "threads")
+
+
+def setup_of(spec: dict) -> dict:
+    """What a run's times depend on besides its systems' code and configuration: the deployment (a preset, or a
+    file, by the hash of its bytes), the output budget and, on a CPU, the threads each worker had."""
+    dep = spec.get("deployment")
+    return {"preset": spec.get("preset"), "deployment": dep,
+            "deployment_sha256": hashlib.sha256(Path(dep).read_bytes()).hexdigest() if dep else None,
+            "max_new_tokens": spec.get("max_new_tokens"), "threads": spec.get("threads")}
+
+
+def aa_mismatch(aa: dict, a: Side, spec: dict, mode: str, clock: str) -> str | None:
+    """Why an earlier A/A run cannot stand for this run's (None: it can). Its noise is that of one system, code,
+    deployment and budget, timed in one mode and clock; the configuration A ran is checked once this run's
+    worker reports it (check_config)."""
+    if aa.get("mode") != mode or aa.get("clock", "worker") != clock:
+        return (f"it was timed in {aa.get('mode')} mode ({aa.get('clock', 'worker')} clock), this run is {mode} "
+                f"({clock} clock): their slots are not comparable")
+    side = aa.get("a") or {}
+    if side.get("system") != a.system:
+        return f"its side A is {side.get('system')!r}, this run's is {a.system!r}"
+    if side.get("code_hash") != a.expected_hash:
+        return f"its side A ran code {str(side.get('code_hash'))[:12]}, this run's is {a.expected_hash[:12]}"
+    if "setup" not in aa:
+        return "it records no deployment or max_new_tokens (a card written before they were recorded)"
+    now = setup_of(spec)
+    differ = [f"{k} {aa['setup'].get(k)!r} (now {now[k]!r})" for k in SAME_SETUP if aa["setup"].get(k) != now[k]]
+    return f"its {', '.join(differ)} differ" if differ else None
+
+
+def _flat(config: dict | None) -> dict:
+    """A configuration's settings, one level of nesting spelled out, less the tuning table its warm-up measured
+    (every worker tunes its own)."""
+    out = {}
+    for k, v in (config or {}).items():
+        out.update({f"{k}.{j}": w for j, w in v.items()} if isinstance(v, dict) else {k: v})
+    out.pop("plan.tuning", None)
+    return out
+
+
+def check_config(aa: dict, hello_a: dict) -> None:
+    """An on_start check: side A's worker runs the configuration the earlier A/A run's side A ran."""
+    was, now = _flat(aa["a"].get("config")), _flat(hello_a.get("config"))
+    differ = [f"{k} {was.get(k)!r} (now {now.get(k)!r})" for k in sorted(was.keys() | now.keys())
+              if was.get(k) != now.get(k)]
+    if differ:
+        raise StaleAA(f"the earlier A/A run cannot stand for this one: its side A {aa['a']['system']} ran another "
+                      f"configuration: {', '.join(differ)}")
+
+
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
             noise: float | None = None, gpus: list[str] | None = None, aa: dict | None = None, reps: int = 1,
-            alternating: bool = False, clock: str = "worker") -> dict:
+            alternating: bool = False, clock: str = "worker", remeasure: bool = False) -> dict:
     """The evidence card: the A/A run (unless a noise figure or an earlier A/A run `aa` is given), the
     A/B run, the verdict, and with an A/A run the gain with the slots' difference divided out.
     With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`, or one worker
     alternating request by request (`alternating`); with `reps` passes, each request's ratio is the median of its
     passes' ratios. clock "controller": this process times each request (for a tree under judgement), and the
-    card carries tamper.py's checks of B against A."""
+    card carries tamper.py's checks of B against A. An earlier A/A run that cannot stand for this one (aa_mismatch,
+    check_config) is refused (StaleAA), or with `remeasure` replaced by a new one."""
+    card = partial(_compare, a, b, spec, block, gpu, timeout, noise, gpus, reps=reps, alternating=alternating,
+                   clock=clock)
+    try:
+        return card(aa=aa)
+    except StaleAA:
+        if not remeasure:
+            raise
+    return card(aa=None)
+
+
+def _compare(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float, noise: float | None,
+             gpus: list[str] | None, aa: dict | None, reps: int, alternating: bool, clock: str) -> dict:
     card: dict = {"block": block, "gpu": gpu, "gpus": gpus, "reps": reps, "clock": clock,
                   "controller": {"path": str(Path(__file__).resolve().parent),
                                  "code_hash": code_hash(Path(__file__).resolve().parent)}}
-    paired = bool(gpus and len(gpus) >= 2)
-    mode = "paired" if paired else _mode(spec, alternating)
+    mode = run_mode(spec, gpus, alternating)
+    paired = mode == "paired"
 
-    def run(x: Side, y: Side, noise: float | None = None) -> dict:
+    def run(x: Side, y: Side, noise: float | None = None, on_start: OnStart | None = None) -> dict:
         t0 = time.monotonic()
-        got = (measure_paired(x, y, spec, block, gpus, timeout) if paired else
-               measure(x, y, spec, block, gpu, timeout, reps, alternating, noise, clock))
-        return {**got, "seconds": time.monotonic() - t0}  # workers' start included: what the run cost
+        got = (measure_paired(x, y, spec, block, gpus, timeout, on_start) if paired else
+               measure(x, y, spec, block, gpu, timeout, reps, alternating, noise, clock, on_start))
+        return {**got, "setup": setup_of(spec), "seconds": time.monotonic() - t0}  # workers' start included
 
-    if aa is None and noise is None:
+    on_start = None
+    if aa is not None:  # an earlier run: checked before any worker starts, its configuration once A's has
+        why = aa_mismatch(aa, a, spec, mode, clock)
+        if why:
+            raise StaleAA(f"the earlier A/A run cannot stand for this one: {why}")
+        on_start = partial(check_config, aa)
+    elif noise is None:
         aa = run(a, a)
         aa["estimate"] = estimate(aa["ratios"]).to_json()
     if aa is not None:
-        if aa.get("mode") != mode or aa.get("clock", "worker") != clock:
-            raise UserError(f"the A/A run was timed in {aa.get('mode')} mode ({aa.get('clock', 'worker')} clock), "
-                            f"this run is {mode} ({clock} clock): their slots are not comparable")
         card["aa"] = aa
         if noise is None:
             noise = noise_from(GainEstimate(**aa["estimate"]))
-    ab = run(a, b, noise)
+    ab = run(a, b, noise, on_start)
     card["ab"] = ab
     card["decision"] = decide(estimate(ab["ratios"]), noise, ab["outputs_equal"])
     if clock == "controller":

@@ -1,8 +1,10 @@
 """The controller's statistical gate: is a candidate really faster than the baseline?
 
 Gain = geometric mean over requests of per-request rate ratios (candidate tokens/s over baseline
-tokens/s on the same request). Its confidence interval comes from a BCa bootstrap over requests of
-the mean log ratio (`scipy.stats.bootstrap`, paired by construction: one ratio per request). Noise is
+tokens/s on the same request). Its confidence interval is the Student-t interval of the mean log ratio
+(paired by construction: one ratio per request). A BCa bootstrap, used before, undercovers at the few requests
+a run may have: with a true gain of 1 and 2% noise its one-sided 95% lower bound exceeded 1 in 16% of runs of 3
+requests, 11% of 6, 7% of 12 (t: 5%); on the H200 and CPU cards of 10-40 requests the two agree to 0.0003. Noise is
 measured, not assumed: an A/A run (baseline against itself) gives the half-width of its own interval
 around 1. A candidate is promoted only when the one-sided 95% lower bound of its gain exceeds
 1 + margin + 2 x noise, where margin is 1%, or 3% when outputs differ (per-request times then
@@ -15,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy.stats import bootstrap
+from scipy.stats import t as student_t
 
 MARGIN_SAME = 0.01
 MARGIN_DIVERGED = 0.03
@@ -38,18 +40,19 @@ def rate_ratios(base_tokens, base_seconds, cand_tokens, cand_seconds) -> np.ndar
     return cand / base
 
 
-def estimate(ratios, seed: int = 0, resamples: int = 4000, confidence: float = 0.90) -> GainEstimate:
-    """confidence: of the two-sided interval (0.90: each bound one-sided 95%)."""
+def estimate(ratios, confidence: float = 0.90) -> GainEstimate:
+    """confidence: of the two-sided interval (0.90: each bound one-sided 95%). Exact when the log ratios are
+    normal, whatever the number of requests; a symmetric heavier tail only widens it."""
     logs = np.log(np.asarray(ratios, float))
-    if logs.size < 3:
-        raise ValueError(f"a gain needs at least 3 requests, got {logs.size}")
-    if np.allclose(logs, logs[0]):  # a degenerate sample has no spread to bootstrap
+    n = int(logs.size)
+    if n < 3:
+        raise ValueError(f"a gain needs at least 3 requests, got {n}")
+    if np.allclose(logs, logs[0]):  # a degenerate sample has no spread: its interval is its value
         g = float(math.exp(logs[0]))
-        return GainEstimate(g, g, g, int(logs.size))
-    ci = bootstrap((logs,), np.mean, confidence_level=confidence, method="BCa", n_resamples=resamples,
-                   random_state=np.random.default_rng(seed)).confidence_interval
-    return GainEstimate(float(math.exp(logs.mean())), float(math.exp(ci.low)), float(math.exp(ci.high)),
-                        int(logs.size))
+        return GainEstimate(g, g, g, n)
+    mean = float(logs.mean())
+    half = float(student_t.ppf(0.5 + confidence / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n))
+    return GainEstimate(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
 
 
 def noise_from(aa: GainEstimate) -> float:

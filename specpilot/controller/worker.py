@@ -3,11 +3,14 @@
 The controller starts this file as a script (from the controller's own install) with PYTHONPATH set
 to the system's worktree, so `specpilot` is imported from there; the worker reports the hash of the
 code it actually imported, then serves one JSON command per line on stdin:
-  {"run": [request ids], "system": name} -> {"rows": [{"id", "tokens", "decode_s", "prefill_s", "steps"}, ...]}
+  {"run": [request ids], "side": i, "system": name} -> {"rows": [{"id", "tokens", "decode_s", "prefill_s", "steps"}]}
   {"lockstep": [request ids], "first": 0 or 1} -> {"rows": [A's rows], "rows_b": [B's rows]}
   {"outputs": [request ids], "system": name, "max_new_tokens": n} -> {"rows": [{"id", "prompt", "tokens"}, ...]}
-One worker may serve two systems of its tree (the controller's alternating mode); they share the models. On a
-CPU the two answer each request in lockstep, step by step (bench/harness.run_lockstep).
+One worker may serve two systems of its tree (the controller's alternating mode); they share the models. A
+command names its side by index ("side") or by system name (the first side of that name). Each side has its own
+engine: a system named twice (an A/A run) gets a second engine, slot 1, so the A/A run times two engines as an
+A/B run does, not one against itself. On a CPU the two answer each request in lockstep, step by step
+(bench/harness.run_lockstep).
   {"quit": true}
 Models are built and graphs captured (warm-up) before the first reply, so no timing includes them; the
 first reply also carries the system's complete configuration (every option, the kernel plan and the tuning
@@ -17,6 +20,7 @@ table it chose), which the evidence card records.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -59,42 +63,66 @@ def main() -> None:
     hello = {"code_hash": code_hash(Path(specpilot.__file__).parent), "package": specpilot.__file__}
     dep = load_deployment(spec.get("preset"), spec.get("deployment"))
     names = spec.get("systems") or [spec["system"]]
-    systems = {name: parse(name) for name in names}
+    parsed = {name: parse(name) for name in names}
+    sides = [(parsed[name], slot) for name, slot in zip(names, slots(names), strict=True)]
     if "requests" in spec:  # given by the controller (a tree under judgement never reads the data files)
         requests = {r["id"]: Request(r["id"], r["dataset"], tuple(r["turns"]), r["split"]) for r in spec["requests"]}
     else:
         requests = {r.id: r for d in spec["datasets"]
                     for r in load_requests(d, spec.get("split", "dev"), spec.get("data_dir"), spec.get("limit"))}
-    speculative = any(s.base == "stock" for s in systems.values())
+    speculative = any(s.base == "stock" for s in parsed.values())
     target, drafter, tok = build_pair(dep, with_drafter=speculative)
     runner = Runner(target, drafter, tok, dep.context)
-    for system in systems.values():
-        runner.warmup(system)
     lockstep = spec.get("cpu") and len(names) == 2 and spec.get("timing", True)  # forcing's workers time nothing
+    if not lockstep:
+        check_slots(runner, sides)
+    for system, slot in sides:
+        if not slot:
+            runner.warmup(system)
+        elif not lockstep:  # lockstep's warm-up below builds and warms the second engine of an A/A pair
+            runner.warmup(system, slot)
     if lockstep:  # the second engine of an A/A pair, and both sides' first steps, warmed like the timed ones
-        run_lockstep(runner, systems[names[0]], systems[names[1]], requests[min(requests)], spec["max_new_tokens"])
-    configs = {name: system_record(runner.engine(s)) for name, s in systems.items()}
+        run_lockstep(runner, sides[0][0], sides[1][0], requests[min(requests)], spec["max_new_tokens"])
+    configs = {name: system_record(runner.engine(s)) for name, s in parsed.items()}
     _reply({**hello, "requests": sorted(requests), "config": configs[names[0]], "configs": configs})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("quit"):
             break
-        if "lockstep" in cmd:  # {"lockstep": [ids], "first": 0|1} -> {"rows": [rows of A], "rows_b": [rows of B]}
-            a_rows, b_rows = [], []
-            for rid in cmd["lockstep"]:
-                ra, rb = run_lockstep(runner, systems[names[0]], systems[names[1]], requests[rid],
-                                      spec["max_new_tokens"], cmd.get("first", 0))
-                a_rows += [_row(r) for r in ra]
-                b_rows += [_row(r) for r in rb]
-            _reply({"rows": a_rows, "rows_b": b_rows})
-            continue
-        system = systems[cmd.get("system") or names[0]]
-        if "outputs" in cmd:  # what forcing scores: each turn's prompt and tokens
-            recs = [rec for rid in cmd["outputs"] for rec in runner.run(system, requests[rid], cmd["max_new_tokens"])]
-            _reply({"rows": [{"id": r.id, "prompt": r.prompt, "tokens": r.tokens} for r in recs]})
-            continue
-        rows = [_row(rec) for rid in cmd["run"] for rec in runner.run(system, requests[rid], spec["max_new_tokens"])]
-        _reply({"rows": rows})
+        _reply(serve(cmd, runner, names, sides, requests, spec.get("max_new_tokens")))  # forcing's: per command
+
+
+def slots(names: list[str]) -> list[int]:
+    """Each side's engine slot: a system named again gets an engine of its own (bench/harness.Runner.engine)."""
+    return [names[:i].count(name) for i, name in enumerate(names)]
+
+
+def check_slots(runner, sides: list) -> None:
+    """A tree whose harness keeps one engine per system cannot run a system against itself in one worker."""
+    if any(slot for _, slot in sides) and "slot" not in inspect.signature(runner.run).parameters:
+        raise SystemExit(f"the harness of this tree runs one engine per system: one worker cannot time "
+                         f"{sides[0][0].name} against itself; give each side its own worker (--workers two)")
+
+
+def serve(cmd: dict, runner, names: list[str], sides: list, requests: dict, max_new_tokens: int | None) -> dict:
+    """One command's reply (the module docstring lists them)."""
+    from specpilot.bench.harness import run_lockstep
+
+    if "lockstep" in cmd:  # {"lockstep": [ids], "first": 0|1} -> {"rows": [rows of A], "rows_b": [rows of B]}
+        a_rows, b_rows = [], []
+        for rid in cmd["lockstep"]:
+            ra, rb = run_lockstep(runner, sides[0][0], sides[1][0], requests[rid], max_new_tokens, cmd.get("first", 0))
+            a_rows += [_row(r) for r in ra]
+            b_rows += [_row(r) for r in rb]
+        return {"rows": a_rows, "rows_b": b_rows}
+    system, slot = sides[cmd["side"]] if "side" in cmd else sides[names.index(cmd.get("system") or names[0])]
+    engine = {"slot": slot} if slot else {}  # slot 0 as any tree's harness runs it
+    if "outputs" in cmd:  # what forcing scores: each turn's prompt and tokens
+        recs = [rec for rid in cmd["outputs"]
+                for rec in runner.run(system, requests[rid], cmd["max_new_tokens"], **engine)]
+        return {"rows": [{"id": r.id, "prompt": r.prompt, "tokens": r.tokens} for r in recs]}
+    return {"rows": [_row(rec) for rid in cmd["run"]
+                     for rec in runner.run(system, requests[rid], max_new_tokens, **engine)]}
 
 
 def _row(rec) -> dict:

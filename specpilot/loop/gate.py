@@ -4,7 +4,7 @@ not reject it (every output token scored under the exact target against the refe
 
 The controller's A/A run is measured once per start system and reused for every candidate judged against it
 (the sealed final's included: noise belongs to the machine and the system, not to the requests), as `compare
---aa-card` does.
+--aa-card` does; one that no longer stands for the start (its code or configuration changed) is measured anew.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class Gate:
         spec = {**self.spec, **({"split": split} if split else {})}
         key = start
         card = compare(Side(start, REPO), Side(candidate, REPO), spec, gpu=None, timeout=self.timeout,
-                       aa=self.aa.get(key), reps=self.reps, alternating=self.alternating)
-        self.aa.setdefault(key, card["aa"])
+                       aa=self.aa.get(key), reps=self.reps, alternating=self.alternating, remeasure=True)
+        self.aa[key] = card["aa"]  # the one it used: the cached one, or a new one where that no longer stood
         return card
 
     def forcing(self, candidate: str, requests: list[Request] | None = None, tokens: int | None = None,
@@ -67,14 +67,14 @@ class Gate:
         if broken:
             return {"candidate": candidate, "start": start, "promoted": False, "refused": "; ".join(broken),
                     "fatal": True}
-        t0, measured_aa = time.monotonic(), start not in self.aa  # this judgement pays for the start's A/A run
+        t0, cached = time.monotonic(), self.aa.get(start)
         try:
             card = self.timing(start, candidate)
         except UserError as exc:  # the worker died or timed out on this candidate: refused, the loop goes on
             return {"candidate": candidate, "start": start, "promoted": False, "refused": str(exc)}
         out = {"candidate": candidate, "start": start, "controller": summary(card),
                "seconds": {"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"),
-                           "aa": card["aa"].get("seconds") if measured_aa and "aa" in card else 0.0}}
+                           "aa": card["aa"].get("seconds") if card["aa"] is not cached else 0.0}}
         if card["decision"]["verdict"] == "promote":
             t0 = time.monotonic()
             out["forcing"] = forcing_summary(self.forcing(candidate))
@@ -142,16 +142,16 @@ class TreeGate:
             if differs:
                 return {**out, "refused": f"its outputs differ from AR's in float32 ({differs})"}
             key = ("tree", start.system, start.code)  # the noise is the machine's and the start's, not the split's
-            measured_aa = key not in g.aa
-            card = compare(start, cand, spec, gpu=None, timeout=g.timeout, aa=g.aa.get(key), reps=g.reps,
-                           clock="controller")
+            cached = g.aa.get(key)
+            card = compare(start, cand, spec, gpu=None, timeout=g.timeout, aa=cached, reps=g.reps,
+                           clock="controller", remeasure=True)
         except UserError as exc:  # its worker died, timed out, or imported other code: refused
             return {**out, "refused": str(exc)}
-        g.aa.setdefault(key, card["aa"])
+        g.aa[key] = card["aa"]
         out["controller"] = summary(card)
         out["tamper"] = card["tamper"]
         out["seconds"] = {"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"),
-                          "aa": card["aa"].get("seconds") if measured_aa else 0.0}
+                          "aa": card["aa"].get("seconds") if card["aa"] is not cached else 0.0}
         if card["tamper"]["refused"]:
             return {**out, "refused": card["tamper"]["refused"]}
         if card["decision"]["verdict"] == "promote":
