@@ -99,16 +99,16 @@ def test_verdict_statistics():
     exact = SystemForcing("ar", tokens=10000, mismatches=68, margins=[0.01] * 68)
     same = SystemForcing("re-run", tokens=10000, mismatches=75, margins=[0.01] * 75)
     worse = SystemForcing("fault", tokens=10000, mismatches=200, margins=[0.01] * 200)
-    assert verdict(stock, same, exact)["verdict"] == "pass"
-    assert verdict(stock, worse, exact)["verdict"] == "reject"
+    assert verdict(stock, same, exact, 0.5)["verdict"] == "pass"
+    assert verdict(stock, worse, exact, 0.5)["verdict"] == "reject"
     eventful = SystemForcing("events", tokens=10000, mismatches=70, large_margin_events=30, margins=[0.01] * 70)
-    assert verdict(stock, eventful, exact)["verdict"] == "reject"
+    assert verdict(stock, eventful, exact, 0.5)["verdict"] == "reject"
     # as many mismatches, none above 2 delta, but every margin larger: the distribution test sees it
     wider = SystemForcing("wider", tokens=10000, mismatches=70, margins=[0.05 + 0.001 * i for i in range(70)])
-    judged = verdict(stock, wider, exact)
+    judged = verdict(stock, wider, exact, 0.5)
     assert judged["verdict"] == "reject" and judged["tests"]["candidate_vs_reference"]["failed"] == ["margins"]
     # a lossy reference cannot vouch, even for a candidate equal to it
-    judged = verdict(worse, worse, exact)
+    judged = verdict(worse, worse, exact, 0.5)
     assert judged["verdict"] == "reject" and "cannot vouch" in judged["reason"]
 
 
@@ -139,8 +139,8 @@ def test_logit_bias_system_is_rejected_and_ar_passes():
     ref = tally("stock", [score_output(TARGET, p, o) for p, o in zip(reqs, ar_out, strict=True)], delta)
     bad = tally("bias", [score_output(TARGET, p, o) for p, o in zip(reqs, biased, strict=True)], delta)
     assert ref.mismatches == 0 and bad.mismatches > 0
-    assert verdict(ref, ref, ref)["verdict"] == "pass"
-    assert verdict(ref, bad, ref)["verdict"] == "reject"
+    assert verdict(ref, ref, ref, delta)["verdict"] == "pass"
+    assert verdict(ref, bad, ref, delta)["verdict"] == "reject"
 
 
 def test_no_fault_outlives_its_generation():
@@ -290,3 +290,97 @@ def test_a_foreign_worker_s_records_are_scored_only_on_the_request_s_own_prompts
         checked(runner, req, easier)
     with pytest.raises(UserError, match="1 turns, not 2"):
         checked(runner, req, good[:1])
+
+
+def _noise_margins(rng, n, delta):
+    """n mismatch margins of near-ties: below the event threshold (2 delta)."""
+    return [rng.uniform(0.001, 2 * delta) for _ in range(n)]
+
+
+def _with_events(name, tokens, margins, events):
+    """A tally whose mismatches are `margins` plus one per event (request, position, margin)."""
+    s = SystemForcing(name, tokens=tokens, mismatches=len(margins) + len(events),
+                      large_margin_events=len(events), margins=margins + [m for _, _, m in events])
+    s.events = [{"request": r, "position": p, "margin": m} for r, p, m in events]
+    return s
+
+
+def test_a_gross_event_rejects_whatever_the_counts():
+    """delta 0.5: one event at 1.1 nats in 288k tokens against the reference's none (as ar:weights=w12 on an H100)
+    stays with the event-rate test and passes; one beyond GROSS delta (4 nats) rejects, unless the reference made
+    that very choice, which is then the reference's own departure from AR."""
+    import random
+
+    from specpilot.forcing.judge import GROSS
+
+    seed = random.randrange(2**32)
+    rng, delta, tokens = random.Random(seed), 0.5, 288_000
+    assert GROSS * delta == 4.0
+    n = rng.randrange(3000, 3600)
+    ref, ar = (_with_events(x, tokens, _noise_margins(rng, n + rng.randrange(-30, 30), delta), [])
+               for x in ("stock", "ar"))
+    at = (rng.randrange(1000), rng.randrange(256))
+    small = _with_events("w12", tokens, _noise_margins(rng, n, delta), [(*at, rng.uniform(1.05, 1.2))])
+    judged = verdict(ref, small, ar, delta)
+    assert judged["verdict"] == "pass", (seed, judged["reason"])
+    assert judged["tests"]["candidate_vs_reference"]["gross"]["count"] == 0
+    big = _with_events("lossy", tokens, _noise_margins(rng, n, delta), [(*at, rng.uniform(4.01, 9.0))])
+    judged = verdict(ref, big, ar, delta)
+    assert judged["verdict"] == "reject" and judged["tests"]["candidate_vs_reference"]["failed"] == ["gross events"]
+    assert "beyond 8 delta" in judged["reason"] and judged["tests"]["candidate_vs_reference"]["events_p"] > 0.1
+    # the reference made the same choice: the candidate is no worse than it, but the reference departs from AR
+    shared = _with_events("stock", tokens, ref.margins, [(*at, big.events[0]["margin"])])
+    judged = verdict(shared, big, ar, delta)
+    assert not judged["tests"]["candidate_vs_reference"]["failed"]
+    assert judged["verdict"] == "reject" and "cannot vouch" in judged["reason"] and "gross" in judged["reason"]
+    assert verdict(shared, big, _with_events("ar", tokens, ar.margins, [(*at, 5.0)]), delta)["verdict"] == "pass"
+
+
+def test_the_same_event_is_the_same_choice_in_the_same_context():
+    """With outputs, an event names its choice (the token and everything before it): another system's event at the
+    same position after another earlier token is not the same one."""
+    from specpilot.forcing.judge import gross
+    from specpilot.forcing.score import TokenScores
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    prompt, out = torch.randint(3, 300, (6,), generator=g).tolist(), torch.randint(3, 300, (4,), generator=g).tolist()
+    other = [out[0], (out[1] + 1) % 300, *out[2:]]  # parts from `out` before the event at position 3
+    sc = TokenScores([True, True, True, False], [0.0, 0.0, 0.0, 6.0], {})
+    a, same, moved = (tally(x, [sc], 0.5, [(prompt, o)]) for x, o in (("a", out), ("b", out), ("c", other)))
+    assert a.events[0]["choice"] == same.events[0]["choice"] != moved.events[0]["choice"]
+    assert gross(a, same, 4.0) == [] and gross(a, moved, 4.0) == a.events
+    assert gross(a, moved, 6.5) == []  # below the bar: the event-rate test's
+
+
+def test_few_tokens_cannot_pass_six_events_the_reference_lacks():
+    """64 tokens (the default loop's), six mismatches against none: at 5 nats the gross rule rejects; at 3.5 nats
+    (under the bar) Fisher's p = 0.014 is above its level, so with the power bound the verdict is inconclusive,
+    never a pass."""
+    from specpilot.forcing import POWER_BOUND
+    from specpilot.forcing.run import _with_power
+
+    ref, ar = SystemForcing("stock", tokens=64), SystemForcing("ar", tokens=64)
+    for margin, expected in ((5.0, "reject"), (3.5, "inconclusive")):
+        cand = _with_events("cand", 64, [], [(k % 4, 3 * k, margin) for k in range(6)])
+        report = _with_power(verdict(ref, cand, ar, 0.5), POWER_BOUND, 4)
+        assert report["verdict"] == expected, report["reason"]
+    assert report["tests"]["candidate_vs_reference"]["mismatch_p"] == pytest.approx(0.0138, abs=1e-3)
+    assert _with_power(verdict(ref, cand, ar, 0.5), None, 4)["verdict"] == "pass"  # what the loop used to see
+
+
+def test_the_report_says_where_the_candidate_s_outputs_equal_the_reference_s():
+    """force()'s agreement: a lossless candidate on a float32 deployment gives the reference's outputs on every
+    request, a lossy one does not."""
+    from specpilot.bench.datasets import load_requests
+    from specpilot.bench.harness import Runner
+    from specpilot.deployment import load_deployment
+    from specpilot.forcing.run import force
+    from specpilot.models.pair import build_pair
+
+    dep = load_deployment("tiny")
+    target, drafter, tok = build_pair(dep)
+    runner, requests, reuse = Runner(target, drafter, tok, dep.context), load_requests("builtin", "dev", None, 3), {}
+    same = force(runner, "stock", "stock:block_size=2", requests, 8, reuse=reuse)
+    assert same["agreement"] == {"requests": len(requests), "equal": len(requests)}
+    lossy = force(runner, "stock", "stock:fault=logit_bias", requests, 8, reuse=reuse)
+    assert lossy["agreement"]["requests"] == len(requests) and lossy["agreement"]["equal"] < len(requests)

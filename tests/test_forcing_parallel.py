@@ -36,7 +36,8 @@ def test_workers_give_the_same_report_as_this_process(tiny, tmp_path, monkeypatc
                       progress=lambda: turns.append(1), generate=procs.generate, store=store)
     assert there["systems"] == here["systems"] and there["verdict"] == here["verdict"]
     assert there["systems"]["candidate"]["tokens"] > 0 and len(turns) == 3 * len(requests)
-    assert all(len(store.get(s, 12)) == len(requests) for s in ("stock", "stock:block_size=2", "ar"))
+    roles = {"reference": "stock", "candidate": "stock:block_size=2", "ar": "ar"}
+    assert all(len(store.get(r, s, 12)) == len(requests) for r, s in roles.items())
     assert pool_for(1, "tiny", None, ["stock"], requests) is None
     # two systems on a CPU: the workers do not warm up the controller's lockstep timing (it needs a budget they lack)
     with pool_for(2, "tiny", None, ["ar", "ar:graphs=false", "ar"], requests[:1]) as procs:
@@ -56,9 +57,9 @@ def test_a_second_run_takes_the_kept_outputs_and_scores_them_again(tiny, tmp_pat
                   store=OutputStore(tmp_path, described(dep)))
     assert again["systems"] == first["systems"] and len(turns) == 3 * len(requests)
     # other code, another deployment or budget: nothing is found
-    assert OutputStore(tmp_path, described(dep), code="other").get("stock", 12) == {}
-    assert OutputStore(tmp_path, "another", code=store.code).get("stock", 12) == {}
-    assert store.get("stock", 13) == {} and len(store.get("stock", 12)) == len(requests)
+    assert OutputStore(tmp_path, described(dep), code="other").get("reference", "stock", 12) == {}
+    assert OutputStore(tmp_path, "another", code=store.code).get("reference", "stock", 12) == {}
+    assert store.get("reference", "stock", 13) == {} and len(store.get("reference", "stock", 12)) == len(requests)
 
 
 def test_a_pool_starts_no_worker_when_every_output_is_kept(tiny, tmp_path):
@@ -87,14 +88,14 @@ def test_the_key_names_the_machine_the_outputs_were_made_on(tiny, monkeypatch):
 def test_a_torn_last_line_is_skipped_and_the_next_one_kept(tmp_path):
     store = OutputStore(tmp_path, "d", code="c")
     rec = TurnRecord("r1#turn1", "builtin", 1, [1, 2], [3, 4], 0.0, 0.5, [1, 1])
-    store.put("ar", 8, "r1", [rec])
-    path = store.path("ar", 8)
+    store.put("ar", "ar", 8, "r1", [rec])
+    path = store.path("ar", "ar", 8)
     with path.open("a") as f:
         f.write('{"request": "r2", "tur')  # a kill in the middle of a write
     later = OutputStore(tmp_path, "d", code="c")
-    assert list(later.get("ar", 8)) == ["r1"] and later.get("ar", 8)["r1"] == [rec]
-    later.put("ar", 8, "r3", [rec])
-    assert list(OutputStore(tmp_path, "d", code="c").get("ar", 8)) == ["r1", "r3"]
+    assert list(later.get("ar", "ar", 8)) == ["r1"] and later.get("ar", "ar", 8)["r1"] == [rec]
+    later.put("ar", "ar", 8, "r3", [rec])
+    assert list(OutputStore(tmp_path, "d", code="c").get("ar", "ar", 8)) == ["r1", "r3"]
     assert json.loads(path.with_suffix(".key.json").read_text())["system"] == "ar"
 
 
@@ -106,4 +107,38 @@ def test_the_force_command_with_workers_and_no_deployment_named(tmp_path):
     proc = specpilot("force", "--candidate", "stock:block_size=2", "--limit", "1", "--max-new-tokens", "4",
                      "--workers", "2", "--power-bound", "0", "--json", tmp_path / "f.json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((tmp_path / "f.json").read_text())["systems"]["candidate"]["tokens"] > 0
+    report = json.loads((tmp_path / "f.json").read_text())
+    assert report["systems"]["candidate"]["tokens"] > 0
+    # what ran: the budget, the requests' selection and each role's complete system
+    dep = load_deployment("tiny")
+    assert report["max_new_tokens"] == 4 and report["limit"] == 1 and report["power_bound"] == 0
+    assert report["datasets"] == list(dep.datasets) and report["split"] == dep.split
+    records = report["system_records"]
+    assert [records[r]["system"] for r in ("reference", "candidate", "ar")] == ["stock", "stock:block_size=2", "ar"]
+    assert records["candidate"]["options"]["block_size"] == 2 and records["candidate"]["changed"] == ["block_size"]
+    assert "plan" in records["ar"] and records["reference"]["changed"] == []
+
+
+def test_a_candidate_named_as_its_reference_never_reads_the_reference_s_outputs(tiny, tmp_path):
+    """`force --reference X --candidate X --outputs DIR`: the role is in the key, so the candidate is a second run
+    of X, kept apart; never the reference's kept outputs fed back to it. The reference's file here holds another
+    system's outputs (a logit bias): read as the candidate's, they would agree with the reference everywhere."""
+    from specpilot.config.env import parse
+
+    dep, target, drafter, tok, requests = tiny
+    runner = Runner(target, drafter, tok, dep.context)
+    store = OutputStore(tmp_path, described(dep))
+    planted = {r.id: runner.run(parse("stock:fault=logit_bias"), r, 8) for r in requests}
+    own = {r.id: runner.run(parse("stock"), r, 8) for r in requests}
+    assert any([t.tokens for t in planted[i]] != [t.tokens for t in own[i]] for i in own)  # the premise
+    for rid, recs in planted.items():
+        store.put("reference", "stock", 8, rid, recs)
+    report = force(runner, "stock", "stock", requests, 8, store=store)
+    assert report["agreement"]["equal"] < len(requests)
+    kept = OutputStore(tmp_path, described(dep))
+    assert {i: [t.tokens for t in r] for i, r in kept.get("candidate", "stock", 8).items()} == {
+        i: [t.tokens for t in r] for i, r in own.items()}
+    assert {i: [t.tokens for t in r] for i, r in kept.get("reference", "stock", 8).items()} == {
+        i: [t.tokens for t in r] for i, r in planted.items()}
+    assert kept.path("reference", "stock", 8) != kept.path("candidate", "stock", 8)
+    assert json.loads(kept.path("candidate", "stock", 8).with_suffix(".key.json").read_text())["role"] == "candidate"

@@ -525,3 +525,97 @@ def test_loop_mistakes_are_one_line(tmp_path, args, needle):
     assert_one_line_error(specpilot(*args, "--run-dir", tmp_path / "r") if args[0] == "loop" else specpilot(*args),
                           needle)
     assert not (tmp_path / "r" / "loop.json").exists()
+
+
+def _planted_gate(monkeypatch, margin, agreement, bounds):
+    """A Gate whose controller promotes and whose forcing scores a planted tally: 64 tokens, the reference with no
+    mismatch, the candidate with six at `margin` nats (delta 0.5), through the verdict and the power rule that
+    force() applies with the bound the gate passes (recorded in `bounds`)."""
+    import specpilot.loop.gate as gate_mod
+    from specpilot.forcing.judge import SystemForcing, verdict
+    from specpilot.forcing.run import _with_power
+
+    card = {"decision": {"verdict": "promote", "reason": "planted", "gain": 1.5, "lower": 1.4, "upper": 1.6,
+                         "noise": 0.01, "bar": 1.03, "requests": 4},
+            "ab": {"outputs_equal": False, "mode": "lockstep", "rows_a": [], "rows_b": []}, "aa": {}}
+
+    def force(runner, reference, candidate, requests, tokens, bound=None, **kw):
+        bounds.append(bound)
+        ref, ar = SystemForcing(reference, tokens=64), SystemForcing("ar", tokens=64)
+        cand = SystemForcing(candidate, tokens=64, mismatches=6, large_margin_events=6, margins=[margin] * 6,
+                             events=[{"request": k % 4, "position": 2 * k, "margin": margin} for k in range(6)])
+        report = verdict(ref, cand, ar, 0.5)
+        report.update(agreement=agreement, delta=0.5, exact="deployment",
+                      systems={"reference": {"tokens": 64}, "candidate": {"tokens": 64}})
+        return _with_power(report, bound, len(requests))
+
+    monkeypatch.setattr(gate_mod, "compare", lambda *a, **k: card)
+    monkeypatch.setattr(gate_mod, "force", force)
+    return gate_mod.Gate({"split": "dev"}, None, [object()] * 4, 16, alternating=True, reps=1)
+
+
+def test_the_gate_promotes_an_inconclusive_forcing_only_on_the_reference_s_very_outputs(monkeypatch):
+    """The default loop's 64 tokens: six mismatches at 3.5 nats against none pass Fisher at its level; held to the
+    power bound of `specpilot force` that is inconclusive, refused unless the candidate's outputs equal the
+    reference's on every request. Six at 5 nats are gross events: rejected whatever the outputs."""
+    from specpilot.forcing import POWER_BOUND
+
+    bounds = []
+    differ = _planted_gate(monkeypatch, 3.5, {"requests": 4, "equal": 3}, bounds).judge("stock", "stock:nodes=8")
+    assert differ["forcing"]["verdict"] == "inconclusive" and not differ["promoted"]
+    assert "more forcing tokens are needed" in differ["refused"] and "1 of 4 requests" in differ["refused"]
+    assert bounds == [POWER_BOUND] and differ["forcing"]["power"] == {"bound": POWER_BOUND, "requests": 4,
+                                                                       "met": False}
+    same = _planted_gate(monkeypatch, 3.5, {"requests": 4, "equal": 4}, bounds).judge("stock", "stock:nodes=8")
+    assert same["forcing"]["verdict"] == "inconclusive" and same["promoted"] and "refused" not in same
+    gross = _planted_gate(monkeypatch, 5.0, {"requests": 4, "equal": 4}, bounds).judge("stock", "stock:nodes=8")
+    assert gross["forcing"]["verdict"] == "reject" and not gross["promoted"]
+    assert gross["forcing"]["tests"]["candidate_vs_reference"]["failed"] == ["gross events"]
+    assert gross["refused"].startswith("forcing rejected it")
+
+
+def test_the_sealed_final_holds_forcing_to_the_gate_s_rule(tmp_path):
+    """An inconclusive sealed forcing whose outputs differ from the reference's fails the final (the round keeps
+    its start); the same verdict on outputs equal to the reference's holds."""
+    for equal, passed in ((2, False), (3, True)):
+        loop, run, gate = synthetic_loop(tmp_path / str(equal), rounds=1)
+        gate.forcing = lambda cand, requests=None, tokens=None, e=equal: {
+            "verdict": "inconclusive", "reason": "synthetic", "agreement": {"requests": 3, "equal": e}}
+        with run:
+            out = loop.loop()
+        sealed = out["rounds"][0]["sealed"]
+        assert sealed["result"] == PLANTED and sealed["passed"] is passed, sealed
+        assert out["best"] == (PLANTED if passed else "stock")
+        assert passed or "more forcing tokens are needed" in sealed["reason"]
+
+
+def test_the_gate_keeps_what_each_side_ran_and_forcing_s_evidence():
+    """summary() keeps each side's code hash and a hash of its complete configuration; forcing_summary() the exact
+    target, every test's p-values, the power and the agreement."""
+    import random
+
+    from specpilot.loop.gate import forcing_summary, summary
+
+    config = {"system": "stock", "options": {"nodes": random.randrange(2, 64)}}
+    card = {"decision": {"verdict": "reject", "reason": "r", "gain": 1.0, "lower": 0.9, "upper": 1.1, "noise": 0.01,
+                         "bar": 1.03, "requests": 3},
+            "ab": {"outputs_equal": True, "mode": "lockstep", "rows_a": [], "rows_b": [],
+                   "a": {"system": "stock", "code_hash": "c1", "config": config},
+                   "b": {"system": "stock:nodes=8", "code_hash": "c2",
+                         "config": {**config, "options": {"nodes": config["options"]["nodes"] + 1}}}},
+            "controller": {"code_hash": "judge"}}
+    s = summary(card)
+    assert s["sides"]["a"]["code_hash"] == "c1" and s["sides"]["b"]["code_hash"] == "c2"
+    assert s["sides"]["a"]["config_hash"] != s["sides"]["b"]["config_hash"] and s["controller_code"] == "judge"
+    assert summary(card)["sides"]["a"]["config_hash"] == s["sides"]["a"]["config_hash"]  # a function of the config
+    tests = {"candidate_vs_reference": {"mismatch_p": 0.3, "events_p": 1.0, "margins_p": None, "level": 0.0083,
+                                        "failed": [], "gross": {"bar": 4.0, "count": 0, "events": []}}}
+    report = {"verdict": "pass", "reason": "r", "exact": "float32", "delta": 0.5, "detectable_rate": 0.001,
+              "power": {"bound": 0.001, "requests": 1124, "met": True}, "agreement": {"requests": 1124, "equal": 9},
+              "tests": tests, "systems": {"candidate": {"tokens": 288_000, "mismatch_rate": 0.011,
+                                                        "large_margin_events": 1}}}
+    f = json.loads(json.dumps(forcing_summary(report)))  # as the run directory keeps it
+    assert f["exact"] == "float32" and f["power"]["requests"] == 1124 and f["agreement"]["equal"] == 9
+    assert f["tests"]["candidate_vs_reference"]["mismatch_p"] == 0.3
+    assert f["tests"]["candidate_vs_reference"]["gross"] == 0
+    assert f["tokens"]["candidate"] == 288_000 and f["events"]["candidate"] == 1

@@ -33,6 +33,7 @@ from specpilot.cli.common import (
     system_help,
 )
 from specpilot.errors import UserError
+from specpilot.forcing import POWER_BOUND
 
 
 @app.command()
@@ -53,7 +54,7 @@ def force(
                                                "excess mismatch rate this small (a fraction: 0.001 = 0.1 points) "
                                                "would be detected with 80% power; a pass short of it is "
                                                "'inconclusive'. 0: judge the --limit requests as they are.")
-                           ] = 0.001,
+                           ] = POWER_BOUND,
     max_limit: Annotated[int | None, typer.Option(help="Requests per dataset the power bound may reach (default: "
                                                   "4 x --limit).")] = None,
     exact: Annotated[str, typer.Option(help="The exact target that scores every token: 'deployment' (its dtype, "
@@ -124,7 +125,11 @@ def force(
                            bound=power_bound or None, start=start, exact=scorer,
                            generate=procs.generate if procs is not None else None,
                            store=OutputStore(outputs, described(dep)) if outputs is not None else None)
-    report = {**environment(), "deployment": dep.name, **report}
+    ran = {"max_new_tokens": budget, "datasets": list(plan.datasets), "split": plan.split, "limit": first,
+           "max_limit": most, "power_bound": power_bound, "requests_available": len(pool),
+           "system_records": {role: _system_record(report["systems"][role]["system"])
+                              for role in ("reference", "candidate", "ar")}}
+    report = {**environment(), "deployment": dep.name, **ran, **report}
     if json_path is not None:
         write_json_atomic(json_path, report)
     cal = report["calibration"]
@@ -141,6 +146,14 @@ def force(
                   f"{s['margins'][0]:.3g}" if s["margins"] else "-")
     console.print(t)
     _verdict(report["verdict"], report["reason"], good="pass")
+
+
+def _system_record(name: str) -> dict:
+    """A system as asked: every option's value and its kernel plan (the engine's tuning table is its own)."""
+    from specpilot.config.env import parse
+
+    system = parse(name)
+    return {**system.to_json(), "plan": system.plan().to_json()}
 
 
 def _verdict(verdict: str, reason: str, good: str) -> None:

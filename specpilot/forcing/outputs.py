@@ -2,11 +2,13 @@
 stopped: a run at the power bound in bf16 needs about a thousand requests per system, more than one 10-minute
 call on the GPU machine holds.
 
-One JSON-lines file per (code, deployment, system, output budget): a line per request, written as soon as the
+One JSON-lines file per (code, deployment, role, system, output budget): a line per request, written as soon as the
 request's turns are made. A file is found again only by the same key, so outputs of other code (the hash of every
-file of the package, as the controller's workers report it), another deployment, machine or budget are never reused; a
-reused request's prompts are still checked against this install's (forcing/run.checked) and every token is
-scored afresh. A line cut short by a kill is skipped."""
+file of the package, as the controller's workers report it), another deployment, machine or budget are never reused,
+nor another role's: a candidate named as its reference is a second run of that system, never the reference's outputs
+read back (files kept before the role joined the key are not found any more). A reused request's prompts are still
+checked against this install's (forcing/run.checked) and every token is scored afresh. A line cut short by a kill is
+skipped."""
 
 from __future__ import annotations
 
@@ -30,24 +32,26 @@ class OutputStore:
         self.code = code or code_hash(Path(__file__).resolve().parents[1])
         self._loaded: dict[Path, dict[str, list[TurnRecord]]] = {}
 
-    def path(self, system: str, max_new: int) -> Path:
-        key = json.dumps([self.code, self.deployment, system, max_new])
+    def path(self, role: str, system: str, max_new: int) -> Path:
+        """role: "reference", "candidate" or "ar" (forcing/run.ROLES)."""
+        key = json.dumps([self.code, self.deployment, role, system, max_new])
         return self.folder / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.jsonl"
 
-    def get(self, system: str, max_new: int) -> dict[str, list[TurnRecord]]:
-        """Each stored request's turn records for this system and budget."""
-        path = self.path(system, max_new)
+    def get(self, role: str, system: str, max_new: int) -> dict[str, list[TurnRecord]]:
+        """Each stored request's turn records for this role, system and budget."""
+        path = self.path(role, system, max_new)
         if path not in self._loaded:
             self._loaded[path] = read_kept(path) if path.exists() else {}
         return self._loaded[path]
 
-    def put(self, system: str, max_new: int, request: str, records: list[TurnRecord]) -> None:
-        path = self.path(system, max_new)
-        self.get(system, max_new)[request] = records
+    def put(self, role: str, system: str, max_new: int, request: str, records: list[TurnRecord]) -> None:
+        path = self.path(role, system, max_new)
+        self.get(role, system, max_new)[request] = records
         self.folder.mkdir(parents=True, exist_ok=True)
         if not path.exists():  # the key's parts, for a reader of the folder
             path.with_suffix(".key.json").write_text(json.dumps(
-                {"code": self.code, "deployment": self.deployment, "system": system, "max_new_tokens": max_new}))
+                {"code": self.code, "deployment": self.deployment, "role": role, "system": system,
+                 "max_new_tokens": max_new}))
         turns = [{"id": r.id, "dataset": r.dataset, "turn": r.turn, "prompt": r.prompt, "tokens": r.tokens,
                   "prefill_s": r.prefill_s, "decode_s": r.decode_s, "accepted": r.accepted} for r in records]
         with path.open("a+b") as f:  # after a torn last line, a new line: the torn one stays alone and is skipped

@@ -174,18 +174,18 @@ def _with_power(report: dict, bound: float | None, n: int) -> dict:
 
 def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, scorer,
           outputs: Outputs | None = None, generate: Generate | None = None,
-          store: OutputStore | None = None) -> tuple[list, list]:
+          store: OutputStore | None = None, role: str = "ar") -> tuple[list, list]:
     """Each request's turn records and scores under `scorer`, from memo where this system already ran it; the
-    records from `store` where an earlier run kept them, else made (and kept there)."""
+    records from `store` where an earlier run kept them for this role, else made (and kept there)."""
     todo = [r for r in requests if (system.name, r.id) not in memo]
     made: dict[str, list[TurnRecord]] = {}
     if outputs is None and store is not None:
-        kept = store.get(system.name, max_new)
+        kept = store.get(role, system.name, max_new)
         made = {r.id: kept[r.id] for r in todo if r.id in kept}
         for _ in range(sum(len(t) for t in made.values()) if progress else 0):
             progress()
     if outputs is None and generate is not None:
-        keep = None if store is None else (lambda rid, recs: store.put(system.name, max_new, rid, recs))
+        keep = None if store is None else (lambda rid, recs: store.put(role, system.name, max_new, rid, recs))
         made.update(generate(system.name, [r for r in todo if r.id not in made], max_new, progress, keep))
     elif outputs is None and len(made) < len(todo):
         runner.warmup(system)
@@ -198,7 +198,7 @@ def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, 
             elif outputs is None:
                 recs = runner.run(system, req, max_new, progress)
                 if store is not None:
-                    store.put(system.name, max_new, req.id, recs)
+                    store.put(role, system.name, max_new, req.id, recs)
             else:
                 recs = checked(runner, req, outputs(req, max_new))
             memo[key] = (recs, [score_output(scorer, r.prompt, r.tokens) for r in recs])
@@ -207,12 +207,23 @@ def _runs(runner: Runner, system, requests, max_new: int, progress, memo: dict, 
     return records, scores
 
 
+def agreement(requests, reference: list[TurnRecord], candidate: list[TurnRecord]) -> dict:
+    """On how many of the requests the candidate's outputs equal the reference's token for token (every turn)."""
+    equal, at = 0, 0
+    for req in requests:
+        turns = len(req.turns)
+        pairs = zip(reference[at : at + turns], candidate[at : at + turns], strict=True)
+        equal += all(a.prompt == b.prompt and a.tokens == b.tokens for a, b in pairs)
+        at += turns
+    return {"requests": len(requests), "equal": equal}
+
+
 def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reuse: dict, own: dict,
            exact_runner: Runner | None, outputs: Outputs | None = None, generate: Generate | None = None,
            store: OutputStore | None = None) -> dict:
     scorer = runner.target if exact_runner is None else exact_runner.target
     runs = {role: _runs(runner, s, requests, max_new, progress, own if role == "candidate" else reuse, scorer,
-                        outputs if role == "candidate" else None, generate, store)
+                        outputs if role == "candidate" else None, generate, store, role)
             for role, s in systems.items()}
     records = {role: r for role, (r, _) in runs.items()}
     gaps = near_tie_gaps(scorer, records["reference"], records["ar"])
@@ -220,10 +231,12 @@ def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reus
     key = ("noise", tuple((tuple(p), tuple(t)) for p, t in pairs))  # the same AR outputs: the same measurement
     noise = reuse[key] = reuse[key] if key in reuse else margin_noise(runner.target, pairs)
     delta, unexplained = calibrate_delta(gaps, noise["max"])
-    tallies = {role: tally(s.name, runs[role][1], delta) for role, s in systems.items()}
-    judged = verdict(tallies["reference"], tallies["candidate"], tallies["ar"])
+    tallies = {role: tally(s.name, runs[role][1], delta, [(r.prompt, r.tokens) for r in records[role]])
+               for role, s in systems.items()}
+    judged = verdict(tallies["reference"], tallies["candidate"], tallies["ar"], delta)
     report = {**judged, "delta": delta, "calibration": {"near_tie_gaps": gaps, "noise": noise,
                                                         "partings_beyond_noise": unexplained},
+              "agreement": agreement(requests, records["reference"], records["candidate"]),
               "exact": "deployment" if exact_runner is None else "float32",
               "reference": systems["reference"].name, "candidate": systems["candidate"].name,
               "systems": {role: {"system": systems[role].name, **t.to_json()} for role, t in tallies.items()}}

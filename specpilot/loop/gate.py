@@ -1,6 +1,8 @@
 """The loop's gate: a candidate is promoted only if the controller proves it faster than the round's start
-(`specpilot compare`, its promotion rule unchanged, workers from the tree's own code) and token forcing does
-not reject it (every output token scored under the exact target against the reference's).
+(`specpilot compare`, its promotion rule unchanged, workers from the tree's own code) and token forcing lets it
+through (every output token scored under the exact target against the reference's): a pass, held to the power
+bound `specpilot force` uses, or an inconclusive verdict (too few tokens for that bound) where the candidate's
+outputs equal the reference's token for token on every forcing request (`forcing_refusal`).
 
 The controller's A/A run is measured once per start system and reused for every candidate judged against it
 (the sealed final's included: noise belongs to the machine and the system, not to the requests), as `compare
@@ -9,6 +11,8 @@ The controller's A/A run is measured once per start system and reused for every 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
@@ -17,6 +21,7 @@ from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.controller.compare import REPO, Side, Worker, compare
 from specpilot.errors import UserError
+from specpilot.forcing import POWER_BOUND
 from specpilot.forcing.parallel import records_of
 from specpilot.forcing.run import ExactTargets, force
 from specpilot.loop.evidence import differs_from_ar, exact_arithmetic
@@ -36,6 +41,9 @@ class Gate:
     reuse: dict = field(default_factory=dict)  # forcing's memo of reference and AR runs
     seal: object | None = None  # agents/guards.Seal: checked before every judgement of another tree
     exact: ExactTargets | None = None  # the float32 model for kernel changes (forcing/run.exact_mode); None: never
+    # the smallest excess mismatch rate forcing must be able to detect for a pass (forcing/run.force's bound); the
+    # loop's few tokens fall short of it, and are then judged by forcing_refusal
+    power_bound: float = POWER_BOUND
 
     def timing(self, start: str, candidate: str, split: str | None = None) -> dict:
         """The noise is the machine's and the start system's: one A/A run per start serves every split."""
@@ -54,7 +62,8 @@ class Gate:
             "auto", self.reference, candidate, foreign=outputs is not None)
         reuse = self.reuse.setdefault(mode, {}) if requests is None and outputs is None else None
         return force(self.runner, self.reference, candidate, requests or self.forcing_requests,
-                     tokens or self.forcing_tokens, reuse=reuse, outputs=outputs, exact=scorer)
+                     tokens or self.forcing_tokens, reuse=reuse, bound=self.power_bound, outputs=outputs,
+                     exact=scorer)
 
     def broken(self) -> list[str]:
         """Why the judges can no longer be trusted (the seal over their install and the sealed data; [] without a
@@ -79,20 +88,56 @@ class Gate:
             t0 = time.monotonic()
             out["forcing"] = forcing_summary(self.forcing(candidate))
             out["seconds"]["forcing"] = time.monotonic() - t0
-        out["promoted"] = out["controller"]["verdict"] == "promote" and out.get("forcing", {}).get("verdict") in (
-            "pass", "inconclusive")
-        return out
+        return decided(out)
+
+
+def forcing_refusal(forcing: dict) -> str | None:
+    """Why forcing keeps out a candidate the controller would promote; None: it lets it through. A pass does. An
+    inconclusive verdict (its tokens could not reach the power bound) does only where the candidate's outputs
+    equal the reference's token for token on every forcing request: on the loop's few tokens the tests cannot
+    tell a lossy candidate (six mismatches of 3.5 nats against none in 64 tokens pass Fisher at its level), while
+    that agreement is evidence of its own (on a float32 deployment a lossless candidate's outputs equal the
+    reference's)."""
+    if forcing["verdict"] == "pass":
+        return None
+    if forcing["verdict"] == "reject":
+        return f"forcing rejected it: {forcing['reason']}"
+    agree = forcing.get("agreement") or {}
+    if agree.get("requests") and agree["equal"] == agree["requests"]:
+        return None
+    return (f"forcing is inconclusive and its outputs differ from the reference's on "
+            f"{agree.get('requests', 0) - agree.get('equal', 0)} of {agree.get('requests', 0)} requests: more "
+            f"forcing tokens are needed ({forcing['reason']})")
+
+
+def decided(out: dict) -> dict:
+    """A judgement with its decision: promoted where the controller promotes and forcing lets it through; the
+    reason where forcing keeps it out."""
+    promote = out["controller"]["verdict"] == "promote"
+    refusal = forcing_refusal(out["forcing"]) if promote and "forcing" in out else None
+    return {**out, "promoted": promote and "forcing" in out and refusal is None,
+            **({"refused": refusal} if refusal else {})}
 
 
 def summary(card: dict) -> dict:
-    """What the loop keeps of an evidence card: the verdict, gain and bounds, noise, and each side's rows."""
+    """What the loop keeps of an evidence card: the verdict, gain and bounds, noise, each side's rows, and what
+    each side ran (its code and the hash of its complete configuration, as its worker reported them)."""
     d = card["decision"]
     return {"verdict": d["verdict"], "reason": d["reason"], "gain": d["gain"], "lower": d["lower"],
             "upper": d["upper"], "noise": d["noise"], "bar": d["bar"], "requests": d["requests"],
             "outputs_equal": card["ab"]["outputs_equal"], "mode": card["ab"]["mode"],
             "passes": card["ab"].get("passes"), "aa_passes": card.get("aa", {}).get("passes"),
             "aa_gain": card.get("slots", {}).get("aa_gain"),
-            "a_rate": _rate(card["ab"]["rows_a"]), "b_rate": _rate(card["ab"]["rows_b"])}
+            "a_rate": _rate(card["ab"]["rows_a"]), "b_rate": _rate(card["ab"]["rows_b"]),
+            "sides": {k: _side(card["ab"][k]) for k in ("a", "b") if k in card["ab"]},
+            "controller_code": card.get("controller", {}).get("code_hash")}
+
+
+def _side(side: dict) -> dict:
+    config = side.get("config")
+    digest = None if config is None else hashlib.sha256(
+        json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {"system": side.get("system"), "code_hash": side.get("code_hash"), "config_hash": digest}
 
 
 def _rate(rows: list[dict]) -> float | None:
@@ -102,11 +147,18 @@ def _rate(rows: list[dict]) -> float | None:
 
 
 def forcing_summary(report: dict) -> dict:
+    """What the loop keeps of a forcing report: the verdict, the exact target, each test's p-values and failures,
+    the tokens and mismatch rate per role, the power and the candidate's agreement with the reference."""
     systems = report.get("systems", {})
-    return {"verdict": report["verdict"], "reason": report["reason"], "delta": report.get("delta"),
-            "detectable_rate": report.get("detectable_rate"),
+    tests = {name: {k: t.get(k) for k in ("mismatch_p", "events_p", "margins_p", "level", "failed")}
+             | ({"gross": t["gross"]["count"]} if "gross" in t else {})
+             for name, t in report.get("tests", {}).items()}
+    return {"verdict": report["verdict"], "reason": report["reason"], "exact": report.get("exact"),
+            "delta": report.get("delta"), "detectable_rate": report.get("detectable_rate"),
+            "power": report.get("power"), "agreement": report.get("agreement"), "tests": tests,
             "mismatch": {role: s.get("mismatch_rate") for role, s in systems.items()},
-            "tokens": {role: s.get("tokens") for role, s in systems.items()}}
+            "tokens": {role: s.get("tokens") for role, s in systems.items()},
+            "events": {role: s.get("large_margin_events") for role, s in systems.items()}}
 
 
 def foreign_outputs(side: Side, spec: dict, requests: list[Request], max_new: int, timeout: float
@@ -162,6 +214,4 @@ class TreeGate:
                 return {**out, "refused": str(exc)}
             out["forcing"] = forcing_summary(report)
             out["seconds"]["forcing"] = time.monotonic() - t1
-        out["promoted"] = out["controller"]["verdict"] == "promote" and out.get("forcing", {}).get("verdict") in (
-            "pass", "inconclusive")
-        return out
+        return decided(out)

@@ -20,6 +20,7 @@ from specpilot.controller.compare import REPO
 from specpilot.controller.worker import code_hash
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
+from specpilot.forcing import POWER_BOUND
 from specpilot.forcing.run import ExactTargets
 from specpilot.loop.agent import BuiltinAgent
 from specpilot.loop.best import write_best, write_best_patch
@@ -56,6 +57,7 @@ class LoopArgs:
     master: str = "builtin"  # who names the directions: the builtin master, or an LLM's (beside it; coding agents)
     slots: list[str] = field(default_factory=list)  # Phase 1's devices, a process each (loop/slots.py); []: one
     slot: tuple[int, int] | None = None  # (k, n) in a slot's own process
+    forcing_bound: float = POWER_BOUND  # the gate's forcing power bound (loop/gate.Gate.power_bound)
 
     @property
     def sealed(self) -> int:
@@ -79,7 +81,7 @@ def identity(a: LoopArgs) -> dict:
         if dep[role] is not None and dep[role]["path"] is not None:
             dep[role]["path"] = str(Path(dep[role]["path"]).resolve())
     return {"deployment": dep, "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
-            "agent": a.agent, "master": a.master}
+            "agent": a.agent, "master": a.master, "forcing_bound": a.forcing_bound}
 
 
 def node_budgets(context: int, tokens: int) -> list[int]:
@@ -126,6 +128,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
             raise UserError(f"{flag} must be positive, got {value}")
     if a.sealed > 4096:
         raise UserError(f"--sealed-tokens is at most 4096, got {a.sealed}")
+    if not 0 < a.forcing_bound < 1:
+        raise UserError(f"the forcing power bound is a fraction in (0, 1), got {a.forcing_bound}")
     if a.budget_s is not None and not (a.budget_s > 0 and math.isfinite(a.budget_s)):
         raise UserError(f"--budget is a positive number of seconds, got {a.budget_s}")
     if a.run_dir.exists() and not a.run_dir.is_dir():
@@ -161,7 +165,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         # on a CPU: 5 lockstep passes (an A/B run stops after 3 once settled); the A/A run's 5 measured 1.6% on
         # SmolLM2's 3 default requests where 3 passes measured 4.7% and 6.7% (a bar no real gain cleared)
         return Gate(spec, runner, dev, a.max_new_tokens, alternating=True, reps=5 if on_cpu else 1,
-                    seal=getattr(agent, "setup", None) and agent.setup.seal, exact=ExactTargets(a.dep))
+                    seal=getattr(agent, "setup", None) and agent.setup.seal, exact=ExactTargets(a.dep),
+                    power_bound=a.forcing_bound)
 
     shipped = Store(REPO / "memory", REPO)
     memory = [{"id": i, "registry": shipped.read(i).registry} for i in shipped.ids()]
@@ -187,8 +192,9 @@ def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
                 loop.plan.agent.clean()
         summary = {**env, "deployment": a.dep.name, "agent": a.agent, "rounds_asked": a.rounds,
                    "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
-                   "budget_s": a.budget_s, "slots": a.slots, **({"base_commit": commit} if coding else {}),
-                   "measured": run.ran, "reused_steps": run.reused, **result}
+                   "forcing_bound": a.forcing_bound, "budget_s": a.budget_s, "slots": a.slots,
+                   **({"base_commit": commit} if coding else {}), "measured": run.ran, "reused_steps": run.reused,
+                   **result}
         write_json_atomic(a.run_dir / "loop.json", summary)
         if result.get("best_commit"):  # another tree's system: its code delta beside the deployment
             write_best_patch(a.run_dir / "best.patch", REPO, commit, result["best_commit"])

@@ -29,7 +29,7 @@ from specpilot.deployment import Deployment
 from specpilot.loop.agent import BuiltinAgent, Direction
 from specpilot.loop.coding import CodingAgent, Halted, submissions
 from specpilot.loop.evidence import Evidence
-from specpilot.loop.gate import Gate, TreeGate, forcing_summary, summary
+from specpilot.loop.gate import Gate, TreeGate, forcing_refusal, forcing_summary, summary
 from specpilot.loop.rundir import BudgetSpent, RunDir
 from specpilot.loop.space import runs_as_named, variant
 
@@ -386,12 +386,12 @@ class Loop:
         forcing = forcing_summary(self.gate.forcing(result, self.plan.sealed, self.plan.sealed_tokens))
         seconds = {"timing": t1 - t0, "forcing": time.monotonic() - t1}
         timed = summary(card)
+        refusal = forcing_refusal(forcing)  # the gate's own rule: an inconclusive verdict needs equal outputs
         # proven faster than stock (the controller's own promotion rule), not merely a gain above 1: on three
         # sealed requests a CPU run measured 1.17x with a lower bound of 0.36
-        passed = timed["verdict"] == "promote" and forcing["verdict"] != "reject"
-        reason = ("forcing rejected it" if forcing["verdict"] == "reject" else
-                  f"not proven faster than stock on the sealed requests ({timed['reason']})"
-                  if timed["verdict"] != "promote" else "held")
+        passed = timed["verdict"] == "promote" and refusal is None
+        reason = refusal or ("held" if timed["verdict"] == "promote" else
+                             f"not proven faster than stock on the sealed requests ({timed['reason']})")
         return {"passed": passed, "result": result, "reason": reason, "controller": timed, "forcing": forcing,
                 "seconds": seconds}
 
