@@ -2,7 +2,8 @@
 rows; kernels/fewrow). Each matrix is encoded once, on its device, and checked bit for bit with the kernel's
 own decode (on the GPU; its PyTorch twin on the CPU) before it is used; a matrix stays BF16 when it does not
 pay (past MAX_BITS, w12/inspect.py), the kernel cannot take it (its columns) or its values are not all BF16
-(a float32 matrix of BF16 values, as a BF16 checkpoint loaded on the CPU, is encoded), with the reason. The BF16
+(a float32 matrix of BF16 values, as a BF16 checkpoint loaded on the CPU, is encoded) or its W12 form (the one
+the kernel reads, tiled or in rows) does not decode to its bits, with the reason. The BF16
 tensor stays beside it in this version: prefill's many rows read it, and other systems in the process may too."""
 
 from __future__ import annotations
@@ -42,11 +43,14 @@ def attach(target, progress: Callable[[str], None] = lambda s: None) -> dict:
             because = f"{dw.weight.dtype} values that BF16 does not hold" if w is None else fewrow.fits(w.shape[1])
         if because is None and dw.w12 is None:
             progress(name)
-            few = fewrow.encode_checked(w, dw.bias)
-            if few.w12.bits_per_weight > MAX_BITS:
-                because = f"{few.w12.bits_per_weight:.2f} bits per weight"
-            else:
-                dw.w12 = few
+            try:
+                few = fewrow.encode_checked(w, dw.bias)
+                if few.w12.bits_per_weight > MAX_BITS:
+                    because = f"{few.w12.bits_per_weight:.2f} bits per weight"
+                else:
+                    dw.w12 = few
+            except fewrow.DecodeMismatch as exc:  # a fault in the format or the kernel's decode: it stays exact
+                because = str(exc)
         if dw.w12 is not None:
             entry.update(stored="w12", bytes=dw.w12.bytes, bits_per_weight=dw.w12.w12.bits_per_weight,
                          escapes=dw.w12.w12.escapes)
