@@ -13,11 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specpilot.config import parse_system
+from specpilot.config.plan import KernelPlan
+from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.kernels import fewrow, nvrtc
+from specpilot.results import system_record
 from specpilot.runtime.engine import Engine
-from specpilot.w12.attach import attach, projections
+from specpilot.w12.attach import attach, off_kernel, projections
 from specpilot.w12.format import TILE_COLS, TILE_ROWS, bits_of, encode, escape_rows, tile, untile
+from specpilot.weights.dense import few_row_path
 
 GPU = fewrow.runs()
 
@@ -186,16 +190,61 @@ def test_the_kernel_builds_for_hopper(w12, rows, tiled):
 
 def test_weights_w12_in_the_engine_on_the_cpu():
     """The W12 forms are made and checked at engine start (a matrix the kernel cannot take stays BF16, with the
-    reason), the memory saved is reported, and the tokens are AR's (the CPU reads the checked BF16)."""
+    reason), the memory held is reported (the BF16 copies stay: nothing is called saved), the path that ran is
+    recorded, and the tokens are AR's (the CPU reads the checked BF16)."""
     target = random_target(tiny_target_config(intermediate_size=176), seed=0, dtype=torch.bfloat16)
     ar = Engine(target, None, parse_system("ar"), context=96)
     w12 = Engine(target, None, parse_system("ar:weights=w12"), context=96)
     report = w12.w12_report
-    assert report["saved"] > 0.15 and set(report["kept_bf16"]) == {f"layers.{i}.mlp.w2" for i in range(4)}
+    assert set(report["kept_bf16"]) == {f"layers.{i}.mlp.w2" for i in range(4)}
     assert all("176 columns" in why for why in report["kept_bf16"].values())
-    assert all(dw.w12 is not None for name, dw in projections(target) if name not in report["kept_bf16"])
+    forms = [dw for name, dw in projections(target) if name not in report["kept_bf16"]]
+    assert all(dw.w12 is not None for dw in forms)
+    dense = sum(2 * dw.weight.numel() for _, dw in projections(target))
+    assert report["w12_bytes"] == sum(dw.w12.bytes for dw in forms) and 0 < report["w12_bytes"] < 0.8 * dense
+    assert report["held_bytes"] == dense + report["w12_bytes"] and report["saved"] is None
+    record = system_record(w12)
+    assert record["w12"]["held_bytes"] == report["held_bytes"] and record["w12"]["saved"] is None
+    assert record["kernel"] == {"path": "torch on the cpu (the dense weights; no few-row kernel there)"}
+    assert "kernel" not in system_record(ar)
     assert ar.generate([1, 2, 3, 4], 12).tokens == w12.generate([1, 2, 3, 4], 12).tokens
-    assert attach(target)["saved"] == report["saved"]  # attaching again keeps the forms made once
+    assert attach(target)["held_bytes"] == report["held_bytes"]  # attaching again keeps the forms made once
+
+
+def test_held_bytes_count_a_float32_dense_copy_at_its_size():
+    target = random_target(tiny_target_config(), seed=fresh_seed(), dtype=torch.float32)
+    report = attach(target)  # float32 values BF16 does not hold: every projection keeps only its dense form
+    assert report["w12_bytes"] == 0 and report["held_bytes"] == 2 * report["bf16_bytes"]
+    assert all(why == "float32 values that BF16 does not hold" for why in report["kept_bf16"].values())
+
+
+def test_few_row_path_says_where_the_options_run(monkeypatch):
+    """The CPU path is recorded as such; on a GPU the kernel cannot run, or for a float32 model, the options
+    are refused at engine build (no silent cuBLAS under a w12 or fewrow label)."""
+    w12, few, plain = (KernelPlan.stock(weights="w12"), KernelPlan.stock(fewrow=True), KernelPlan.stock())
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert few_row_path(plain, gpu, torch.float32) is None
+    assert few_row_path(w12, cpu, torch.float32).startswith("torch on the cpu")
+    monkeypatch.setattr(fewrow, "unavailable", lambda: "the GPU's compute capability is 8.0, the kernel needs 9.0+")
+    with pytest.raises(UserError, match="weights=w12 runs the few-row kernel, which cannot run here: .*8.0"):
+        few_row_path(w12, gpu, torch.bfloat16)
+    monkeypatch.setattr(fewrow, "unavailable", lambda: None)
+    with pytest.raises(UserError, match="fewrow=true runs .* the model is float32, the kernel takes BF16"):
+        few_row_path(few, gpu, torch.float32)
+    with pytest.raises(UserError, match="weights=w12 and fewrow=true run "):
+        few_row_path(KernelPlan.stock(weights="w12", fewrow=True), gpu, torch.float16)
+    assert few_row_path(few, gpu, torch.bfloat16).startswith("few-row kernel for 1..64 rows")
+
+
+def test_off_kernel_names_each_projection_on_the_dense_path():
+    target = random_target(tiny_target_config(intermediate_size=176), seed=fresh_seed(), dtype=torch.bfloat16)
+    kept = attach(target)["kept_bf16"]
+    w2 = {f"layers.{i}.mlp.w2" for i in range(4)}
+    assert off_kernel(target, KernelPlan.stock(weights="w12"), kept) == kept and set(kept) == w2
+    few = off_kernel(target, KernelPlan.stock(fewrow=True), {})
+    assert set(few) == w2 and all("176 columns is not a multiple of 32" in why for why in few.values())
+    wide = random_target(tiny_target_config(), seed=1, dtype=torch.float32)
+    assert set(off_kernel(wide, KernelPlan.stock(fewrow=True), {}).values()) == {"float32 weights"}
 
 
 # ---------------------------------------------------------------- on a Hopper GPU

@@ -72,6 +72,18 @@ def runs() -> bool:
     return nvrtc.bindings_available()
 
 
+def unavailable() -> str | None:
+    """Why the kernel cannot run here (None when `runs`), in words for the user."""
+    if runs():
+        return None
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"the GPU's compute capability is {major}.{minor}, the kernel needs 9.0+"
+    return "cuda-bindings (NVRTC and the driver API) is not installed"
+
+
 def fits(k: int) -> str | None:
     """Why a weight with k columns cannot run here (None when it can)."""
     return None if k % LANE_COLUMNS == 0 else f"{k} columns is not a multiple of {LANE_COLUMNS}"
