@@ -56,12 +56,17 @@ def environment() -> dict:
 
 
 def system_record(engine) -> dict:
-    """A system as an engine ran it: every option, the kernel plan with the tuning table it ran under, and (with
-    weights=w12) what the target's projections are stored as and the memory that saves."""
+    """A system as an engine ran it: every option, the kernel plan with the tuning table it ran under, (with
+    weights=w12) what the target's projections are stored as and the bytes they hold, and (with weights=w12 or
+    fewrow=true) the path their few-row products ran on."""
     record = {**engine.system.to_json(), "plan": engine.plan.to_json()}
     w12 = getattr(engine, "w12_report", None)
-    if w12 is not None:
-        record["w12"] = {k: w12[k] for k in ("bf16_bytes", "stored_bytes", "saved", "kept_bf16")}
+    if w12 is not None:  # held: the dense copies stay beside the W12 forms; saved only once they are freed
+        record["w12"] = {k: w12[k] for k in ("bf16_bytes", "w12_bytes", "held_bytes", "dense_copy", "saved",
+                                             "kept_bf16")}
+    kernel = getattr(engine, "kernel_record", None)
+    if kernel is not None:
+        record["kernel"] = kernel
     return record
 
 

@@ -5,6 +5,7 @@ weights=w12 on the CPU; on a Hopper GPU, the kernel against the reference (escap
 residual), batch invariance and determinism."""
 
 import importlib.util
+import secrets
 
 import pytest
 import torch
@@ -12,17 +13,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specpilot.config import parse_system
+from specpilot.config.plan import KernelPlan
+from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.kernels import fewrow, nvrtc
+from specpilot.results import system_record
 from specpilot.runtime.engine import Engine
-from specpilot.w12.attach import attach, projections
-from specpilot.w12.format import bits_of, encode, escape_rows, untile
+from specpilot.w12.attach import attach, off_kernel, projections
+from specpilot.w12.format import TILE_COLS, TILE_ROWS, bits_of, encode, escape_rows, tile, untile
+from specpilot.weights.dense import few_row_path
 
 GPU = fewrow.runs()
 
 
 def from_bits(bits) -> torch.Tensor:
     return torch.as_tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+def fresh_seed() -> int:
+    """A new seed each run (reported by the assertions that use it)."""
+    return secrets.randbelow(2**31)
 
 
 def weights(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -80,6 +90,73 @@ def test_the_load_check_fails_on_damage(damage):
     assert not fewrow.check_w12(f, w, on_device=False)
 
 
+def tile_address(r: int, c: int, cols: int) -> tuple[int, int, int]:
+    """Where the tiled planes keep weight (r, c) (w12/format.tile's layout, written out): its byte in the byte
+    plane, and its nibble's byte in the nibble plane with the nibble's shift in that byte."""
+    tile_index = (r // TILE_ROWS) * -(-cols // TILE_COLS) + c // TILE_COLS
+    line = tile_index * TILE_ROWS + r % TILE_ROWS
+    i = c % 8
+    j = i // 2 + 4 * (i % 2)  # the nibble's place in its word (w12/format's word order)
+    return line * TILE_COLS + c % TILE_COLS, line * TILE_COLS // 2 + (c % TILE_COLS) // 8 * 4 + j // 2, 4 * (j % 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 40), words=st.integers(1, 40), seed=st.integers(0, 2**31 - 1),
+       random_bits=st.booleans())
+def test_the_tiled_form_is_read_as_the_kernel_addresses_it(rows, words, seed, random_bits):
+    """The planes gathered at the kernel's tile addresses are the planes in rows (whole tiles and padded ones),
+    and the load check passes on the tiled form, specials and all."""
+    g = torch.Generator().manual_seed(seed)
+    cols = 8 * words
+    w = (from_bits(torch.randint(0, 65536, (rows, cols), generator=g)) if random_bits
+         else weights(rows, cols, seed))
+    f = encode(w)
+    t = tile(f)
+    byte, nibble = fewrow.kernel_planes(t)
+    assert torch.equal(byte, f.byte_plane) and torch.equal(nibble, f.nibble_plane)
+    assert fewrow.check_w12(t, w, on_device=False)
+
+
+@pytest.mark.parametrize("plane", ["byte", "nibble"])
+def test_the_load_check_reads_the_tiled_form_and_catches_its_damage(plane):
+    seed = fresh_seed()
+    w = weights(40, 2 * TILE_COLS, seed)
+    checked = fewrow.encode_checked(w)
+    t = checked.w12
+    assert t.tiled and fewrow.check_w12(t, w, on_device=False)
+    escaped = torch.zeros(w.shape, dtype=torch.bool)
+    escaped[escape_rows(t), t.esc_col.long()] = True
+    held = (~escaped).nonzero()
+    r, c = (int(i) for i in held[torch.randint(len(held), (1,))][0])  # a weight the planes hold
+    byte, nib, shift = tile_address(r, c, w.shape[1])
+    if plane == "byte":
+        t.byte_plane[byte] ^= 0x04
+    else:
+        t.nibble_plane[nib] ^= 1 << shift
+    assert not fewrow.check_w12(t, w, on_device=False), (seed, r, c)
+    assert fewrow.check_w12(untile(encode(w)), w, on_device=False)  # the planes in rows are intact
+
+
+def test_a_tiling_fault_keeps_the_weight_bf16_and_says_why(monkeypatch):
+    """encode_checked checks the tiled object the kernel reads, not the planes it came from: a fault in tile()
+    is caught, and attach keeps those weights BF16, naming them."""
+    def faulty(f):
+        t = tile(f)
+        t.byte_plane[TILE_COLS * TILE_ROWS:] = t.byte_plane[TILE_COLS * TILE_ROWS:].roll(1)  # tiles off by a byte
+        return t
+
+    monkeypatch.setattr(fewrow, "tile", faulty)
+    w = weights(32, 2 * TILE_COLS, fresh_seed())
+    with pytest.raises(fewrow.DecodeMismatch, match="tiled"):
+        fewrow.encode_checked(w)
+    target = random_target(tiny_target_config(hidden_size=128, head_dim=32, intermediate_size=176),
+                           seed=fresh_seed(), dtype=torch.bfloat16)
+    kept = attach(target)["kept_bf16"]
+    tiled = {name for name, dw in projections(target) if dw.shape[1] % TILE_COLS == 0}
+    assert tiled and {n for n, why in kept.items() if "(tiled) does not decode" in why} == tiled
+    assert all(dw.w12 is None for name, dw in projections(target) if name in tiled)
+
+
 def test_reference_rounds_the_sum_then_adds_the_residual():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
@@ -102,25 +179,72 @@ def test_layout_and_split_follow_the_shape_not_the_rows():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cuda") is None, reason="needs cuda-bindings' NVRTC")
-@pytest.mark.parametrize("w12,rows", [(True, 1), (False, 8)])
-def test_the_kernel_builds_for_hopper(w12, rows):
-    log = nvrtc.build(fewrow.SOURCE, fewrow.macros(w12, rows, *fewrow.LAYOUT[rows]), "sm_90", verbose=True)[1]
+@pytest.mark.parametrize("w12,rows,tiled", [(True, 1, False), (True, 1, True), (False, 8, False)])
+def test_the_kernel_builds_for_hopper(w12, rows, tiled):
+    """Tiled too: the load check decodes the tiled planes with the product's own tile addressing."""
+    macros = fewrow.macros(w12, rows, *fewrow.LAYOUT[rows], tiled=tiled)
+    log = nvrtc.build(fewrow.SOURCE, macros, "sm_90", verbose=True)[1]
     # (failed twice on the H200 within the whole file, passed alone there: the log says why next time)
     assert "few_row_product" in log and "w12_decode" in log, log[-2000:]
 
 
 def test_weights_w12_in_the_engine_on_the_cpu():
     """The W12 forms are made and checked at engine start (a matrix the kernel cannot take stays BF16, with the
-    reason), the memory saved is reported, and the tokens are AR's (the CPU reads the checked BF16)."""
+    reason), the memory held is reported (the BF16 copies stay: nothing is called saved), the path that ran is
+    recorded, and the tokens are AR's (the CPU reads the checked BF16)."""
     target = random_target(tiny_target_config(intermediate_size=176), seed=0, dtype=torch.bfloat16)
     ar = Engine(target, None, parse_system("ar"), context=96)
     w12 = Engine(target, None, parse_system("ar:weights=w12"), context=96)
     report = w12.w12_report
-    assert report["saved"] > 0.15 and set(report["kept_bf16"]) == {f"layers.{i}.mlp.w2" for i in range(4)}
+    assert set(report["kept_bf16"]) == {f"layers.{i}.mlp.w2" for i in range(4)}
     assert all("176 columns" in why for why in report["kept_bf16"].values())
-    assert all(dw.w12 is not None for name, dw in projections(target) if name not in report["kept_bf16"])
+    forms = [dw for name, dw in projections(target) if name not in report["kept_bf16"]]
+    assert all(dw.w12 is not None for dw in forms)
+    dense = sum(2 * dw.weight.numel() for _, dw in projections(target))
+    assert report["w12_bytes"] == sum(dw.w12.bytes for dw in forms) and 0 < report["w12_bytes"] < 0.8 * dense
+    assert report["held_bytes"] == dense + report["w12_bytes"] and report["saved"] is None
+    record = system_record(w12)
+    assert record["w12"]["held_bytes"] == report["held_bytes"] and record["w12"]["saved"] is None
+    assert record["kernel"] == {"path": "torch on the cpu (the dense weights; no few-row kernel there)"}
+    assert "kernel" not in system_record(ar)
     assert ar.generate([1, 2, 3, 4], 12).tokens == w12.generate([1, 2, 3, 4], 12).tokens
-    assert attach(target)["saved"] == report["saved"]  # attaching again keeps the forms made once
+    assert attach(target)["held_bytes"] == report["held_bytes"]  # attaching again keeps the forms made once
+
+
+def test_held_bytes_count_a_float32_dense_copy_at_its_size():
+    target = random_target(tiny_target_config(), seed=fresh_seed(), dtype=torch.float32)
+    report = attach(target)  # float32 values BF16 does not hold: every projection keeps only its dense form
+    assert report["w12_bytes"] == 0 and report["held_bytes"] == 2 * report["bf16_bytes"]
+    assert all(why == "float32 values that BF16 does not hold" for why in report["kept_bf16"].values())
+
+
+def test_few_row_path_says_where_the_options_run(monkeypatch):
+    """The CPU path is recorded as such; on a GPU the kernel cannot run, or for a float32 model, the options
+    are refused at engine build (no silent cuBLAS under a w12 or fewrow label)."""
+    w12, few, plain = (KernelPlan.stock(weights="w12"), KernelPlan.stock(fewrow=True), KernelPlan.stock())
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert few_row_path(plain, gpu, torch.float32) is None
+    assert few_row_path(w12, cpu, torch.float32).startswith("torch on the cpu")
+    monkeypatch.setattr(fewrow, "unavailable", lambda: "the GPU's compute capability is 8.0, the kernel needs 9.0+")
+    with pytest.raises(UserError, match="weights=w12 runs the few-row kernel, which cannot run here: .*8.0"):
+        few_row_path(w12, gpu, torch.bfloat16)
+    monkeypatch.setattr(fewrow, "unavailable", lambda: None)
+    with pytest.raises(UserError, match="fewrow=true runs .* the model is float32, the kernel takes BF16"):
+        few_row_path(few, gpu, torch.float32)
+    with pytest.raises(UserError, match="weights=w12 and fewrow=true run "):
+        few_row_path(KernelPlan.stock(weights="w12", fewrow=True), gpu, torch.float16)
+    assert few_row_path(few, gpu, torch.bfloat16).startswith("few-row kernel for 1..64 rows")
+
+
+def test_off_kernel_names_each_projection_on_the_dense_path():
+    target = random_target(tiny_target_config(intermediate_size=176), seed=fresh_seed(), dtype=torch.bfloat16)
+    kept = attach(target)["kept_bf16"]
+    w2 = {f"layers.{i}.mlp.w2" for i in range(4)}
+    assert off_kernel(target, KernelPlan.stock(weights="w12"), kept) == kept and set(kept) == w2
+    few = off_kernel(target, KernelPlan.stock(fewrow=True), {})
+    assert set(few) == w2 and all("176 columns is not a multiple of 32" in why for why in few.values())
+    wide = random_target(tiny_target_config(), seed=1, dtype=torch.float32)
+    assert set(off_kernel(wide, KernelPlan.stock(fewrow=True), {}).values()) == {"float32 weights"}
 
 
 # ---------------------------------------------------------------- on a Hopper GPU
@@ -202,3 +326,20 @@ def test_the_8bit_view_matches_its_reference():
     assert (y.float() - exact).abs().max() > 0  # it is the view, not the weights
     with pytest.raises(ValueError, match="8-bit view"):
         fewrow.product(x, fewrow.FewRowWeight.bf16(w), view8=True)
+
+
+@pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")
+def test_the_load_check_on_the_gpu_decodes_the_tiled_planes():
+    """The production decode (w12_decode, TILED) reads the tiles as the CPU twin gathers them, and a damaged
+    tile fails the check."""
+    seed = fresh_seed()
+    w = weights(72, 3 * TILE_COLS, seed)
+    t = fewrow.encode_checked(w.cuda()).w12
+    twin = tile(encode(w))
+    assert t.tiled and torch.equal(fewrow.decode_on_device(t).cpu(),
+                                   fewrow.decode_pairs(*fewrow.kernel_planes(twin), twin.base)), seed
+    escaped = torch.zeros(w.shape, dtype=torch.bool)
+    escaped[escape_rows(twin), twin.esc_col.long()] = True
+    r, c = (int(i) for i in (~escaped).nonzero()[-1])
+    t.byte_plane[tile_address(r, c, w.shape[1])[0]] ^= 0x04
+    assert not fewrow.check_w12(t, w.cuda(), on_device=True), (seed, r, c)

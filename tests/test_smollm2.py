@@ -66,17 +66,17 @@ def test_committed_drafter_through_the_preset(smol):
 
 def test_smollm2_is_fetched_on_first_use_only(tmp_path, monkeypatch):
     import specpilot.models.smollm2 as smollm2
-    from specpilot.models.pair import _fetch_if_known
+    from specpilot.models.pair import fetch_if_known
 
     calls = []
     monkeypatch.setenv("SPECPILOT_MODELS", str(tmp_path))
     monkeypatch.setattr(smollm2, "fetch_smollm2", lambda dest, progress=None: calls.append(dest))
-    _fetch_if_known(tmp_path / "other")  # not a model it knows
+    fetch_if_known(tmp_path / "other")  # not a model it knows
     assert calls == []
-    _fetch_if_known(tmp_path / "smollm2")  # missing: fetched
+    fetch_if_known(tmp_path / "smollm2")  # missing: fetched
     assert calls == [tmp_path / "smollm2"]
     (tmp_path / "smollm2").mkdir()
-    _fetch_if_known(tmp_path / "smollm2")  # present (e.g. staged on the GPU machine): left alone
+    fetch_if_known(tmp_path / "smollm2")  # present (e.g. staged on the GPU machine): left alone
     assert len(calls) == 1
 
 

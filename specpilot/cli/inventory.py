@@ -124,14 +124,9 @@ def w12_inspect(
     deployment: DeploymentFile = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every tensor's figures here.")] = None,
 ) -> None:
-    """Encode every weight matrix of a target in W12 (its BF16 weights), decode it back and compare bit for bit:
-    bits per weight per tensor and for the model, escapes, and which tensors stay BF16 (and why)."""
-
-    import torch
-
-    from specpilot.deployment import load_deployment
-    from specpilot.models.loading import load_target
-    from specpilot.models.pair import build_pair
+    """Encode every weight matrix of a target in W12, decode it back and compare bit for bit with the weights as
+    stored (a float32 checkpoint's W12 form holds its BF16 rounding: not bit-exact where that changes a value):
+    bits per weight per tensor and for the model, escapes, and which tensors stay in their own precision (why)."""
     from specpilot.results import environment, write_json_atomic
     from specpilot.w12.inspect import inspect_model
 
@@ -140,32 +135,60 @@ def w12_inspect(
     check_output(json_path)
     if checkpoint is not None and not checkpoint.is_dir():
         raise UserError(f"checkpoint folder not found: {checkpoint}")
-    if checkpoint is None:
-        dep = dataclasses.replace(load_deployment(preset, deployment), dtype="bfloat16", device="cpu")
-        if dep.twin_width > 1:
-            raise UserError(f"{dep.name} is a twin ({dep.twin_width}x wider): inspect its source model instead "
-                            "(the widening repeats its weights)")
+    dep = None if checkpoint is not None else _inspected_deployment(preset, deployment)
     untouched = f" ({json_path} was not touched)" if json_path else ""
     with interruptible(f"inspection interrupted: nothing was written{untouched}"):
-        if checkpoint is not None:
-            target, source = load_target(checkpoint, torch.bfloat16, "cpu"), str(checkpoint)
-        else:
-            target, source = build_pair(dep, with_drafter=False)[0], dep.name
+        target, source = _inspected_target(checkpoint, dep)
         with err.status("encoding") as status:
             report = inspect_model(target, lambda name: status.update(f"encoding {name}"))
-    report = {**environment(), "command": "specpilot w12 inspect", "source": source, **report}
+    # environment()'s command is this run's own command line
+    report = {**environment(), "source": source, **({"deployment": dep.name} if dep else {}), **report}
     if json_path is not None:
         write_json_atomic(json_path, report)
-    table = Table("tensor", "shape", "bits/weight", "escapes", "stored", "bit-exact")
-    for r in report["tensors"]:
-        table.add_row(r["name"], "x".join(map(str, r["shape"])), f"{r['bits_per_weight']:.4f}",
-                      f"{r['escapes']} ({100 * r['escape_rate']:.3f}%)",
-                      r["stored"] + (f" ({r['bf16_because']})" if r["bf16_because"] else ""),
-                      "yes" if r["bit_exact"] else "[red]NO[/red]")
-    console.print(table)
-    console.print(f"{source}: {report['weights']:,} weights, {report['bits_per_weight']:.4f} bits/weight, "
-                  f"{report['bf16_bytes'] / 2**20:.1f} MiB -> {report['w12_bytes'] / 2**20:.1f} MiB "
-                  f"({100 * report['saved']:.1f}% saved), bit-exact: {'yes' if report['bit_exact'] else 'NO'}",
-                  markup=False)
+    _print_inspection(report)
     if not report["bit_exact"]:
         raise typer.Exit(1)
+
+
+def _inspected_deployment(preset: str | None, deployment: Path | None):
+    from specpilot.deployment import load_deployment
+
+    dep = dataclasses.replace(load_deployment(preset, deployment), device="cpu")
+    if dep.twin_width > 1:
+        raise UserError(f"{dep.name} is a twin ({dep.twin_width}x wider): inspect its source model instead "
+                        "(the widening repeats its weights)")
+    return dep
+
+
+def _inspected_target(checkpoint: Path | None, dep):
+    """The target to inspect, its weights at the dtypes they are stored in, and where they come from: the
+    checkpoint folder's resolved path, or (a seeded random model: nothing stored) the preset's model in BF16."""
+    from specpilot.models.loading import load_target
+    from specpilot.models.pair import build_pair, fetch_if_known
+
+    folder = checkpoint if checkpoint is not None else dep.target.path
+    if folder is None:
+        target = build_pair(dataclasses.replace(dep, dtype="bfloat16"), with_drafter=False)[0]
+        return target, f"random target of {dep.name} (seed {dep.target.seed}), made in BF16"
+    fetch_if_known(folder)
+    if not folder.is_dir():
+        raise UserError(f"checkpoint folder not found: {folder}")
+    return load_target(folder, None, "cpu", rope_length=1), str(folder.resolve())
+
+
+def _print_inspection(report: dict) -> None:
+    table = Table("tensor", "shape", "dtype", "bits/weight", "escapes", "stored", "bit-exact")
+    for r in report["tensors"]:
+        exact = "yes" if r["bit_exact"] else f"[red]NO[/red] ({escape(r['inexact_because'])})"
+        table.add_row(escape(r["name"]), "x".join(map(str, r["shape"])), r["dtype"], f"{r['bits_per_weight']:.4f}",
+                      f"{r['escapes']} ({100 * r['escape_rate']:.3f}%)",
+                      r["stored"] + (f" ({r['kept_because']})" if r["kept_because"] else ""), exact)
+    console.print(table)
+    stored = (f", {report['stored_bytes'] / 2**20:.1f} MiB as stored ({'/'.join(report['dtypes'])})"
+              if report["stored_bytes"] != report["bf16_bytes"] else "")
+    console.print(f"{report['source']}: {report['weights']:,} weights, {report['bits_per_weight']:.4f} bits/weight, "
+                  f"{report['bf16_bytes'] / 2**20:.1f} MiB in BF16 -> {report['w12_bytes'] / 2**20:.1f} MiB "
+                  f"({100 * report['saved']:.1f}% saved){stored}, "
+                  f"bit-exact: {'yes' if report['bit_exact'] else 'NO'}", markup=False)
+    for name, why in report["not_exact"].items():
+        console.print(f"  not bit-exact: {name}: {why}", markup=False)

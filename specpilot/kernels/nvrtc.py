@@ -2,8 +2,9 @@
 cluster decode attention (kernels/attention/cluster.cu) and the few-row tensor-core products
 (kernels/fewrow/fragment.cu). Both libraries are in the H200 image and in the dev extras (so that the CPU tests
 build every kernel for sm_90 and read ptxas's report), never runtime dependencies: without them the cluster
-attention is not offered and the few-row options run the BF16 paths (weights/dense.py). Launches are captured
-into CUDA graphs like any other (the driver copies the parameters into the graph node)."""
+attention is not offered, and an engine asked for the few-row options on a GPU says why it cannot run them
+(weights/dense.few_row_path). Launches are captured into CUDA graphs like any other (the driver copies the
+parameters into the graph node)."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ class _Tensors:
 
 
 def _load_into(model: torch.nn.Module, sources: dict[str, list[str]], folder: Path,
-               dtype: torch.dtype, device) -> None:
+               dtype: torch.dtype | None, device) -> None:
     reader = _Tensors(folder)
     expected = {k: v for k, v in model.state_dict().items()}
     state = {}
@@ -118,15 +118,17 @@ def _load_into(model: torch.nn.Module, sources: dict[str, list[str]], folder: Pa
                 raise UserError(f"{folder}: tensor {name!r} has shape {tuple(part.shape)}, "
                                 f"config implies {(r, *want[1:])}")
         t = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
-        state[ours] = t.to(device=device, dtype=dtype)
+        state[ours] = t.to(device=device, dtype=dtype or t.dtype)
     missing = set(expected) - set(state)
     if missing:
         raise UserError(f"{folder}: no source for {sorted(missing)[:3]}")
     model.load_state_dict(state, assign=True, strict=True)
 
 
-def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device="cpu",
+def load_target(folder: str | Path, dtype: torch.dtype | None = torch.float32, device="cpu",
                 rope_length: int | None = None) -> DenseTarget:
+    """dtype None: each tensor as the checkpoint stores it (`w12 inspect` judges the stored bits; a fused tensor
+    whose parts differ takes their common type)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"target checkpoint folder not found: {folder}")

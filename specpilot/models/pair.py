@@ -33,7 +33,7 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
 
     device, dtype = dep.torch_device(), dep.torch_dtype()
     if dep.target.path is not None:
-        _fetch_if_known(dep.target.path)
+        fetch_if_known(dep.target.path)
     for spec, what in ((dep.target, "target"), (dep.drafter, "drafter")):
         if spec is not None and spec.path is not None and not spec.path.is_dir():
             raise UserError(f"{what} checkpoint folder not found: {spec.path}" + _hint(spec.path))
@@ -81,7 +81,7 @@ def _memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _fetch_if_known(path) -> None:
+def fetch_if_known(path) -> None:
     """A model `specpilot models fetch` knows (SmolLM2) is fetched on first use, like a hub download;
     a folder that exists is never touched (the GPU machine stages its own copy, offline)."""
     import sys

@@ -32,6 +32,7 @@ from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
 from specpilot.speculative.tree import TreeBuilder
 from specpilot.speculative.two_level import TwoLevelStep
+from specpilot.weights.dense import few_row_path
 
 
 @dataclass
@@ -78,11 +79,14 @@ class Engine:
             raise UserError(f"fault {self.fault} needs a drafter (system stock)")
         self.use_graphs = self.system.get("graphs") and self.device.type == "cuda"
         self.w12_report = None
+        # where weights=w12 / fewrow=true products run (checked before any W12 form is made)
+        path = few_row_path(self.plan, self.device, target.embed.weight.dtype)
         if self.plan.weights == "w12" or self.system.get("verify") == "tlv":
             # the projections' W12 forms (tlv reads their 8-bit view), made and checked once per target
             from specpilot.w12.attach import attach
 
             self.w12_report = attach(target)
+        self.kernel_record = None if path is None else self._kernel_record(path)
         self.lookahead = self.system.get("lookahead")
         self.pad = Pad(self.system.get("pad_us"), self.device)
         self.recorder = None  # replay/record.Recorder: each speculative step's lattice (steps run one by one)
@@ -102,6 +106,15 @@ class Engine:
             self._init_spec(drafter, self.system.get("block_size") if self.system.speculative else 0)
 
     # ----- set-up ---------------------------------------------------------------------------------
+    def _kernel_record(self, path: str) -> dict:
+        """The path weights=w12 / fewrow=true run on, and (on a GPU) the projections that take the dense path."""
+        if self.device.type != "cuda":
+            return {"path": path}
+        from specpilot.w12.attach import off_kernel
+
+        kept = self.w12_report["kept_bf16"] if self.w12_report is not None else {}
+        return {"path": path, "dense_path": off_kernel(self.target, self.plan, kept)}
+
     def _init_spec(self, drafter: DFlashDrafter, block_size: int) -> None:
         own = drafter.cfg.block_size
         if block_size and not 2 <= block_size <= own:

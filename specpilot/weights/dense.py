@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.config.plan import KernelPlan
+from specpilot.errors import UserError
 from specpilot.kernels import fewrow
 from specpilot.kernels.gemv import gemv_applies, stream_of
 from specpilot.kernels.gemv.naive import gemv_naive
@@ -35,6 +36,25 @@ def _kernel_takes(x) -> bool:
     x = stream_of(x)
     return (x.is_cuda and x.numel() // x.shape[-1] <= fewrow.MAX_ROWS and x.dtype == torch.bfloat16
             and fewrow.runs())
+
+
+def few_row_path(plan: KernelPlan, device: torch.device, dtype: torch.dtype) -> str | None:
+    """What runs the products of 1..64 rows that weights=w12 or fewrow=true send to the few-row kernel, for the
+    record (None: the plan sends none). On the CPU the PyTorch path on the dense weights (the W12 forms were
+    checked to hold their bits): the options' own CPU path. A GPU where the kernel can take none of them is the
+    user's to fix (UserError): the option would name a kernel that never runs."""
+    asked = [name for name, on in (("weights=w12", plan.weights == "w12"), ("fewrow=true", plan.fewrow)) if on]
+    if not asked:
+        return None
+    if device.type != "cuda":
+        return "torch on the cpu (the dense weights; no few-row kernel there)"
+    why = fewrow.unavailable() or (None if dtype == torch.bfloat16 else
+                                   f"the model is {str(dtype).removeprefix('torch.')}, the kernel takes BF16")
+    if why:
+        raise UserError(f"{' and '.join(asked)} {'runs' if len(asked) == 1 else 'run'} the few-row kernel, which "
+                        f"cannot run here: {why} (drop the option, or run it in bfloat16 on a GPU of compute "
+                        "capability 9.0+ with cuda-bindings)")
+    return "few-row kernel for 1..64 rows; the dense path (cuBLAS) past 64"
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specpilot.kernels import nvrtc
-from specpilot.w12.format import TILE_COLS, W12, encode, escape_rows, tile, untile
+from specpilot.w12.format import TILE_COLS, W12, encode, escape_rows, tile
 
 SOURCE = Path(__file__).with_name("fragment.cu")
 WARPS = 4  # fragment.cu's __launch_bounds__
@@ -70,6 +70,18 @@ class FewRowWeight:
 def runs() -> bool:
     """Whether the kernel can run here: cuda-bindings and NVRTC, a GPU of compute capability 9+."""
     return nvrtc.bindings_available()
+
+
+def unavailable() -> str | None:
+    """Why the kernel cannot run here (None when `runs`), in words for the user."""
+    if runs():
+        return None
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"the GPU's compute capability is {major}.{minor}, the kernel needs 9.0+"
+    return "cuda-bindings (NVRTC and the driver API) is not installed"
 
 
 def fits(k: int) -> str | None:
@@ -220,14 +232,14 @@ def product(x: torch.Tensor, w: FewRowWeight, residual: torch.Tensor | None = No
 
 
 def decode_on_device(f: W12) -> torch.Tensor:
-    """The W12 planes decoded by the kernel's own routine on the GPU: int32 [rows, cols] BF16 bits (escapes as
-    the planes hold them), what `check_w12` compares."""
+    """The W12 planes decoded by the kernel's own routine on the GPU, read in the layout the product reads them
+    (tiled or in rows): int32 [rows, cols] BF16 bits (escapes as the planes hold them), what `check_w12`
+    compares."""
     import ctypes
 
-    f = untile(f)
     rows, cols = f.shape
     device = f.byte_plane.device.index if f.byte_plane.device.index is not None else torch.cuda.current_device()
-    _, fn = _module(device, True, 1, LAYOUT[1])
+    _, fn = _module(device, True, 1, LAYOUT[1], False, f.tiled)
     out = torch.empty(rows, cols // 2, dtype=torch.int32, device=f.byte_plane.device)
     threads = rows * (cols // 8)
     ptr = ctypes.c_void_p
@@ -237,15 +249,32 @@ def decode_on_device(f: W12) -> torch.Tensor:
     return torch.stack([out & 0xFFFF, (out >> 16) & 0xFFFF], 2).reshape(rows, cols)
 
 
+def kernel_planes(f: W12) -> tuple[torch.Tensor, torch.Tensor]:
+    """The byte plane [rows, cols] and nibble plane [rows, cols / 2] gathered at the addresses the kernel reads
+    (fragment.cu's tile_line when tiled), not through untile(): a fault in the tiling shows here as the kernel
+    would see it. cols must be a multiple of 8."""
+    if not f.tiled:
+        return f.byte_plane, f.nibble_plane
+    rows, cols = f.shape
+    r = torch.arange(rows, device=f.base.device)[:, None]
+    c = torch.arange(cols, device=f.base.device)[None, :]
+    line = ((r >> 4) * -(-cols // CHUNK) + c // CHUNK) * 16 + (r & 15)  # tile_line(row, chunk, K)
+    byte = f.byte_plane[line * CHUNK + c % CHUNK]
+    pairs = line[:, 0::2] * (CHUNK // 2) + (c[:, 0::2] % CHUNK) // 2  # one nibble byte per two columns
+    return byte, f.nibble_plane[pairs]
+
+
 def check_w12(f: W12, original: torch.Tensor, on_device: bool) -> bool:
-    """The load-time check: the planes, decoded by the kernel's routine (on the GPU when on_device, else its
-    PyTorch twin), give the original's bits wherever there is no escape, and the escapes hold the original's
+    """The load-time check, of the form the kernel will read (tiled or in rows): its planes, decoded by the
+    kernel's routine (on the GPU when on_device, else its PyTorch twin on the planes gathered as the kernel
+    addresses them), give the original's bits wherever there is no escape, and the escapes hold the original's
     bits at their columns."""
     from specpilot.w12.format import bits_of
 
-    f = untile(f)
     bits = bits_of(original)
-    dec = decode_on_device(f) if on_device else decode_pairs(f.byte_plane, f.nibble_plane, f.base)
+    if tuple(bits.shape) != tuple(f.shape):
+        return False
+    dec = decode_on_device(f) if on_device else decode_pairs(*kernel_planes(f), f.base)
     rows, cols = escape_rows(f), f.esc_col.long()
     escaped = torch.zeros_like(bits, dtype=torch.bool)
     escaped[rows, cols] = True
@@ -253,10 +282,17 @@ def check_w12(f: W12, original: torch.Tensor, on_device: bool) -> bool:
     return planes_ok and torch.equal(bits[rows, cols], f.esc_bits.to(torch.int32) & 0xFFFF)
 
 
+class DecodeMismatch(RuntimeError):
+    """A W12 form that does not decode to its original's bits (w12/attach.py keeps that weight BF16)."""
+
+
 def encode_checked(w: torch.Tensor, bias: torch.Tensor | None = None) -> FewRowWeight:
-    """W12 of a BF16 weight, checked as `check_w12` says before the original may go; tiled (w12/format.tile: what
-    the kernel streams best) when its columns fill whole tiles, else in rows (padding would cost more)."""
+    """W12 of a BF16 weight, tiled (w12/format.tile: what the kernel streams best) when its columns fill whole
+    tiles, else in rows (padding would cost more); the form the kernel will read is the one checked, as
+    `check_w12` says, before the original may go."""
     f = encode(w)
-    if not check_w12(f, w, on_device=w.is_cuda):
-        raise RuntimeError(f"W12 of a {tuple(w.shape)} weight does not decode to its original bits")
-    return FewRowWeight.of_w12(tile(f) if f.shape[1] % TILE_COLS == 0 else f, bias)
+    form = tile(f) if f.shape[1] % TILE_COLS == 0 else f
+    if not check_w12(form, w, on_device=w.is_cuda):
+        layout = "tiled" if form.tiled else "in rows"
+        raise DecodeMismatch(f"its W12 form ({layout}) does not decode to its original bits")
+    return FewRowWeight.of_w12(form, bias)

@@ -48,6 +48,13 @@ namespace {
 constexpr int CHUNK = 128;  // columns a warp takes per step: 32 a lane, whole 128-byte lines of the byte plane
 constexpr int NIB = 8;      // W12: where the nibble words start (after the byte plane's 8)
 
+// The line of the tiled planes (w12/format.tile: 16 rows x one chunk a tile) holding chunk c of weight row `row`:
+// its bytes start at line * CHUNK in the byte plane and line * CHUNK / 2 in the nibble plane. The product and the
+// load-time decode (w12_decode) both address the tiles through it.
+__device__ __forceinline__ long tile_line(long row, int c, int K) {
+  return ((row >> 4) * ((K + CHUNK - 1) / CHUNK) + c) * 16 + (row & 15);
+}
+
 struct Rows {  // one lane's share of a chunk for one tile: rows g and g + 8
   uint32_t w[2][16];  // W12: words 0-7 the byte plane, 8-11 the nibble plane; BF16: the 16 bf16x2 words
 };
@@ -68,7 +75,7 @@ __device__ __forceinline__ void load_rows(Rows& r, const uint8_t* __restrict__ p
     }
     if (W12) {
       // the lane's 32 bytes of the byte plane and 16 of the nibble plane, in rows or in the row's tile
-      const long tile = TILED ? ((row >> 4) * ((K + CHUNK - 1) / CHUNK) + c) * 16 + (row & 15) : 0;
+      const long tile = TILED ? tile_line(row, c, K) : 0;
       const uint8_t* bp = TILED ? planes + tile * CHUNK + 32 * t : planes + row * K + col;
       const uint8_t* np = TILED ? nibbles + tile * (CHUNK / 2) + 16 * t : nibbles + row * (K / 2) + col / 2;
       const uint4* b = reinterpret_cast<const uint4*>(bp);
@@ -376,18 +383,23 @@ __device__ void few_row(const uint8_t* __restrict__ planes, const uint8_t* __res
 
 }  // namespace
 
-// The W12 planes decoded to BF16 bits with the product's own decode (escapes left as the planes hold them): what
-// the load-time check compares with the original.
+// The W12 planes decoded to BF16 bits with the product's own decode (escapes left as the planes hold them), read
+// where the product reads them (in rows, or by tile_line when TILED): what the load-time check compares with the
+// original. The output is in rows either way.
 extern "C" __global__ void w12_decode(const uint8_t* __restrict__ planes, const uint8_t* __restrict__ nibbles,
                                       const uint8_t* __restrict__ base, uint32_t* __restrict__ out, int N, int K) {
   const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;  // one thread per 8 columns
   if (i >= (long)N * (K / 8)) return;
   const long n = i / (K / 8);
   const int k8 = (int)(i % (K / 8));
+  const int col = 8 * k8;
+  const long line = TILED ? tile_line(n, col / CHUNK, K) : 0;
+  const uint8_t* bp = TILED ? planes + line * CHUNK + col % CHUNK : planes + n * K + col;
+  const uint8_t* np = TILED ? nibbles + line * (CHUNK / 2) + (col % CHUNK) / 2 : nibbles + n * (K / 2) + col / 2;
   uint32_t w[NIB + 1];
-  const uint2 b = *reinterpret_cast<const uint2*>(planes + n * K + 8 * k8);
+  const uint2 b = *reinterpret_cast<const uint2*>(bp);
   w[0] = b.x; w[1] = b.y;
-  w[NIB] = *reinterpret_cast<const uint32_t*>(nibbles + n * (K / 2) + 4 * k8);
+  w[NIB] = *reinterpret_cast<const uint32_t*>(np);
   const uint32_t b2 = ((uint32_t)base[n] << 7) | ((uint32_t)base[n] << 23);
 #pragma unroll
   for (int q = 0; q < 4; ++q) out[n * (K / 2) + 4 * k8 + q] = pair<true>(w, q, b2);
