@@ -61,9 +61,9 @@ def system_record(engine) -> dict:
     fewrow=true) the path their few-row products ran on."""
     record = {**engine.system.to_json(), "plan": engine.plan.to_json()}
     w12 = getattr(engine, "w12_report", None)
-    if w12 is not None:  # held: the dense copies stay beside the W12 forms; saved only once they are freed
+    if w12 is not None:  # held: dense copies kept beside W12 forms count; saved only once some are freed
         record["w12"] = {k: w12[k] for k in ("bf16_bytes", "w12_bytes", "held_bytes", "dense_copy", "saved",
-                                             "kept_bf16")}
+                                             "kept_bf16", "freed_bytes") if k in w12}
     kernel = getattr(engine, "kernel_record", None)
     if kernel is not None:
         record["kernel"] = kernel

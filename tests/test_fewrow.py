@@ -211,6 +211,52 @@ def test_weights_w12_in_the_engine_on_the_cpu():
     assert attach(target)["held_bytes"] == report["held_bytes"]  # attaching again keeps the forms made once
 
 
+def test_w12_dense_drop_frees_the_layers_copies_and_keeps_the_tokens():
+    """w12_dense=drop: the layers' dense copies go (the LM head, here the tied embedding, keeps its own), the
+    report counts what is held against BF16, reading a dropped weight decodes its exact bits, and the tokens
+    are AR's on a target that kept everything."""
+    seed = fresh_seed()
+    kept = random_target(tiny_target_config(intermediate_size=176), seed=seed, dtype=torch.bfloat16)
+    target = random_target(tiny_target_config(intermediate_size=176), seed=seed, dtype=torch.bfloat16)
+    before = {name: dw.weight.clone() for name, dw in projections(target)}
+    engine = Engine(target, None, parse_system("ar:weights=w12,w12_dense=drop"), context=96)
+    report = engine.w12_report
+    dropped = {name for name, dw in projections(target) if dw.dense_dropped}
+    assert dropped == {name for name, dw in projections(target) if dw.w12 is not None and name != "lm_head"}
+    assert dropped and all("weight" not in dict(dw.named_parameters()) for name, dw in projections(target)
+                           if name in dropped)
+    assert report["dropped_now"] == len(dropped) and report["freed_bytes"] is None  # the CPU: not measured
+    forms = sum(dw.w12.bytes for _, dw in projections(target) if dw.w12 is not None)
+    dense = sum(2 * before[n].numel() for n, dw in projections(target) if n not in dropped)
+    assert report["held_bytes"] == dense + forms < report["bf16_bytes"]
+    assert report["saved"] == pytest.approx(1 - report["held_bytes"] / report["bf16_bytes"]) and report["saved"] > 0
+    assert "dropped for" in report["dense_copy"] and "lm_head" in report["dense_copy"]
+    for name in dropped:
+        got = projections(target)
+        dw = dict(got)[name]
+        assert dw.shape == before[name].shape and torch.equal(bits_of(dw.weight), bits_of(before[name])), seed
+    ar = Engine(kept, None, parse_system("ar"), context=96)
+    assert ar.generate([1, 2, 3, 4], 12).tokens == engine.generate([1, 2, 3, 4], 12).tokens, seed
+    assert system_record(engine)["w12"]["saved"] == report["saved"]
+
+
+def test_w12_dense_drop_never_shares_a_target_with_a_system_that_reads_the_copies():
+    target = random_target(tiny_target_config(), seed=fresh_seed(), dtype=torch.bfloat16)
+    with pytest.raises(UserError, match="w12_dense=drop needs weights=w12"):
+        Engine(target, None, parse_system("ar:w12_dense=drop"), context=64)
+    ar = Engine(target, None, parse_system("ar"), context=64)
+    with pytest.raises(UserError, match="system\\(s\\) ar read the BF16 copies it would free"):
+        Engine(target, None, parse_system("ar:weights=w12,w12_dense=drop"), context=64)
+    assert not any(dw.dense_dropped for _, dw in projections(target))  # refused before anything was freed
+    del ar
+    drop = Engine(target, None, parse_system("ar:weights=w12,w12_dense=drop"), context=64)  # ar is gone now
+    again = Engine(target, None, parse_system("ar:weights=w12,w12_dense=drop"), context=64)  # drop with drop
+    assert again.w12_report["dropped_now"] == 0 and again.w12_report["saved"] == drop.w12_report["saved"]
+    for system in ("ar", "ar:weights=w12"):
+        with pytest.raises(UserError, match="freed the BF16 copies it reads"):
+            Engine(target, None, parse_system(system), context=64)
+
+
 def test_held_bytes_count_a_float32_dense_copy_at_its_size():
     target = random_target(tiny_target_config(), seed=fresh_seed(), dtype=torch.float32)
     report = attach(target)  # float32 values BF16 does not hold: every projection keeps only its dense form
@@ -326,6 +372,18 @@ def test_the_8bit_view_matches_its_reference():
     assert (y.float() - exact).abs().max() > 0  # it is the view, not the weights
     with pytest.raises(ValueError, match="8-bit view"):
         fewrow.product(x, fewrow.FewRowWeight.bf16(w), view8=True)
+
+
+@pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")
+@pytest.mark.parametrize("cols", [3 * TILE_COLS, 200])  # tiled, and in rows
+def test_the_gpu_decodes_a_dropped_copy_bit_for_bit(cols):
+    """dense_matrix (what a dropped weight's reads return): the kernel's decode into BF16 with the escapes
+    patched gives the original bits, specials and all."""
+    seed = fresh_seed()
+    w = weights(72, cols, seed)
+    form = fewrow.encode_checked(w.cuda()).w12
+    assert form.tiled == (cols % TILE_COLS == 0)
+    assert torch.equal(bits_of(fewrow.dense_matrix(form).cpu()), bits_of(w)), seed
 
 
 @pytest.mark.skipif(not GPU, reason="needs cuda-bindings and a GPU of compute capability 9+")

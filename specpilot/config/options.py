@@ -94,6 +94,10 @@ OPTIONS: dict[str, Option] = _options(
     Option("weights", str, "bf16", "the target's projection weights: bf16, or w12 (lossless 12 bits a weight, "
            "checked bit for bit at load, decoded in registers by the few-row tensor-core kernel for 1..64 rows; "
            "kernels/fewrow)", "kernel", choices=("bf16", "w12")),
+    Option("w12_dense", str, "keep", "with weights=w12, the target layers' BF16 copies: keep (beside the W12 "
+           "forms; prefill and rows past 64 read them), or drop (freed: the memory W12 saves; those products "
+           "decode the W12 form per call, so prefill is slower; the LM head keeps its copy)", "kernel",
+           choices=("keep", "drop")),
     Option("fewrow", bool, False, "BF16 target projections of 1..64 rows through the few-row tensor-core kernel "
            "(kernels/fewrow; batch-invariant) in place of cuBLAS and the gemv kernels", "kernel"),
     # tuning (what the gemv step tuning offers and how long it searches)

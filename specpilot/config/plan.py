@@ -28,6 +28,7 @@ class KernelPlan:
     embed_kernel: bool
     greedy_kernel: bool
     weights: str
+    w12_dense: str
     fewrow: bool
     staged: bool
     attn_late: bool

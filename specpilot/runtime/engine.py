@@ -32,6 +32,7 @@ from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
 from specpilot.speculative.tree import TreeBuilder
 from specpilot.speculative.two_level import TwoLevelStep
+from specpilot.w12.attach import claim
 from specpilot.weights.dense import few_row_path
 
 
@@ -81,11 +82,13 @@ class Engine:
         self.w12_report = None
         # where weights=w12 / fewrow=true products run (checked before any W12 form is made)
         path = few_row_path(self.plan, self.device, target.embed.weight.dtype)
+        drops = self.plan.w12_dense == "drop"
+        if drops and self.plan.weights != "w12":
+            raise UserError(f"system {self.system.name!r}: w12_dense=drop needs weights=w12 (it frees the BF16 "
+                            "copies that the W12 forms replace)")
+        claim(target, self, drops)  # no system here reads copies another one freed
         if self.plan.weights == "w12" or self.system.get("verify") == "tlv":
-            # the projections' W12 forms (tlv reads their 8-bit view), made and checked once per target
-            from specpilot.w12.attach import attach
-
-            self.w12_report = attach(target)
+            self.w12_report = self._attach_w12(target, drops)
         self.kernel_record = None if path is None else self._kernel_record(path)
         self.lookahead = self.system.get("lookahead")
         self.pad = Pad(self.system.get("pad_us"), self.device)
@@ -106,6 +109,17 @@ class Engine:
             self._init_spec(drafter, self.system.get("block_size") if self.system.speculative else 0)
 
     # ----- set-up ---------------------------------------------------------------------------------
+    def _attach_w12(self, target: DenseTarget, drops: bool) -> dict:
+        """The projections' W12 forms (tlv reads their 8-bit view), made and checked once per target; under
+        w12_dense=drop the layers' dense copies freed, with the bytes the allocator got back."""
+        from specpilot.w12.attach import attach, drop_measured
+
+        report = attach(target)
+        if not drops:
+            return report
+        freed = drop_measured(target)
+        return {**attach(target), **freed}
+
     def _kernel_record(self, path: str) -> dict:
         """The path weights=w12 / fewrow=true run on, and (on a GPU) the projections that take the dense path."""
         if self.device.type != "cuda":

@@ -3,16 +3,20 @@ rows; kernels/fewrow). Each matrix is encoded once, on its device, and the form 
 rows) is checked bit for bit with the kernel's own decode (on the GPU; its PyTorch twin on the CPU) before it is
 used. A matrix keeps only its dense form, with the reason, when it does not pay (past MAX_BITS, w12/inspect.py),
 the kernel cannot take it (its columns), its values are not all BF16 (a float32 matrix of BF16 values, as a BF16
-checkpoint loaded on the CPU, is encoded) or its W12 form does not decode to its bits. The dense tensor stays
-beside every W12 form in this version (prefill's many rows read it, and other systems in the process may too):
-the report counts the bytes held, dense copies included, and calls none of them saved."""
+checkpoint loaded on the CPU, is encoded) or its W12 form does not decode to its bits. By default the dense tensor
+stays beside every W12 form (prefill's many rows read it, and other systems in the process may too), and the
+report calls nothing saved; `drop_dense` (the option w12_dense=drop) frees the layers' dense copies, and the
+report then counts what is held against BF16."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 
 import torch
 
+from specpilot.errors import UserError
 from specpilot.kernels import fewrow
 from specpilot.w12.inspect import MAX_BITS
 from specpilot.weights.dense import DenseWeight
@@ -60,10 +64,56 @@ def _convert(name: str, dw: DenseWeight, progress: Callable[[str], None]) -> str
     return None
 
 
+def drop_dense(target) -> list[str]:
+    """Free the dense copy of every layer projection that has its checked W12 form; the LM head keeps its own
+    (a tied head is the embedding's table, which the embedding gathers from; the drafter reads the head too).
+    Returns the names dropped now."""
+    dropped = []
+    for name, dw in projections(target):
+        if name != "lm_head" and dw.w12 is not None and not dw.dense_dropped:
+            dw.drop_dense()
+            dropped.append(name)
+    return dropped
+
+
+def drop_measured(target) -> dict:
+    """drop_dense, with the device memory it freed as measured by the allocator (None on the CPU): a copy that
+    something else still references is not freed, and this says so where the count of bytes would not."""
+    cuda = target.device.type == "cuda"
+    before = torch.cuda.memory_allocated(target.device) if cuda else 0
+    names = drop_dense(target)
+    freed = before - torch.cuda.memory_allocated(target.device) if cuda else None
+    return {"dropped_now": len(names), "freed_bytes": freed}
+
+
+def claim(target, engine, drops: bool) -> None:
+    """Engines on one target agree on its dense copies: one with w12_dense=drop frees copies that any other
+    system would read (slowly, decoding each call, which would time it wrongly), so the two never share a
+    process. Refused with a UserError naming the other system."""
+    users = target.__dict__.setdefault("_dense_users", weakref.WeakKeyDictionary())  # engine -> it drops
+
+    def clash() -> str | None:
+        if drops:
+            keep = sorted({e.system.name for e, d in users.items() if not d})
+            return f"system(s) {', '.join(keep)} read the BF16 copies it would free" if keep else None
+        if any(dw.dense_dropped for _, dw in projections(target)):
+            return "an earlier system with w12_dense=drop freed the BF16 copies it reads"
+        return None
+
+    why = clash()
+    if why and drops:
+        gc.collect()  # engines dropped by their owner but still in reference cycles
+        why = clash()
+    if why:
+        raise UserError(f"system {engine.system.name!r}: {why} in this process; run the systems with "
+                        "w12_dense=drop in a process of their own (a separate specpilot command)")
+    users[engine] = drops
+
+
 def _entry(name: str, dw: DenseWeight, because: str | None) -> dict:
-    w = dw.weight
-    entry = {"name": name, "shape": list(w.shape), "bf16_bytes": 2 * w.numel(),
-             "dense_bytes": w.numel() * w.element_size()}  # the dense copy every projection keeps
+    rows, cols = dw.shape
+    dense = 0 if dw.dense_dropped else dw.weight.numel() * dw.weight.element_size()
+    entry = {"name": name, "shape": [rows, cols], "bf16_bytes": 2 * rows * cols, "dense_bytes": dense}
     if dw.w12 is None:
         return {**entry, "stored": "bf16", "w12_bytes": 0, "bf16_because": because}
     return {**entry, "stored": "w12", "w12_bytes": dw.w12.bytes, "bits_per_weight": dw.w12.w12.bits_per_weight,
@@ -71,13 +121,20 @@ def _entry(name: str, dw: DenseWeight, because: str | None) -> dict:
 
 
 def memory(rows: list[dict]) -> dict:
-    """The projections' bytes: in BF16, of the W12 forms, and held (the W12 forms and every dense copy, which
-    this version keeps). Nothing is `saved` (None) while the dense copies stay: the W12 forms add to the memory."""
+    """The projections' bytes: in BF16, of the W12 forms, and held (the W12 forms and the dense copies kept).
+    While no dense copy was dropped nothing is `saved` (None): the W12 forms add to the memory; once some are,
+    `saved` is 1 - held / BF16 (what a dense copy kept beside its W12 form costs counted against it)."""
     bf16 = sum(r["bf16_bytes"] for r in rows)
     w12 = sum(r["w12_bytes"] for r in rows)
-    return {"tensors": rows, "bf16_bytes": bf16, "w12_bytes": w12,
-            "held_bytes": sum(r["dense_bytes"] for r in rows) + w12, "dense_copy": "kept (prefill reads it)",
-            "saved": None, "kept_bf16": {r["name"]: r["bf16_because"] for r in rows if r["stored"] == "bf16"}}
+    held = sum(r["dense_bytes"] for r in rows) + w12
+    dropped = [r["name"] for r in rows if r["stored"] == "w12" and r["dense_bytes"] == 0]
+    kept = [r["name"] for r in rows if r["stored"] == "w12" and r["dense_bytes"]]
+    copy = "kept (prefill reads it)" if not dropped else (
+        f"dropped for {len(dropped)} of {len(dropped) + len(kept)} W12 forms (rows past the few-row kernel decode "
+        f"them per call{'; kept: ' + ', '.join(kept) if kept else ''})")
+    return {"tensors": rows, "bf16_bytes": bf16, "w12_bytes": w12, "held_bytes": held, "dense_copy": copy,
+            "saved": 1 - held / bf16 if dropped and bf16 else None,
+            "kept_bf16": {r["name"]: r["bf16_because"] for r in rows if r["stored"] == "bf16"}}
 
 
 def off_kernel(target, plan, kept: dict[str, str]) -> dict[str, str]:

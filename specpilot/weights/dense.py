@@ -89,7 +89,26 @@ class DenseWeight(nn.Module):
 
     @property
     def shape(self) -> torch.Size:
-        return self.weight.shape
+        return torch.Size(self.w12.w12.shape) if self.dense_dropped else self.weight.shape
+
+    @property
+    def dense_dropped(self) -> bool:
+        """Whether the dense copy was freed (w12_dense=drop): `weight` is then decoded from the W12 form."""
+        return "_dense_dtype" in self.__dict__
+
+    def drop_dense(self) -> None:
+        """Free the dense copy of a weight whose W12 form was checked to hold its bits. From then on a read of
+        `weight` decodes that form into a temporary (fewrow.dense_matrix): the paths past the few-row kernel
+        (prefill, rows past 64, the CPU) stay exact and pay a decode per call."""
+        if self.w12 is None or self.w12.w12 is None:
+            raise ValueError("only a weight with a W12 form can drop its dense copy")
+        self.__dict__["_dense_dtype"] = self.weight.dtype
+        del self._parameters["weight"]
+
+    def __getattr__(self, name: str):
+        if name == "weight" and "_dense_dtype" in self.__dict__:
+            return fewrow.dense_matrix(self.__dict__["w12"].w12).to(self.__dict__["_dense_dtype"])
+        return super().__getattr__(name)
 
     def project(self, x, plan: KernelPlan, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                 residual=None, gate_up: bool = False, next_norm: torch.Tensor | None = None):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specpilot.kernels import nvrtc
-from specpilot.w12.format import TILE_COLS, W12, encode, escape_rows, tile
+from specpilot.w12.format import TILE_COLS, W12, decode, encode, escape_rows, tile
 
 SOURCE = Path(__file__).with_name("fragment.cu")
 WARPS = 4  # fragment.cu's __launch_bounds__
@@ -58,7 +58,7 @@ class FewRowWeight:
 
     def matrix(self, view8: bool = False) -> torch.Tensor:
         """W in BF16 (decoded when W12; view8: W12's 8-bit view, w12/format.view8, in BF16)."""
-        from specpilot.w12.format import decode, view8_bf16
+        from specpilot.w12.format import view8_bf16
 
         if view8 and self.w12 is None:
             raise ValueError("the 8-bit view is W12's: this weight is BF16")
@@ -235,6 +235,23 @@ def decode_on_device(f: W12) -> torch.Tensor:
     """The W12 planes decoded by the kernel's own routine on the GPU, read in the layout the product reads them
     (tiled or in rows): int32 [rows, cols] BF16 bits (escapes as the planes hold them), what `check_w12`
     compares."""
+    out = _decode_words(f)
+    return torch.stack([out & 0xFFFF, (out >> 16) & 0xFFFF], 2).reshape(*f.shape)
+
+
+def dense_matrix(f: W12) -> torch.Tensor:
+    """W in BF16, decoded from its W12 form, escapes patched in: on the GPU by the kernel's decode straight into
+    the matrix (no copy of it in wider integers), elsewhere by the format's decode. What a projection whose BF16
+    copy was dropped (weights/dense.py) multiplies by past the few-row kernel's rows."""
+    if not f.byte_plane.is_cuda:
+        return decode(f)
+    m = _decode_words(f).view(torch.bfloat16)  # little-endian: a word's low half is the even column
+    m.view(torch.int16)[escape_rows(f), f.esc_col.long()] = f.esc_bits
+    return m
+
+
+def _decode_words(f: W12) -> torch.Tensor:
+    """The kernel's w12_decode: int32 [rows, cols / 2], two BF16 bit patterns a word (even column low)."""
     import ctypes
 
     rows, cols = f.shape
@@ -246,7 +263,7 @@ def decode_on_device(f: W12) -> torch.Tensor:
     _launch(fn["w12_decode"], (math.ceil(threads / 256), 1), 256,
             (f.byte_plane.data_ptr(), f.nibble_plane.data_ptr(), f.base.data_ptr(), out.data_ptr(), rows, cols),
             (ptr, ptr, ptr, ptr, ctypes.c_int, ctypes.c_int), f.byte_plane.device)
-    return torch.stack([out & 0xFFFF, (out >> 16) & 0xFFFF], 2).reshape(rows, cols)
+    return out
 
 
 def kernel_planes(f: W12) -> tuple[torch.Tensor, torch.Tensor]:
