@@ -13,7 +13,8 @@ from specpilot.config.options import OPTIONS
 from specpilot.config.system import with_options
 
 EXCLUDED = {"pad_us": "a deliberate slowdown for testing the controller",
-            "tree_accept": "measured by replay, not searched"}
+            "tree_accept": "measured by replay, not searched",
+            "w12_dense": "trades prefill time for memory, and frees copies the reference beside it reads"}
 EXCLUDED_GROUPS = {"audit": "changes outputs on purpose", "diagnostic": "outputs are wrong by design"}
 # options that act on CUDA kernels, graphs or the GPU step tuning only: on a CPU every value runs the same code
 # (weights=w12 and fewrow: the CPU reads the BF16 weights the W12 forms were checked against)
