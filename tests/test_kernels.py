@@ -697,7 +697,8 @@ def test_the_engine_begins_the_tuning_from_the_start_table_unless_the_plan_says_
     assert given == [starts.H200_8B if tune_start else {}]
 
 
-_BAD = {"kernels": "cuda", "pdl": "yes", "l2": "everything", "tune_rounds": 5, "attn_ablate": "all", "weights": "w8"}
+_BAD = {"kernels": "cuda", "pdl": "yes", "l2": "everything", "tune_rounds": 5, "attn_ablate": "all", "weights": "w8",
+        "w12_dense": "free"}
 
 
 @pytest.mark.parametrize("name", [o.name for o in __import__("specpilot.config.options",
