@@ -63,7 +63,7 @@ def system_record(engine) -> dict:
     w12 = getattr(engine, "w12_report", None)
     if w12 is not None:  # held: dense copies kept beside W12 forms count; saved only once some are freed
         record["w12"] = {k: w12[k] for k in ("bf16_bytes", "w12_bytes", "held_bytes", "dense_copy", "saved",
-                                             "kept_bf16", "freed_bytes") if k in w12}
+                                             "kept_bf16", "allocated_change_bytes") if k in w12}
     kernel = getattr(engine, "kernel_record", None)
     if kernel is not None:
         record["kernel"] = kernel

@@ -225,7 +225,7 @@ def test_w12_dense_drop_frees_the_layers_copies_and_keeps_the_tokens():
     assert dropped == {name for name, dw in projections(target) if dw.w12 is not None and name != "lm_head"}
     assert dropped and all("weight" not in dict(dw.named_parameters()) for name, dw in projections(target)
                            if name in dropped)
-    assert report["dropped_now"] == len(dropped) and report["freed_bytes"] is None  # the CPU: not measured
+    assert report["allocated_change_bytes"] is None  # the CPU: no allocator count
     forms = sum(dw.w12.bytes for _, dw in projections(target) if dw.w12 is not None)
     dense = sum(2 * before[n].numel() for n, dw in projections(target) if n not in dropped)
     assert report["held_bytes"] == dense + forms < report["bf16_bytes"]
@@ -251,7 +251,7 @@ def test_w12_dense_drop_never_shares_a_target_with_a_system_that_reads_the_copie
     del ar
     drop = Engine(target, None, parse_system("ar:weights=w12,w12_dense=drop"), context=64)  # ar is gone now
     again = Engine(target, None, parse_system("ar:weights=w12,w12_dense=drop"), context=64)  # drop with drop
-    assert again.w12_report["dropped_now"] == 0 and again.w12_report["saved"] == drop.w12_report["saved"]
+    assert again.w12_report["saved"] == drop.w12_report["saved"] > 0
     for system in ("ar", "ar:weights=w12"):
         with pytest.raises(UserError, match="freed the BF16 copies it reads"):
             Engine(target, None, parse_system(system), context=64)

@@ -1,7 +1,8 @@
 """W12's memory on the GPU (issue 30): each system in a process of its own (w12_dense=drop refuses to share a
 target), the device memory the allocator holds after the model loads, after the engine is built (W12 forms made,
 dense copies kept or dropped) and at its peak over the requests; prefill and decode times from the engine's own
-clock after a warm-up; the tokens of every system compared with the first's.
+clock after a warm-up; the tokens of every system compared with the first's and with the one before
+(W12 with its copies dropped against kept: the same kernels, so the same tokens).
 
 Usage: PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data \\
        python3 bench/gpu/w12_memory.py [--preset smollm2-twin] [--limit 1] [--max-new 128] --out DIR
@@ -92,21 +93,22 @@ def main() -> None:
         rc = subprocess.run(cmd).returncode
         results.append(json.loads(path.read_text()) if rc == 0 else {"system": system, "error": f"exit {rc}"})
         path.unlink(missing_ok=True)
-    ref = results[0].get("requests")
-    for r in results:
-        if "requests" in r and ref is not None:
-            r["tokens_equal_first"] = sum(x["tokens"] == y["tokens"] for x, y in zip(r["requests"], ref, strict=True))
+    for i, r in enumerate(results):  # against the first system (AR on BF16) and the one before (drop vs keep)
+        for key, other in (("tokens_equal_first", results[0]), ("tokens_equal_previous", results[max(i - 1, 0)])):
+            if "requests" in r and "requests" in other:
+                r[key] = sum(x["tokens"] == y["tokens"] for x, y in zip(r["requests"], other["requests"], strict=True))
     (a.out / "w12_memory.json").write_text(json.dumps({"preset": a.preset, "limit": a.limit, "max_new": a.max_new,
                                                        "results": results}, indent=1))
     gb = lambda b: "-" if b is None else f"{b / 1e9:.2f}"  # noqa: E731
-    print(f"{'system':34} {'load GB':>8} {'engine GB':>9} {'peak GB':>8} {'prefill ms':>10} {'ms/tok':>7} equal")
+    print(f"{'system':34} {'load GB':>8} {'engine GB':>9} {'peak GB':>8} {'prefill ms':>10} {'ms/tok':>7} "
+          "equal: first, previous")
     for r in results:
         if "error" in r:
             print(f"{r['system']:34} {r['error']}")
             continue
         print(f"{r['system']:34} {gb(r['allocated_after_load']):>8} {gb(r['allocated_after_engine']):>9} "
               f"{gb(r['peak_during_requests']):>8} {r['prefill_ms_mean']:>10.1f} {r['decode_ms_per_token']:>7.2f} "
-              f"{r['tokens_equal_first']}/{len(r['requests'])}")
+              f"{r['tokens_equal_first']}, {r['tokens_equal_previous']} of {len(r['requests'])}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
 from specpilot.speculative.tree import TreeBuilder
 from specpilot.speculative.two_level import TwoLevelStep
-from specpilot.w12.attach import claim
+from specpilot.w12.attach import attach, claim
 from specpilot.weights.dense import few_row_path
 
 
@@ -88,7 +88,9 @@ class Engine:
                             "copies that the W12 forms replace)")
         claim(target, self, drops)  # no system here reads copies another one freed
         if self.plan.weights == "w12" or self.system.get("verify") == "tlv":
-            self.w12_report = self._attach_w12(target, drops)
+            # the projections' W12 forms (tlv reads their 8-bit view), made and checked once per target; under
+            # w12_dense=drop the layers' dense copies freed as they go
+            self.w12_report = attach(target, drop=drops)
         self.kernel_record = None if path is None else self._kernel_record(path)
         self.lookahead = self.system.get("lookahead")
         self.pad = Pad(self.system.get("pad_us"), self.device)
@@ -109,17 +111,6 @@ class Engine:
             self._init_spec(drafter, self.system.get("block_size") if self.system.speculative else 0)
 
     # ----- set-up ---------------------------------------------------------------------------------
-    def _attach_w12(self, target: DenseTarget, drops: bool) -> dict:
-        """The projections' W12 forms (tlv reads their 8-bit view), made and checked once per target; under
-        w12_dense=drop the layers' dense copies freed, with the bytes the allocator got back."""
-        from specpilot.w12.attach import attach, drop_measured
-
-        report = attach(target)
-        if not drops:
-            return report
-        freed = drop_measured(target)
-        return {**attach(target), **freed}
-
     def _kernel_record(self, path: str) -> dict:
         """The path weights=w12 / fewrow=true run on, and (on a GPU) the projections that take the dense path."""
         if self.device.type != "cuda":

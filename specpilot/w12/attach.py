@@ -5,7 +5,7 @@ used. A matrix keeps only its dense form, with the reason, when it does not pay 
 the kernel cannot take it (its columns), its values are not all BF16 (a float32 matrix of BF16 values, as a BF16
 checkpoint loaded on the CPU, is encoded) or its W12 form does not decode to its bits. By default the dense tensor
 stays beside every W12 form (prefill's many rows read it, and other systems in the process may too), and the
-report calls nothing saved; `drop_dense` (the option w12_dense=drop) frees the layers' dense copies, and the
+report calls nothing saved; attach(drop=True) (the option w12_dense=drop) frees the layers' dense copies, and the
 report then counts what is held against BF16."""
 
 from __future__ import annotations
@@ -36,14 +36,30 @@ def as_bf16(w: torch.Tensor) -> torch.Tensor | None:
     return b if w.dtype in (torch.float32, torch.float64) and torch.equal(b.to(w.dtype), w) else None
 
 
-def attach(target, progress: Callable[[str], None] = lambda s: None) -> dict:
+def attach(target, progress: Callable[[str], None] = lambda s: None, drop: bool = False) -> dict:
     """Give each projection its W12 form (once: a projection that has one keeps it); the report: per tensor
-    what is stored and why, and the bytes of the projections in BF16 and as held."""
+    what is stored and why, the bytes of the projections in BF16 and as held, and (on a GPU) how much the
+    allocator's count changed. drop (w12_dense=drop): each layer's dense copy is freed as soon as its form is
+    checked, so the memory never holds both models; the LM head keeps its own (a tied head is the embedding's
+    table, which the embedding gathers from; the drafter reads the head too)."""
+    before = _allocated(target)
     rows = []
     for name, dw in projections(target):
         because = None if dw.w12 is not None else _convert(name, dw, progress)
+        if drop and name != "lm_head" and dw.w12 is not None and not dw.dense_dropped:
+            dw.drop_dense()
         rows.append(_entry(name, dw, because))
-    return memory(rows)
+    after = _allocated(target)
+    return {**memory(rows), "allocated_change_bytes": None if before is None else after - before}
+
+
+def _allocated(target) -> int | None:
+    """The CUDA allocator's count of bytes in tensors (None on the CPU): a freed copy that something else still
+    references does not leave it, which the byte counts of the report cannot show."""
+    if target.device.type != "cuda":
+        return None
+    torch.cuda.synchronize(target.device)
+    return torch.cuda.memory_allocated(target.device)
 
 
 def _convert(name: str, dw: DenseWeight, progress: Callable[[str], None]) -> str | None:
@@ -62,28 +78,6 @@ def _convert(name: str, dw: DenseWeight, progress: Callable[[str], None]) -> str
         return f"{few.w12.bits_per_weight:.2f} bits per weight"
     dw.w12 = few
     return None
-
-
-def drop_dense(target) -> list[str]:
-    """Free the dense copy of every layer projection that has its checked W12 form; the LM head keeps its own
-    (a tied head is the embedding's table, which the embedding gathers from; the drafter reads the head too).
-    Returns the names dropped now."""
-    dropped = []
-    for name, dw in projections(target):
-        if name != "lm_head" and dw.w12 is not None and not dw.dense_dropped:
-            dw.drop_dense()
-            dropped.append(name)
-    return dropped
-
-
-def drop_measured(target) -> dict:
-    """drop_dense, with the device memory it freed as measured by the allocator (None on the CPU): a copy that
-    something else still references is not freed, and this says so where the count of bytes would not."""
-    cuda = target.device.type == "cuda"
-    before = torch.cuda.memory_allocated(target.device) if cuda else 0
-    names = drop_dense(target)
-    freed = before - torch.cuda.memory_allocated(target.device) if cuda else None
-    return {"dropped_now": len(names), "freed_bytes": freed}
 
 
 def claim(target, engine, drops: bool) -> None:
