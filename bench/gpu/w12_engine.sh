@@ -18,7 +18,7 @@
 #          than its reference the float32 model); EXACT="auto deployment" scores the same outputs both ways, one after
 #          the other (outputs kept by the first are only scored again by the second).
 #          The W12 kernel sums in another order than cuBLAS, so equality is not expected: forcing must not reject.
-#   memory: bench/gpu/w12_memory.py on the twin: AR on BF16, on W12 with the BF16 copies kept and dropped
+#   memory: bench/gpu/w12_memory.py on SmolLM2 and the twin (PRESETS): AR on BF16, on W12 with the BF16 copies kept and dropped
 #          (w12_dense=drop), each in its own process: device memory after load / engine / peak, prefill and
 #          decode times, tokens against AR's; then the GPU test of the decode a dropped copy's reads use.
 #   rows:  whether a row's product depends on the rows beside it: cuBLAS at 1 row against prefill, the few-row
@@ -74,9 +74,11 @@ force)
     if [ -d "$triton_cache" ]; then tar czf "$OUT/triton_cache.tgz" -C "$triton_cache" .; fi ;;
 memory)
     python3 -m pytest -q -p no:cacheprovider tests/test_fewrow.py -k "dropped or tiled" 2>&1 | tail -3
-    python3 bench/gpu/w12_memory.py --preset "${PRESET:-smollm2-twin}" --limit "${TWIN_LIMIT:-1}" \
-        --max-new "${TWIN_NEW:-128}" --out "$OUT"
-    echo "w12 memory: exit $?" ;;
+    for preset in ${PRESETS:-smollm2 smollm2-twin}; do  # the small pair first: W12 kept and dropped both fit
+        python3 bench/gpu/w12_memory.py --preset "$preset" --limit "${TWIN_LIMIT:-1}" \
+            --max-new "${TWIN_NEW:-128}" --out "$OUT/$preset"
+        echo "w12 memory ($preset): exit $?"
+    done ;;
 rows)
     python3 bench/gpu/rows_alike.py --out "$OUT/rows_alike.json"
     echo "rows alike: exit $?" ;;

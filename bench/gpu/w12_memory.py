@@ -1,8 +1,8 @@
-"""W12's memory on the GPU (issue 30): each system in a process of its own (w12_dense=drop refuses to share a
-target), the device memory the allocator holds after the model loads, after the engine is built (W12 forms made,
-dense copies kept or dropped) and at its peak over the requests; prefill and decode times from the engine's own
-clock after a warm-up; the tokens of every system compared with the first's and with the one before
-(W12 with its copies dropped against kept: the same kernels, so the same tokens).
+"""W12's memory on the GPU (issue 30): each system in a process of its own (w12_dense=drop refuses to
+share a target), the device memory the allocator holds after the model loads, after the engine is built (W12 forms
+made, dense copies kept or dropped) and at its peak over the requests; prefill and decode times from the engine's
+own clock after a warm-up (every prompt prefilled once untimed); the tokens of every system compared with the
+first's and with the one before (W12 with its copies dropped against kept: the same kernels, the same tokens).
 
 Usage: PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data \\
        python3 bench/gpu/w12_memory.py [--preset smollm2-twin] [--limit 1] [--max-new 128] --out DIR
@@ -54,15 +54,17 @@ def one(preset: str, system: str, limit: int, max_new: int) -> dict:
     build_s = time.perf_counter() - t0
     built = allocated(device)
     engine.warmup()
+    requests = [r for d in DATASETS for r in load_requests(d, "dev", limit=limit)]
+    prompts = [tok.chat_prompt([{"role": "user", "content": r.turns[0]}]) for r in requests]
+    for p in prompts:  # untimed: the first prefill of each length compiles kernels (JIT, cached on disk after)
+        engine.generate(p, 2, tok.eos_ids)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     runs = []
-    for d in DATASETS:
-        for r in load_requests(d, "dev", limit=limit):
-            prompt = tok.chat_prompt([{"role": "user", "content": r.turns[0]}])
-            g = engine.generate(prompt, max_new, tok.eos_ids)
-            runs.append({"id": r.id, "prompt_tokens": len(prompt), "tokens": g.tokens, "prefill_s": g.prefill_s,
-                         "decode_s": g.decode_s})
+    for r, prompt in zip(requests, prompts, strict=True):
+        g = engine.generate(prompt, max_new, tok.eos_ids)
+        runs.append({"id": r.id, "prompt_tokens": len(prompt), "tokens": g.tokens, "prefill_s": g.prefill_s,
+                     "decode_s": g.decode_s})
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     steps = sum(max(len(x["tokens"]) - 1, 0) for x in runs)
     return {"system": system, "record": system_record(engine), "allocated_after_load": loaded,
@@ -108,7 +110,7 @@ def main() -> None:
             continue
         print(f"{r['system']:34} {gb(r['allocated_after_load']):>8} {gb(r['allocated_after_engine']):>9} "
               f"{gb(r['peak_during_requests']):>8} {r['prefill_ms_mean']:>10.1f} {r['decode_ms_per_token']:>7.2f} "
-              f"{r['tokens_equal_first']}, {r['tokens_equal_previous']} of {len(r['requests'])}")
+              f"{r.get('tokens_equal_first', '-')}, {r.get('tokens_equal_previous', '-')} of {len(r['requests'])}")
 
 
 if __name__ == "__main__":
