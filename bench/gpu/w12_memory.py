@@ -34,6 +34,12 @@ def allocated(device) -> int | None:
     return torch.cuda.memory_allocated(device)
 
 
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def one(preset: str, system: str, limit: int, max_new: int) -> dict:
     """One system, measured in this process."""
     import torch
@@ -99,8 +105,13 @@ def main() -> None:
         for key, other in (("tokens_equal_first", results[0]), ("tokens_equal_previous", results[max(i - 1, 0)])):
             if "requests" in r and "requests" in other:
                 r[key] = sum(x["tokens"] == y["tokens"] for x, y in zip(r["requests"], other["requests"], strict=True))
-    (a.out / "w12_memory.json").write_text(json.dumps({"preset": a.preset, "limit": a.limit, "max_new": a.max_new,
-                                                       "results": results}, indent=1))
+    head = {}
+    if torch_cuda():
+        from bench.gpu.engine_core import provenance
+
+        head = provenance(" ".join(["python3", *sys.argv]))
+    (a.out / "w12_memory.json").write_text(json.dumps({**head, "preset": a.preset, "limit": a.limit,
+                                                       "max_new": a.max_new, "results": results}, indent=1))
     gb = lambda b: "-" if b is None else f"{b / 1e9:.2f}"  # noqa: E731
     print(f"{'system':34} {'load GB':>8} {'engine GB':>9} {'peak GB':>8} {'prefill ms':>10} {'ms/tok':>7} "
           "equal: first, previous")
