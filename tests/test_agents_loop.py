@@ -19,7 +19,7 @@ BIN = REPO / "specpilot" / "fixtures" / "agents" / "bin"
 
 
 def args(tmp_path, agent, **kw):
-    return LoopArgs(load_deployment("tiny"), {"preset": "tiny"}, tmp_path / "run", 1, agent, 3, 16,
+    return LoopArgs(load_deployment("tiny"), {"preset": "tiny"}, tmp_path / "run", 1, agent, 10, 16,
                     sealed_tokens=16, directions=1, **kw)
 
 
