@@ -277,9 +277,13 @@ def test_few_row_path_says_where_the_options_run(monkeypatch):
     monkeypatch.setattr(fewrow, "unavailable", lambda: None)
     with pytest.raises(UserError, match="fewrow=true runs .* the model is float32, the kernel takes BF16"):
         few_row_path(few, gpu, torch.float32)
-    with pytest.raises(UserError, match="weights=w12 and fewrow=true run "):
+    with pytest.raises(UserError, match="weights=w12, fewrow=true run "):
         few_row_path(KernelPlan.stock(weights="w12", fewrow=True), gpu, torch.float16)
+    with pytest.raises(UserError, match="verify=tlv runs .* the model is float32"):  # its Q pass: no silent exact
+        few_row_path(plain, gpu, torch.float32, tlv=True)
+    assert few_row_path(plain, cpu, torch.float32, tlv=True).startswith("torch on the cpu")
     assert few_row_path(few, gpu, torch.bfloat16).startswith("few-row kernel for 1..64 rows")
+    assert few_row_path(plain, gpu, torch.bfloat16, tlv=True).startswith("few-row kernel for verify=tlv's 8-bit")
 
 
 def test_off_kernel_names_each_projection_on_the_dense_path():

@@ -32,7 +32,7 @@ from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
 from specpilot.speculative.tree import TreeBuilder
 from specpilot.speculative.two_level import TwoLevelStep
-from specpilot.w12.attach import attach, claim
+from specpilot.w12.attach import attach, claim, off_kernel
 from specpilot.weights.dense import few_row_path
 
 
@@ -81,7 +81,7 @@ class Engine:
         self.use_graphs = self.system.get("graphs") and self.device.type == "cuda"
         self.w12_report = None
         # where weights=w12 / fewrow=true products run (checked before any W12 form is made)
-        path = few_row_path(self.plan, self.device, target.embed.weight.dtype)
+        path = few_row_path(self.plan, self.device, target.embed.weight.dtype, self.system.get("verify") == "tlv")
         drops = self.plan.w12_dense == "drop"
         if drops and self.plan.weights != "w12":
             raise UserError(f"system {self.system.name!r}: w12_dense=drop needs weights=w12 (it frees the BF16 "
@@ -112,11 +112,10 @@ class Engine:
 
     # ----- set-up ---------------------------------------------------------------------------------
     def _kernel_record(self, path: str) -> dict:
-        """The path weights=w12 / fewrow=true run on, and (on a GPU) the projections that take the dense path."""
-        if self.device.type != "cuda":
-            return {"path": path}
-        from specpilot.w12.attach import off_kernel
-
+        """The path weights=w12 / fewrow=true / verify=tlv run on, and (on a GPU, for the first two) the projections
+        that take the dense path."""
+        if self.device.type != "cuda" or (self.plan.weights != "w12" and not self.plan.fewrow):
+            return {"path": path}  # (tlv alone: its exact pass is meant to take the dense path)
         kept = self.w12_report["kept_bf16"] if self.w12_report is not None else {}
         return {"path": path, "dense_path": off_kernel(self.target, self.plan, kept)}
 

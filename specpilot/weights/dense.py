@@ -38,12 +38,14 @@ def _kernel_takes(x) -> bool:
             and fewrow.runs())
 
 
-def few_row_path(plan: KernelPlan, device: torch.device, dtype: torch.dtype) -> str | None:
+def few_row_path(plan: KernelPlan, device: torch.device, dtype: torch.dtype, tlv: bool = False) -> str | None:
     """What runs the products of 1..64 rows that weights=w12 or fewrow=true send to the few-row kernel, for the
-    record (None: the plan sends none). On the CPU the PyTorch path on the dense weights (the W12 forms were
-    checked to hold their bits): the options' own CPU path. A GPU where the kernel can take none of them is the
-    user's to fix (UserError): the option would name a kernel that never runs."""
-    asked = [name for name, on in (("weights=w12", plan.weights == "w12"), ("fewrow=true", plan.fewrow)) if on]
+    record (None: the plan sends none); tlv: verify=tlv, whose 8-bit pass runs there too. On the CPU the PyTorch
+    path on the dense weights (the W12 forms were checked to hold their bits; the 8-bit view a copy): the options'
+    own CPU path. A GPU where the kernel can take none of them is the user's to fix (UserError): the option would
+    name a kernel that never runs (and tlv's Q pass would silently read the exact weights)."""
+    asked = [name for name, on in (("weights=w12", plan.weights == "w12"), ("fewrow=true", plan.fewrow),
+                                   ("verify=tlv", tlv)) if on]
     if not asked:
         return None
     if device.type != "cuda":
@@ -51,9 +53,11 @@ def few_row_path(plan: KernelPlan, device: torch.device, dtype: torch.dtype) -> 
     why = fewrow.unavailable() or (None if dtype == torch.bfloat16 else
                                    f"the model is {str(dtype).removeprefix('torch.')}, the kernel takes BF16")
     if why:
-        raise UserError(f"{' and '.join(asked)} {'runs' if len(asked) == 1 else 'run'} the few-row kernel, which "
+        raise UserError(f"{', '.join(asked)} {'runs' if len(asked) == 1 else 'run'} the few-row kernel, which "
                         f"cannot run here: {why} (drop the option, or run it in bfloat16 on a GPU of compute "
                         "capability 9.0+ with cuda-bindings)")
+    if asked == ["verify=tlv"]:
+        return "few-row kernel for verify=tlv's 8-bit pass (1..64 rows); the exact pass on the dense path (cuBLAS)"
     return "few-row kernel for 1..64 rows; the dense path (cuBLAS) past 64"
 
 
