@@ -53,8 +53,8 @@ def shipped_entry(title: str, direction: str, sweep: str, system: str, forcing: 
     bench = {"file": f"bench/results/{sweep}", "requests": measured["n_requests"], "tau": measured["tau"],
              "speedup_vs_ar": measured["speedup_vs_ar"], f"{baseline}_tau": against["tau"],
              f"{baseline}_speedup_vs_ar": against["speedup_vs_ar"]}
-    if "w12" in measured.get("config", {}):  # the memory the W12 forms save
-        bench["w12_saved"] = measured["config"]["w12"]["saved"]
+    if "w12" in measured.get("config", {}):
+        bench.update(w12_memory(measured["config"]["w12"]))
     evidence = {"fingerprint": fingerprint(record), "bench": bench, "controller": None, "forcing": None}
     if forcing:
         verdict = json.loads((RESULTS / forcing).read_text())
@@ -68,6 +68,41 @@ def shipped_entry(title: str, direction: str, sweep: str, system: str, forcing: 
                              "reused": False, "cost": None})
 
 
+def w12_memory(w12: dict) -> dict:
+    """What a W12 record says of memory. Records before session 36 called 1 - forms / BF16 `saved` while the BF16
+    copies stayed loaded beside the forms: saved only where they were dropped (w12_dense=drop)."""
+    dropped = w12.get("dense_copy", "kept").startswith("dropped")
+    forms = w12.get("w12_bytes", w12.get("stored_bytes"))
+    return {"w12_forms_vs_bf16": 1 - forms / w12["bf16_bytes"], "w12_dense": "dropped" if dropped else "kept",
+            "w12_saved": w12["saved"] if dropped else None}
+
+
+# the dropped copies' entry: a w12_memory.py result (each system in its own process; AR on BF16 first)
+DROPPED = ("W12 target weights with the BF16 copies dropped (the twin, AR)", "weights",
+           "2026-12-06_w12_memory_1ec735b_h100.json", "smollm2-twin", "ar:weights=w12,w12_dense=drop", "ar")
+
+
+def dropped_entry(title: str, direction: str, file: str, preset: str, system: str, baseline: str) -> Entry:
+    record = json.loads((RESULTS / file).read_text())
+    runs = {r["system"]: r for r in record["runs"][preset]["results"]}
+    measured, against = runs[system], runs[baseline]
+    base = resolve(REPO, record["commit"])
+    bench = {"file": f"bench/results/{file}", "requests": len(measured["requests"]),
+             "speedup_vs_ar": against["decode_ms_per_token"] / measured["decode_ms_per_token"],
+             "device_bytes": measured["allocated_after_engine"], f"{baseline}_device_bytes":
+             against["allocated_after_engine"], "peak_bytes": measured["peak_during_requests"],
+             f"{baseline}_peak_bytes": against["peak_during_requests"],
+             "prefill_ms": measured["prefill_ms_mean"], f"{baseline}_prefill_ms": against["prefill_ms_mean"],
+             **w12_memory(measured["record"]["w12"])}
+    fingerprint = {"gpu": record["gpu"], "target": "smollm2-135m-x16", "drafter": None, "regime": "single",
+                   "dtype": "bfloat16"}
+    return Entry(title=title, base_commit=base, tree=tree_of(REPO, base),
+                 registry={"system": system, "tuned": {}},
+                 evidence={"fingerprint": fingerprint, "bench": bench, "controller": None, "forcing": None},
+                 provenance={"round": None, "direction": direction, "agent": "shipped", "parents": [],
+                             "reused": False, "cost": None})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default=str(REPO / "memory"))
@@ -75,6 +110,7 @@ def main() -> None:
     store = Store(Path(args.dir), REPO)
     for spec in SHIPPED:
         print(store.add(shipped_entry(*spec)), spec[0])
+    print(store.add(dropped_entry(*DROPPED)), DROPPED[0])
 
 
 if __name__ == "__main__":

@@ -403,6 +403,10 @@ def test_combine_and_space():
     assert base.factor == "base"  # speculation losing: AR looked at first
     assert [s.name for s in agent.candidates(base, parse_system("stock:gemv=true,nodes=8"), "cpu", 8)] == [
         "ar:gemv=true"]
+    memory = Direction("memory", "entries", [], reused=True,
+                       systems=["ar:weights=w12,w12_dense=drop", "ar:weights=w12", "ar", "stock:nodes=8"])
+    assert values("w12_dense", parse_system("ar:weights=w12"), "cuda") == []  # a memory choice: never searched
+    assert [s.name for s in agent.candidates(memory, parse_system("ar"), "cuda", 8)] == ["ar:weights=w12"]
 
 
 def test_integration_refuses_a_chain_longer_than_its_combined_block(tmp_path):

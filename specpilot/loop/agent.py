@@ -18,7 +18,7 @@ from specpilot.config import System
 from specpilot.config.options import OPTIONS
 from specpilot.config.system import parse_system
 from specpilot.loop.evidence import RUN, Evidence
-from specpilot.loop.space import GRIDS, runs_as_named, values, variant
+from specpilot.loop.space import GRIDS, runs_as_named, searchable, values, variant
 
 FACTORS = ("tau", "kernel", "overhead")  # what a configuration can change (the lattice needs training)
 
@@ -69,8 +69,10 @@ class BuiltinAgent:
             other = "ar" if start.speculative else "stock"
             kept = ",".join(f"{k}={v}" for k, v in start.options.items() if "ar" in OPTIONS[k].bases)
             return [parse_system(other + (":" + kept if kept and other == "ar" else ""))]
-        if d.factor == "memory":
-            return [variant(start, **parse_system(s).options) for s in d.systems if parse_system(s).base == start.base]
+        if d.factor == "memory":  # an entry's searchable options (w12_dense, say, is a memory choice, not speed)
+            found = [variant(start, **{k: v for k, v in parse_system(s).options.items() if not searchable(k)})
+                     for s in d.systems if parse_system(s).base == start.base]
+            return list({v.name: v for v in found if v.name != start.name}.values())
         if not start.speculative and any(o in ("tree", "nodes", "block_size", "tree_k") for o in d.options):
             return []
         if "tree" in d.options:  # a builder is nothing without its budget: tune both (small budgets first: bounds)
