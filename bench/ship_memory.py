@@ -61,8 +61,11 @@ def shipped_entry(title: str, direction: str, sweep: str, system: str, forcing: 
         evidence["forcing"] = {"file": f"bench/results/{forcing}", "verdict": verdict["verdict"],
                                "reason": verdict["reason"]}
     options = dict(kv.split("=") for kv in system.split(":", 1)[1].split(","))
-    return Entry(title=title, base_commit=base, tree=tree_of(REPO, base),
-                 registry={"system": system, "tuned": {k: v for k, v in options.items() if k == "nodes"}},
+    return _shipped(title, direction, base, system, {k: v for k, v in options.items() if k == "nodes"}, evidence)
+
+
+def _shipped(title: str, direction: str, base: str, system: str, tuned: dict, evidence: dict) -> Entry:
+    return Entry(title=title, base_commit=base, tree=tree_of(REPO, base), registry={"system": system, "tuned": tuned},
                  evidence=evidence,
                  provenance={"round": None, "direction": direction, "agent": "shipped", "parents": [],
                              "reused": False, "cost": None})
@@ -96,11 +99,8 @@ def dropped_entry(title: str, direction: str, file: str, preset: str, system: st
              **w12_memory(measured["record"]["w12"])}
     fingerprint = {"gpu": record["gpu"], "target": "smollm2-135m-x16", "drafter": None, "regime": "single",
                    "dtype": "bfloat16"}
-    return Entry(title=title, base_commit=base, tree=tree_of(REPO, base),
-                 registry={"system": system, "tuned": {}},
-                 evidence={"fingerprint": fingerprint, "bench": bench, "controller": None, "forcing": None},
-                 provenance={"round": None, "direction": direction, "agent": "shipped", "parents": [],
-                             "reused": False, "cost": None})
+    return _shipped(title, direction, base, system, {},
+                    {"fingerprint": fingerprint, "bench": bench, "controller": None, "forcing": None})
 
 
 def main() -> None:

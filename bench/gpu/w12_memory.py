@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script
 
 SYSTEMS = ("ar", "ar:weights=w12", "ar:weights=w12,w12_dense=drop")
@@ -26,24 +28,14 @@ DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mtbench")
 
 
 def allocated(device) -> int | None:
-    import torch
-
     if device.type != "cuda":
         return None
     torch.cuda.synchronize(device)
     return torch.cuda.memory_allocated(device)
 
 
-def torch_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def one(preset: str, system: str, limit: int, max_new: int) -> dict:
     """One system, measured in this process."""
-    import torch
-
     from specpilot.bench.datasets import load_requests
     from specpilot.config import parse_system
     from specpilot.deployment import load_deployment
@@ -106,7 +98,7 @@ def main() -> None:
             if "requests" in r and "requests" in other:
                 r[key] = sum(x["tokens"] == y["tokens"] for x, y in zip(r["requests"], other["requests"], strict=True))
     head = {}
-    if torch_cuda():
+    if torch.cuda.is_available():
         from bench.gpu.engine_core import provenance
 
         head = provenance(" ".join(["python3", *sys.argv]))
