@@ -21,6 +21,9 @@ from specpilot.loop.evidence import RUN, Evidence
 from specpilot.loop.space import GRIDS, runs_as_named, searchable, values, variant
 
 FACTORS = ("tau", "kernel", "overhead")  # what a configuration can change (the lattice needs training)
+# the options of the kernel and host mechanisms that AR takes too (the base direction's AR variants)
+AR_OPTIONS = list(dict.fromkeys(o for f in ("kernel", "overhead") for c in CANDIDATES[f] if c["built"]
+                                for o in c["options"] if "ar" in OPTIONS[o].bases))
 
 
 @dataclass
@@ -39,8 +42,9 @@ class Direction:
 class BuiltinAgent:
     name = "builtin"
 
-    def __init__(self, headroom: float = 0.03, per_direction: int = 1, max_directions: int = 10):
+    def __init__(self, headroom: float = 0.03, per_direction: int = 1, max_directions: int = 10, max_gates: int = 6):
         self.headroom, self.per_direction, self.max_directions = headroom, per_direction, max_directions
+        self.max_gates = max_gates  # a round's gates at most (the ranked search, loop/search.py)
 
     def directions(self, factors: dict, start: System, memory: list[dict] = (), speedup: float | None = None
                    ) -> list[Direction]:
@@ -68,7 +72,12 @@ class BuiltinAgent:
         if d.factor == "base":
             other = "ar" if start.speculative else "stock"
             kept = ",".join(f"{k}={v}" for k, v in start.options.items() if "ar" in OPTIONS[k].bases)
-            return [parse_system(other + (":" + kept if kept and other == "ar" else ""))]
+            first = parse_system(other + (":" + kept if kept and other == "ar" else ""))
+            if other == "stock":
+                return [first]
+            # speculation off is a direction like any other: AR with each of its kernel and host options too
+            return [first] + [variant(first, **{name: v}) for name in AR_OPTIONS
+                              for v in values(name, first, device, block)]
         if d.factor == "memory":  # an entry's searchable options (w12_dense, say, is a memory choice, not speed)
             found = [variant(start, **{k: v for k, v in parse_system(s).options.items() if not searchable(k)})
                      for s in d.systems if parse_system(s).base == start.base]

@@ -113,6 +113,10 @@ class Evidence:
             self.cache[key] = sum(accepted) / max(len(accepted), 1)
         return self.cache[key], RUN
 
+    def replayable(self, system: System) -> bool:
+        """Its tau comes from replay of the recorded lattices (a builder or budget over them)."""
+        return self._tree_only(system)
+
     def _tree_only(self, system: System) -> bool:
         return system.speculative and bool(self.lattices) and _changed(system, self.lattice_system) <= TREE_KEYS
 

@@ -1,8 +1,14 @@
-"""The loop's gate: a candidate is promoted only if the controller proves it faster than the round's start
-(`specpilot compare`, its promotion rule unchanged, workers from the tree's own code) and token forcing lets it
-through (every output token scored under the exact target against the reference's): a pass, held to the power
-bound `specpilot force` uses, or an inconclusive verdict (too few tokens for that bound) where the candidate's
-outputs equal the reference's token for token on every forcing request (`forcing_refusal`).
+"""The loop's gate. Deterministic checks before statistics:
+1. the float32 check (forcing/logic.py): the candidate's tokens against AR's, token for token, in float32 on the
+   deployment's device (a bf16 deployment's float32 model of the same function); a parting beyond float32's own
+   noise rejects at once, before anything is timed;
+2. the controller proves it faster than the round's start (`specpilot compare`, its promotion rule unchanged);
+3. token forcing bounds what precision changes (every output token scored under the exact target against the
+   reference's): a reject stands; a pass at the tolerance (`Gate.power_bound`, the paper's stock + 0.5 points) lets
+   it through; an inconclusive verdict (too few tokens for that bound) lets through only a change of logic alone,
+   which step 1 decided, or a candidate whose outputs equal the reference's token for token (`forcing_refusal`). A
+   candidate that changes the arithmetic (its own kernel plan, W12, the 8-bit pass) is forced on a larger pool of
+   requests until the bound is reached, scored by the float32 model.
 
 The controller's A/A run is measured once per start system and reused for every candidate judged against it
 (the sealed final's included: noise belongs to the machine and the system, not to the requests), as `compare
@@ -22,6 +28,7 @@ from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.controller.compare import REPO, Side, Worker, compare
 from specpilot.errors import UserError
 from specpilot.forcing import POWER_BOUND
+from specpilot.forcing.logic import LogicCheck, precision_change
 from specpilot.forcing.parallel import records_of
 from specpilot.forcing.run import ExactTargets, force
 from specpilot.loop.evidence import differs_from_ar, exact_arithmetic
@@ -41,9 +48,13 @@ class Gate:
     reuse: dict = field(default_factory=dict)  # forcing's memo of reference and AR runs
     seal: object | None = None  # agents/guards.Seal: checked before every judgement of another tree
     exact: ExactTargets | None = None  # the float32 model for kernel changes (forcing/run.exact_mode); None: never
-    # the smallest excess mismatch rate forcing must be able to detect for a pass (forcing/run.force's bound); the
-    # loop's few tokens fall short of it, and are then judged by forcing_refusal
+    # the smallest excess mismatch rate forcing must be able to detect for a pass (forcing/run.force's bound); a
+    # change of logic alone is decided by the float32 check and may fall short of it (forcing_refusal)
     power_bound: float = POWER_BOUND
+    logic: LogicCheck | None = None  # the float32 check; None: none (a test's gate)
+    # more dev requests, the forcing requests first: forcing of a precision change doubles into them until the bound
+    forcing_pool: list[Request] = field(default_factory=list)
+    precision_tokens: int | None = None  # their outputs' length (longer outputs reach the bound on fewer requests)
 
     def timing(self, start: str, candidate: str, split: str | None = None) -> dict:
         """The noise is the machine's and the start system's: one A/A run per start serves every split."""
@@ -55,15 +66,29 @@ class Gate:
         return card
 
     def forcing(self, candidate: str, requests: list[Request] | None = None, tokens: int | None = None,
-                outputs=None) -> dict:
+                outputs=None, pool: list[Request] | None = None) -> dict:
         """Token forcing against the reference, scored by the exact target `exact_mode` picks (outputs: another
-        tree's, whose code may change any kernel)."""
+        tree's, whose code may change any kernel). A precision change (`precision_change`) is forced on `pool`
+        (default: the gate's pool), from the requests given up, until the power bound is reached."""
         mode, scorer = ("deployment", None) if self.exact is None else self.exact.pick(
             "auto", self.reference, candidate, foreign=outputs is not None)
-        reuse = self.reuse.setdefault(mode, {}) if requests is None and outputs is None else None
-        return force(self.runner, self.reference, candidate, requests or self.forcing_requests,
-                     tokens or self.forcing_tokens, reuse=reuse, bound=self.power_bound, outputs=outputs,
-                     exact=scorer)
+        start, precise = None, outputs is None and self.precision(candidate)
+        requests = requests or self.forcing_requests
+        tokens = tokens or (self.precision_tokens if precise and self.precision_tokens else self.forcing_tokens)
+        if precise:
+            have = {r.id for r in requests}
+            more = [r for r in (self.forcing_pool if pool is None else pool) if r.id not in have]
+            requests, start = list(requests) + more, len(requests)
+        reuse = self.reuse.setdefault((mode, tokens), {}) if outputs is None else None
+        return force(self.runner, self.reference, candidate, requests, tokens, reuse=reuse, bound=self.power_bound,
+                     outputs=outputs, exact=scorer, start=start)
+
+    def check_logic(self, candidate: str, requests: list[Request] | None = None, tokens: int | None = None
+                    ) -> dict | None:
+        """The float32 check (forcing/logic.py) on the forcing requests; None where the gate has none."""
+        if self.logic is None:
+            return None
+        return self.logic.check(candidate, requests or self.forcing_requests, tokens or self.forcing_tokens)
 
     def broken(self) -> list[str]:
         """Why the judges can no longer be trusted (the seal over their install and the sealed data; [] without a
@@ -71,52 +96,70 @@ class Gate:
         return self.seal.broken() if self.seal is not None else []
 
     def judge(self, start: str, candidate: str) -> dict:
-        """Timing first (cheap to refuse); forcing only for what the controller would promote."""
+        """The float32 check first (deterministic, and it refuses a lossy candidate before anything is timed), then
+        timing, then forcing only for what the controller would promote."""
         broken = self.broken()
         if broken:
             return {"candidate": candidate, "start": start, "promoted": False, "refused": "; ".join(broken),
                     "fatal": True}
+        t0 = time.monotonic()
+        out: dict = {"candidate": candidate, "start": start, "seconds": {}}
+        logic = self.check_logic(candidate)
+        if logic is not None:
+            out["logic"], out["seconds"]["logic"] = logic, time.monotonic() - t0
+            if logic.get("mechanism"):
+                out["mechanism"] = logic["mechanism"]
+            if logic["verdict"] == "reject":
+                return {**out, "promoted": False, "refused": f"the float32 check rejects it: {logic['reason']}"}
         t0, cached = time.monotonic(), self.aa.get(start)
         try:
             card = self.timing(start, candidate)
         except UserError as exc:  # the worker died or timed out on this candidate: refused, the loop goes on
-            return {"candidate": candidate, "start": start, "promoted": False, "refused": str(exc)}
-        out = {"candidate": candidate, "start": start, "controller": summary(card),
-               "seconds": {"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"),
-                           "aa": card["aa"].get("seconds") if card["aa"] is not cached else 0.0}}
+            return {**out, "promoted": False, "refused": str(exc)}
+        out["controller"] = summary(card)
+        out["seconds"].update({"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"),
+                               "aa": card["aa"].get("seconds") if card["aa"] is not cached else 0.0})
         if card["decision"]["verdict"] == "promote":
             t0 = time.monotonic()
             out["forcing"] = forcing_summary(self.forcing(candidate))
             out["seconds"]["forcing"] = time.monotonic() - t0
-        return decided(out)
+        return decided(out, self.precision(candidate))
+
+    def precision(self, candidate: str) -> str | None:
+        """Why the candidate changes the deployment's arithmetic (forcing/logic.precision_change); None: logic
+        alone (or no exact model to tell by: a test's gate)."""
+        return None if self.exact is None else precision_change(self.exact.dep, self.reference, candidate)
 
 
-def forcing_refusal(forcing: dict) -> str | None:
-    """Why forcing keeps out a candidate the controller would promote; None: it lets it through. A pass does. An
-    inconclusive verdict (its tokens could not reach the power bound) does only where the candidate's outputs
-    equal the reference's token for token on every forcing request: on the loop's few tokens the tests cannot
-    tell a lossy candidate (six mismatches of 3.5 nats against none in 64 tokens pass Fisher at its level), while
-    that agreement is evidence of its own (on a float32 deployment a lossless candidate's outputs equal the
-    reference's)."""
+def forcing_refusal(forcing: dict, logic: dict | None = None, precision: str | None = "unknown") -> str | None:
+    """Why forcing keeps out a candidate the controller would promote; None: it lets it through. A pass does, a
+    reject never does. An inconclusive verdict (its tokens could not reach the power bound) does where the float32
+    check decided the candidate (it passed it, and the candidate changes logic alone: `precision` None), or where
+    its outputs equal the reference's token for token on every forcing request; else more tokens are needed: on a
+    few tokens the tests cannot tell a lossy change of arithmetic (six mismatches of 3.5 nats against none in 64
+    tokens pass Fisher at its level)."""
     if forcing["verdict"] == "pass":
         return None
     if forcing["verdict"] == "reject":
         return f"forcing rejected it: {forcing['reason']}"
+    if precision is None and logic is not None and logic.get("verdict") == "pass":
+        return None
     agree = forcing.get("agreement") or {}
     if agree.get("requests") and agree["equal"] == agree["requests"]:
         return None
-    return (f"forcing is inconclusive and its outputs differ from the reference's on "
-            f"{agree.get('requests', 0) - agree.get('equal', 0)} of {agree.get('requests', 0)} requests: more "
+    why = f" ({precision})" if precision not in (None, "unknown") else ""
+    return (f"forcing is inconclusive, it changes the arithmetic{why} and its outputs differ from the reference's "
+            f"on {agree.get('requests', 0) - agree.get('equal', 0)} of {agree.get('requests', 0)} requests: more "
             f"forcing tokens are needed ({forcing['reason']})")
 
 
-def decided(out: dict) -> dict:
+def decided(out: dict, precision: str | None = "unknown") -> dict:
     """A judgement with its decision: promoted where the controller promotes and forcing lets it through; the
-    reason where forcing keeps it out."""
+    reason where forcing keeps it out. precision: why the candidate changes the arithmetic (None: logic alone)."""
     promote = out["controller"]["verdict"] == "promote"
-    refusal = forcing_refusal(out["forcing"]) if promote and "forcing" in out else None
+    refusal = forcing_refusal(out["forcing"], out.get("logic"), precision) if promote and "forcing" in out else None
     return {**out, "promoted": promote and "forcing" in out and refusal is None,
-            **({"refused": refusal} if refusal else {})}
+            **({"precision": precision} if precision != "unknown" else {}), **({"refused": refusal} if refusal else {})}
 
 
 def summary(card: dict) -> dict:
@@ -153,7 +196,13 @@ def forcing_summary(report: dict) -> dict:
     tests = {name: {k: t.get(k) for k in ("mismatch_p", "events_p", "margins_p", "level", "failed")}
              | ({"gross": t["gross"]["count"]} if "gross" in t else {})
              for name, t in report.get("tests", {}).items()}
+    tokens = (systems.get("candidate") or {}).get("tokens")
+    sees = (f"any excess of the candidate's mismatch rate over the reference's of "
+            f"{100 * report['detectable_rate']:.2f} points or more (80% power), on {tokens} tokens scored"
+            if report.get("detectable_rate") is not None else None)
     return {"verdict": report["verdict"], "reason": report["reason"], "exact": report.get("exact"),
+            "sees": sees, "cannot_see": ("a smaller excess; a loss that changes no greedy token on these requests and "
+                                         "lengths; a difference below the deployment's own reduction-order noise"),
             "delta": report.get("delta"), "detectable_rate": report.get("detectable_rate"),
             "power": report.get("power"), "agreement": report.get("agreement"), "tests": tests,
             "mismatch": {role: s.get("mismatch_rate") for role, s in systems.items()},

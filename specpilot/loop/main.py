@@ -20,7 +20,8 @@ from specpilot.controller.compare import REPO
 from specpilot.controller.worker import code_hash
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
-from specpilot.forcing import POWER_BOUND
+from specpilot.forcing import TOLERANCE
+from specpilot.forcing.logic import LogicCheck
 from specpilot.forcing.run import ExactTargets
 from specpilot.loop.agent import BuiltinAgent
 from specpilot.loop.best import write_best, write_best_patch
@@ -35,6 +36,7 @@ from specpilot.memory.store import Store
 from specpilot.models.smollm2 import models_dir
 from specpilot.results import environment, write_json_atomic
 
+POOL = 8  # requests per dataset a change of arithmetic may be forced on (5 datasets x 8 x 256 tokens: ~10k tokens)
 ENGINES = 8  # engines the loop's process keeps (the search visits dozens of systems; see Runner.max_engines)
 
 
@@ -57,7 +59,7 @@ class LoopArgs:
     master: str = "builtin"  # who names the directions: the builtin master, or an LLM's (beside it; coding agents)
     slots: list[str] = field(default_factory=list)  # Phase 1's devices, a process each (loop/slots.py); []: one
     slot: tuple[int, int] | None = None  # (k, n) in a slot's own process
-    forcing_bound: float = POWER_BOUND  # the gate's forcing power bound (loop/gate.Gate.power_bound)
+    forcing_bound: float = TOLERANCE  # the gate's forcing power bound (loop/gate.Gate.power_bound)
 
     @property
     def sealed(self) -> int:
@@ -70,6 +72,14 @@ def requests(dep: Deployment, split: str, limit: int, data_dir: str | None) -> l
         raise UserError(f"deployment {dep.name}: only {len(out)} {split} requests; the gate needs at least 3 "
                         "(raise --limit, or add a --dataset)")
     return out
+
+
+def pool(dep: Deployment, split: str, first: list, limit: int, data_dir: str | None) -> list:
+    """`first`, then more requests of the split (up to `limit` per dataset): what forcing of a change of arithmetic
+    doubles into until its power bound is reached."""
+    have = {r.id for r in first}
+    return list(first) + [r for d in dep.datasets for r in load_requests(d, split, data_dir, limit)
+                          if r.id not in have]
 
 
 def identity(a: LoopArgs) -> dict:
@@ -147,8 +157,13 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
     if a.slot is None:  # a slot's process writes into the run its parent checked
         run.same_run(identity(a))
     agent = BuiltinAgent(max_directions=a.directions) if a.agent == "builtin" else coding_agent(a, sealed)
+    # a change of arithmetic is forced on up to POOL requests per dataset (a GPU's; a CPU deployment is float32,
+    # where the float32 check decides and nothing is forced further)
+    more = POOL if not on_cpu else a.limit
     plan = LoopPlan(a.dep, a.rounds, dev, sealed, a.max_new_tokens, a.sealed,
-                    node_budgets(a.dep.context, 16), agent=agent)
+                    node_budgets(a.dep.context, 16), agent=agent,
+                    sealed_pool=pool(a.dep, "sealed", sealed, max(more, a.limit), a.data_dir))
+    dev_pool = pool(a.dep, "dev", dev, max(more, a.limit), a.data_dir)
     spec = {**a.worker_spec, "datasets": a.dep.datasets, "split": "dev", "limit": a.limit,
             "max_new_tokens": a.max_new_tokens, "data_dir": a.data_dir,
             **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {})}
@@ -166,7 +181,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         # SmolLM2's 3 default requests where 3 passes measured 4.7% and 6.7% (a bar no real gain cleared)
         return Gate(spec, runner, dev, a.max_new_tokens, alternating=True, reps=5 if on_cpu else 1,
                     seal=getattr(agent, "setup", None) and agent.setup.seal, exact=ExactTargets(a.dep),
-                    power_bound=a.forcing_bound)
+                    power_bound=a.forcing_bound, logic=LogicCheck(a.dep, runner), forcing_pool=dev_pool,
+                    precision_tokens=a.sealed)
 
     shipped = Store(REPO / "memory", REPO)
     memory = [{"id": i, "registry": shipped.read(i).registry} for i in shipped.ids()]

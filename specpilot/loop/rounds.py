@@ -31,6 +31,7 @@ from specpilot.loop.coding import CodingAgent, Halted, submissions
 from specpilot.loop.evidence import Evidence
 from specpilot.loop.gate import Gate, TreeGate, forcing_refusal, forcing_summary, summary
 from specpilot.loop.rundir import BudgetSpent, RunDir
+from specpilot.loop.search import TO_GATE, survey
 from specpilot.loop.space import runs_as_named, variant
 
 # the kernel classes and the options that configure their kernels (Phase 3)
@@ -38,6 +39,9 @@ CLASS_OPTIONS = {"target_gemm": ["gemv", "staged", "l2", "tune_rounds", "ahead",
                  "drafter_gemm": ["gemv", "staged", "tune_rounds"], "attention": ["attn_late", "cluster"],
                  "lm_head": ["greedy_kernel"], "elementwise": ["embed_kernel", "handoff", "pdl"],
                  "drafter_other": ["pdl"], "tree": ["tree_k"]}
+
+
+SURVEY_SHARE = 0.4  # of a budget's time left at Phase 1, what the survey may take (the gates and final need the rest)
 
 
 @dataclass
@@ -52,6 +56,7 @@ class LoopPlan:
     profile_tokens: int = 8
     ceiling_requests: int = 3  # of the dev requests, the ones the ceiling times, records and profiles
     agent: BuiltinAgent | CodingAgent = field(default_factory=BuiltinAgent)
+    sealed_pool: list[Request] = field(default_factory=list)  # more sealed requests: forcing a precision change
 
 
 @dataclass
@@ -140,7 +145,10 @@ class Loop:
             if out["master"].get("fatal"):
                 raise Halted(out["master"]["refused"])
             directions = agent.with_proposed(directions, out["master"])
-        mine = range(len(directions)) if self.slot is None else range(self.slot[0], len(directions), self.slot[1])
+        if self._ranks():
+            out["search"] = self._search(name, start_sys, ceiling, ev, device, directions)
+        mine = (range(0) if self._ranks() else range(len(directions)) if self.slot is None else
+                range(self.slot[0], len(directions), self.slot[1]))
         if self.slot is None and self.launch_slots is not None and len(directions) > 1 and not all(
                 self.run.done(f"{name}/phase-1/d{i}/evidence") for i in mine):
             # the slots measure the directions' steps; the loop below reads them back in order
@@ -155,7 +163,7 @@ class Loop:
                                                                                            rivals)))
         if self.slot is not None:  # a slot's share of Phase 1 is measured: the parent does the rest
             return out
-        gated = [g for d in out["directions"] for g in d["gated"]]
+        gated = [g for d in out["directions"] for g in d["gated"]] + out.get("search", {}).get("gated", [])
         promoted = [g for g in gated if g["promoted"]]
         out["integration"] = self._integrate(f"{name}/phase-2", start, gated)
         result, commit = out["integration"]["result"], out["integration"].get("commit")
@@ -174,6 +182,58 @@ class Loop:
         if out["result"] != start and not out["result_commit"]:
             out["ceiling_after"] = self.ceiling(out["result"])  # the next round's Phase 0, measured once
         return out
+
+    def _ranks(self) -> bool:
+        """Phase 1 as one ranked search (loop/search.py): the builtin agent on one device. Coding agents work
+        direction by direction, and several devices share the directions (loop/slots.py)."""
+        return isinstance(self.plan.agent, BuiltinAgent) and self.slot is None and self.launch_slots is None
+
+    def _search(self, name: str, start: System, ceiling: dict, ev, device: str, directions: list[Direction]) -> dict:
+        """Every direction's candidates predicted (one step, bounded by its share of the budget), then gates from
+        the top of the ranking down: a candidate is gated only while it is predicted to beat what this round
+        already promoted (by its measured gain) by the headroom, at most `max_gates` of them."""
+        agent, step = self.plan.agent, f"{name}/phase-1/search"
+        self.say("phase 1: every candidate predicted (replay, step costs, AR variants)")
+        short = self._short(step, "evidence")
+        if short:
+            return {"ranked": [], "skipped": [], "gated": [], "refused": short}
+        deadline = self._survey_deadline()
+        found = self.run.once(step, lambda: survey(agent, directions, start, ev(), device, self._block(),
+                                                   self._width(), deadline, ceiling))
+        ranked = [dict(e) for e in found["ranked"]]  # statuses below are this round's, from the gates' steps
+        gated, best = [], None
+        for e in ranked:
+            if e.get("status") != TO_GATE:
+                continue
+            if best is not None and e["over_start"] < best * (1 + agent.headroom):
+                e["status"] = f"not gated: under the {best:.3f}x over the start already promoted by the headroom"
+                continue
+            if len(gated) >= agent.max_gates:
+                e["status"] = f"not gated: the round's {agent.max_gates} gates are spent"
+                continue
+            gstep = f"{name}/phase-1/{slug(e['system'])}/gate"
+            short = self._short(gstep, "gate")
+            if short:
+                e["status"] = f"not reached: {short}"
+                continue
+            self.say(f"gate: {e['system']} (predicted {e['speedup']:.2f}x over AR, {e['over_start']:.2f}x the start)")
+            g = self.run.once(gstep, lambda c=e["system"]: self.gate.judge(start.name, c))
+            gated.append({**g, "predicted": e["speedup"], "direction": e["direction"]})
+            e["status"] = ("promoted" if g["promoted"] else f"error: {g['error']}" if g.get("error") else
+                           f"refused: {g.get('refused') or g.get('controller', {}).get('reason', '')}")
+            if g.get("fatal"):
+                raise Halted(g["refused"])
+            if g["promoted"]:
+                best = max(best or 0.0, g["controller"]["gain"])
+        return {**found, "ranked": ranked, "gated": gated}
+
+    def _survey_deadline(self) -> float | None:
+        """With a budget, the survey's share of what is left after the sealed final's estimate: gates need the
+        rest."""
+        left = self.run.left()
+        if left is None:
+            return None
+        return time.monotonic() + max(0.0, SURVEY_SHARE * (left - self._sealed_estimate()))
 
     def _coding(self, step: str, name: str, d: Direction, start: System, ceiling: dict, ev) -> dict:
         """A coding agent's direction: its work (one step), then each of its submissions gated."""
@@ -381,19 +441,26 @@ class Loop:
         if self.gate.broken():  # before the sealed requests are used: the judges and the data as they were
             raise Halted("; ".join(self.gate.broken()))
         t0 = time.monotonic()
+        logic = self.gate.check_logic(result, self.plan.sealed, self.plan.sealed_tokens)
+        seconds = {"logic": time.monotonic() - t0}
+        if logic is not None and logic["verdict"] == "reject":
+            return {"passed": False, "result": result, "logic": logic, "seconds": seconds,
+                    "reason": f"the float32 check rejects it on the sealed requests: {logic['reason']}"}
+        t0 = time.monotonic()
         card = self.gate.timing("stock", result, split="sealed")
         t1 = time.monotonic()
-        forcing = forcing_summary(self.gate.forcing(result, self.plan.sealed, self.plan.sealed_tokens))
-        seconds = {"timing": t1 - t0, "forcing": time.monotonic() - t1}
+        forcing = forcing_summary(self.gate.forcing(result, self.plan.sealed, self.plan.sealed_tokens,
+                                                    pool=self.plan.sealed_pool))
+        seconds.update({"timing": t1 - t0, "forcing": time.monotonic() - t1})
         timed = summary(card)
-        refusal = forcing_refusal(forcing)  # the gate's own rule: an inconclusive verdict needs equal outputs
+        refusal = forcing_refusal(forcing, logic, self.gate.precision(result))  # the gate's own rule
         # proven faster than stock (the controller's own promotion rule), not merely a gain above 1: on three
         # sealed requests a CPU run measured 1.17x with a lower bound of 0.36
         passed = timed["verdict"] == "promote" and refusal is None
         reason = refusal or ("held" if timed["verdict"] == "promote" else
                              f"not proven faster than stock on the sealed requests ({timed['reason']})")
         return {"passed": passed, "result": result, "reason": reason, "controller": timed, "forcing": forcing,
-                "seconds": seconds}
+                **({"logic": logic} if logic is not None else {}), "seconds": seconds}
 
     def _block(self) -> int:
         """The drafter's block (the models load here, only when a step must run)."""

@@ -20,6 +20,9 @@ EXCLUDED_GROUPS = {"audit": "changes outputs on purpose", "diagnostic": "outputs
 # (weights=w12 and fewrow: the CPU reads the BF16 weights the W12 forms were checked against)
 CUDA_ONLY = {"graphs", "lookahead", "pdl", "ahead", "epilogue_early", "l2", "staged", "attn_late", "cluster",
              "tune_rounds", "tune_start", "weights", "fewrow"}
+# options of the few-row GEMV step and its step tuning: with gemv off (cuBLAS) every value runs the same code
+GEMV_ONLY = {"pdl", "handoff", "ahead", "epilogue_early", "l2", "embed_kernel", "staged", "attn_late", "cluster",
+             "tune_rounds", "tune_start"}
 # int grids: node budgets and block sizes cover the range the cost model can predict; the rest their range
 GRIDS = {"nodes": (4, 8, 12, 16, 24, 32, 48, 64), "block_size": (2, 3, 4, 6, 8, 12, 16), "tree_k": (2, 4, 8),
          "lookahead": (1, 2, 3, 4), "tune_rounds": (1, 2, 3, 4)}
@@ -36,6 +39,8 @@ def values(name: str, system: System, device: str = "cpu", block: int | None = N
     opt = OPTIONS[name]
     if searchable(name) or system.base not in opt.bases or (device == "cpu" and name in CUDA_ONLY):
         return []
+    if name in GEMV_ONLY and not system.get("gemv"):
+        return []  # nothing of it runs without the GEMV step
     if name == "tree_k" and system.get("tree") != "eagle2":
         return []  # only eagle2 reads it
     current = system.get(name)

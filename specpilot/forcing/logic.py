@@ -1,0 +1,180 @@
+"""The deterministic half of the lossless judge: a candidate's tokens against AR's, token for token, in float32.
+
+A change of which tokens are proposed (a tree, a node budget, a block size, a builder) is lossless exactly when
+every committed token is the exact target's greedy choice. In float32 that is decidable: a lossless candidate
+answers as AR does, except where the two runs' reduction orders part at a near-tie, and such a parting is within
+float32's own noise (a few millionths of a nat) where any lossy change (a biased logit, an unverified draft, a
+skipped layer, a lower-precision head) parts by far more. So each request is run by the candidate and by AR in
+float32 on the deployment's device; the first token where they part is scored under the float32 target: within
+`eps` (float32's measured reduction-order noise, times a safety factor) the request is a tie and excused, beyond it
+the candidate is rejected with the request, the position and the gap.
+
+A bf16 deployment is checked on the float32 model of the same function (its target and drafter in float32; a
+twin's unwidened pair, models/twin.py); a float32 deployment on its own models. What float32 cannot show is
+reported, not guessed: a candidate whose mechanism does not run in float32 (W12's forms, the 8-bit pass of
+two-level verification, both made from BF16 weights) is "skipped" here and left to the statistical judge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specpilot.bench.datasets import Request
+from specpilot.bench.harness import Runner, TurnRecord
+from specpilot.config.env import parse
+from specpilot.deployment import Deployment
+from specpilot.errors import UserError
+from specpilot.forcing.judge import first_divergence
+from specpilot.forcing.noise import margin_noise
+from specpilot.forcing.score import score_output
+
+EPS_FACTOR = 4.0  # a parting within this many times float32's largest measured noise is a tie
+EPS_FLOOR = 1e-5  # nats: where the noise measured is zero (one reduction order on a CPU), still a few ulps of a logit
+NOISE_REQUESTS = 2  # AR outputs rescored to measure the noise
+# options whose mechanism reads BF16 weights: in float32 they run nothing of their own (the engine refuses them or
+# runs the exact weights), so float32 says nothing about them
+BF16_ONLY = {"weights": "w12", "verify": "tlv", "fewrow": True}
+
+
+def float32_only_misses(system: str) -> str | None:
+    """Why float32 cannot check this system's mechanism, or None."""
+    s = parse(system)
+    off = [f"{k}={str(v).lower()}" for k, v in BF16_ONLY.items() if s.get(k) == v]
+    if off:
+        return (f"{', '.join(off)} reads BF16 weights (W12 forms, the 8-bit view): its mechanism does not run in "
+                "float32, so only the statistical judge sees it")
+    return None
+
+
+@dataclasses.dataclass
+class LogicCheck:
+    """deployment: the models of the deployment as served (a Runner), used as they are where they are float32."""
+
+    dep: Deployment
+    deployment: Runner | None = None
+    _runner: Runner | None = None
+    _ar: dict = dataclasses.field(default_factory=dict)  # (request id, tokens) -> AR's turn records
+    _eps: float | None = None
+    _noise: dict | None = None
+
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            if self.deployment is not None and self.deployment.target.embed.weight.dtype.itemsize == 4:
+                self._runner = self.deployment
+            else:
+                self._runner = float32_runner(self.dep)
+        return self._runner
+
+    def release(self) -> None:
+        """Free the float32 models (rebuilt on the next check)."""
+        if self._runner is not self.deployment:
+            self._runner = None
+
+    def ar(self, request: Request, tokens: int) -> list[TurnRecord]:
+        key = (request.id, tokens)
+        if key not in self._ar:
+            self._ar[key] = self.runner.run(parse("ar"), request, tokens)
+        return self._ar[key]
+
+    def eps(self, requests: list[Request], tokens: int) -> float:
+        """The tie bound: float32's reduction-order noise on AR's own outputs (forcing/noise.py), measured once."""
+        if self._eps is None:
+            pairs = [(rec.prompt, rec.tokens) for r in requests[:NOISE_REQUESTS] for rec in self.ar(r, tokens)]
+            self._noise = margin_noise(self.runner.target, pairs)
+            self._eps = max(EPS_FACTOR * self._noise["max"], EPS_FLOOR)
+        return self._eps
+
+    def check(self, system: str, requests: list[Request], tokens: int) -> dict:
+        """{"verdict": "pass" | "reject" | "skipped", "reason", counts, each parting, what ran (mechanism)}."""
+        missed = float32_only_misses(system)
+        if missed:
+            return {"verdict": "skipped", "reason": missed, "system": system}
+        cand = parse(system)
+        eps = self.eps(requests, tokens)
+        scorer = self.runner.target
+        equal, ties, records = 0, [], []
+        for req in requests:
+            try:
+                mine = self.runner.run(cand, req, tokens)
+            except UserError as exc:
+                return {"verdict": "skipped", "system": system, "reason": f"does not run in float32: {exc}"}
+            records += mine
+            parting = _parting(scorer, self.ar(req, tokens), mine)
+            if parting is None:
+                equal += 1
+                continue
+            if parting["gap"] is None or abs(parting["gap"]) > eps:
+                by = parting.get("note") or f"by {parting['gap']:.3g} nats"
+                return {"verdict": "reject", "system": system, "eps": eps, "parting": parting, "equal": equal,
+                        "reason": (f"in float32 it parts from AR at {parting['request']} token {parting['position']}"
+                                   f" ({by}), beyond float32's noise ({eps:.2g} nats): it changes the exact "
+                                   "target's greedy choice"),
+                        **self._where(len(records))}
+            ties.append(parting)
+        n = sum(len(r.tokens) for r in records)
+        return {"verdict": "pass", "system": system, "requests": len(requests), "tokens": n, "equal": equal,
+                "ties": ties, "eps": eps, "noise": self._noise, "mechanism": mechanism(self.runner, cand, records),
+                "reason": (f"equals AR token for token in float32 on {equal} of {len(requests)} requests ({n} tokens)"
+                           + (f"; {len(ties)} parted at a near-tie within float32's noise ({eps:.2g} nats)"
+                              if ties else "")),
+                **self._where(len(records))}
+
+    def _where(self, turns: int) -> dict:
+        t = self.runner.target.embed.weight
+        return {"exact": f"float32 on {t.device.type}", "turns": turns}
+
+
+def _parting(scorer, ar: list[TurnRecord], mine: list[TurnRecord]) -> dict | None:
+    """Where the candidate's turns first part from AR's: the request, turn, position and the float32 log-prob gap
+    log p(AR's token) - log p(the candidate's token); None where every turn is equal. One output stopping (end of
+    sequence) where the other goes on parts with no gap to score (None): the end token was not chosen alike."""
+    for a, c in zip(ar, mine, strict=True):
+        i = first_divergence(a.tokens, c.tokens)
+        if i is None and len(a.tokens) != len(c.tokens):
+            i = min(len(a.tokens), len(c.tokens))
+            return {"request": a.id, "position": i, "gap": None,
+                    "note": f"{'the candidate' if len(c.tokens) < len(a.tokens) else 'AR'} stopped first"}
+        if i is None:
+            continue
+        s = score_output(scorer, a.prompt, a.tokens[: i + 1], others={i: c.tokens[i]})
+        return {"request": a.id, "position": i, "gap": s.gap_to[i], "ar_token": a.tokens[i], "token": c.tokens[i]}
+    return None
+
+
+def mechanism(runner: Runner, system, records: list[TurnRecord]) -> dict:
+    """How much of the candidate's mechanism ran in the check: target passes, rows verified in each, tokens
+    committed per pass (a tree that never verified more than the chain's rows showed nothing of itself)."""
+    steps = sum(len(r.accepted) for r in records)
+    committed = sum(sum(r.accepted) for r in records)
+    rows = runner.engine(system).rows if system.speculative else 1
+    return {"ran": steps > 0, "target_passes": steps, "rows_per_pass": rows, "rows_verified": steps * rows,
+            "tau": committed / steps if steps else None, "tree": system.get("tree") if system.speculative else None,
+            "what": (f"{steps} target passes of {rows} rows ({system.get('tree')} tree), tau "
+                     f"{committed / steps:.2f}" if steps and system.speculative else f"{steps} AR steps")}
+
+
+def float32_runner(dep: Deployment) -> Runner:
+    """The deployment's function in float32 on its device, drafter included (a twin's unwidened pair)."""
+    from specpilot.models.pair import build_pair
+
+    small = dataclasses.replace(dep, dtype="float32", twin_width=1, twin_depth=None)
+    target, drafter, tok = build_pair(small)
+    return Runner(target, drafter, tok, small.context, max_engines=4)
+
+
+def precision_change(dep: Deployment, reference: str, candidate: str) -> str | None:
+    """Why the candidate changes the deployment's arithmetic, not only which tokens are proposed (a kernel plan of
+    its own, or a mechanism that reads BF16 weights), so that the statistical judge must bound what that changes
+    at its full power; None for a change of logic alone, which the float32 check decides. A float32 deployment is
+    the exact function itself: nothing of it is left to statistics."""
+    if dep.torch_dtype().itemsize == 4:
+        return None
+    missed = float32_only_misses(candidate)
+    if missed:
+        return missed
+    ref, cand = parse(reference).plan().features(), parse(candidate).plan().features()
+    changed = sorted(k for k in cand if cand[k] != ref.get(k))
+    if changed:
+        return f"its kernel plan differs from the reference's ({', '.join(changed)})"
+    return None

@@ -1,0 +1,95 @@
+"""Phase 1 as a ranked search: every candidate of every direction predicted on the cheapest evidence first, then
+gates spent from the top of the ranking down.
+
+The paper's lesson (a single agent without the cost model chased token counts and never touched the weight reads):
+evidence in bulk before any gate. The cheapest evidence comes first: the tau of every tree builder and node budget
+by exact replay of the round's recorded lattices (no target needed), the step cost c(N) of each row count once
+(shared by every builder that verifies N rows; a budget whose replayed tau over the cheapest step it could have
+cannot reach the bar is never timed), AR's own variants (speculation on or off is a direction like any other: tau
+is 1, only the step is timed), then kernel and host options, block sizes (a short run each) and the memory's
+entries. Each prediction is S = tau x T_AR / T_step (loop/evidence.py); the ranking is by S, and a candidate is put
+forward only where it clears the start's own prediction by the headroom (or twice the step timing's spread).
+
+A budget bounds the survey: candidates not reached are listed as such, never guessed.
+"""
+
+from __future__ import annotations
+
+import time
+
+from specpilot.config import System
+from specpilot.loop.agent import BuiltinAgent, Direction
+from specpilot.loop.evidence import RUN, Evidence
+
+# the order evidence is gathered in, cheapest first (a factor not named here comes last)
+COST_ORDER = ("tau-tree", "base", "memory", "kernel", "overhead", "tau")
+TO_GATE = "to gate"
+
+
+def _cost(d: Direction, c: System, ev: Evidence) -> tuple:
+    kind = "tau-tree" if ev.replayable(c) else d.factor
+    rank = COST_ORDER.index(kind) if kind in COST_ORDER else len(COST_ORDER)
+    return rank, (c.get("nodes") or 0) if kind == "tau-tree" else 0  # small budgets first: they bound the rest
+
+
+def survey(agent: BuiltinAgent, directions: list[Direction], start: System, ev: Evidence, device: str, block: int,
+           width: int, deadline: float | None = None, ceiling: dict | None = None) -> dict:
+    """-> {"start": the start's prediction, "noise", "margin", "ranked": [every candidate, best first, with its
+    direction, evidence and status], "skipped": [directions with no candidate here, and why]}. deadline: a
+    time.monotonic() past which no more evidence is gathered."""
+    base = ev.predict(start)
+    noise = ev.noise(start) if "speedup" in base else 0.0
+    margin = 1 + max(agent.headroom, 2 * noise)
+    bar = base.get("speedup", float("inf")) * margin
+    found: dict[str, tuple[System, Direction]] = {}
+    skipped = []
+    for d in directions:
+        mine = agent.candidates(d, start, device, block, width)
+        if not mine:
+            skipped.append({"direction": d.mechanism, "factor": d.factor,
+                            "reason": "no value of its options runs here from this start" if d.options or d.systems
+                            else "nothing to search"})
+        for c in mine:
+            found.setdefault(c.name, (c, d))
+    order = sorted(found.values(), key=lambda cd: _cost(cd[1], cd[0], ev))
+    evaluated, best = [], bar
+    for c, d in order:
+        row = {"system": c.name, "direction": d.mechanism, "factor": d.factor, **({"reused": True} if d.reused else {})}
+        if deadline is not None and time.monotonic() > deadline:
+            evaluated.append({**row, "status": "not reached: the survey's share of the budget is spent"})
+            continue
+        reach = _ceiling_reach(d, start, ceiling)
+        if reach is not None and reach < best:
+            evaluated.append({**row, "bound": reach, "status": f"pruned: the ceiling bounds its factor at "
+                              f"{reach:.3f}x over AR, under the {best:.3f}x it needs"})
+            continue
+        up = ev.bound(c)
+        if up is not None and up * (1 + 2 * noise) < best:
+            evaluated.append({**row, "bound": up, "status": f"pruned: replayed tau over the cheapest step it could "
+                              f"have bounds it at {up:.3f}x over AR, under the {best:.3f}x it needs"})
+            continue
+        e = ev.predict(c, ref=start)
+        evaluated.append({**row, **e})
+        if "speedup" in e and e.get("tau_from") != RUN:
+            best = max(best, e["speedup"])
+    start_run = ev.predict(start, run=True) if any(e.get("tau_from") == RUN for e in evaluated) else None
+    for e in evaluated:
+        if "status" in e:
+            continue
+        if "speedup" not in e:
+            e["status"] = f"error: {e.get('error', 'no prediction')}"
+            continue
+        ref = start_run if e.get("tau_from") == RUN else base
+        e["over_start"] = e["speedup"] / ref["speedup"] if "speedup" in ref else 0.0
+        e["status"] = TO_GATE if e["over_start"] >= margin else "below the bar"
+    ranked = sorted(evaluated, key=lambda e: (-(e.get("speedup") or 0.0), e["system"]))
+    return {"start": base, "start_run": start_run, "noise": noise, "margin": margin, "bar": bar,
+            "ranked": ranked, "skipped": skipped}
+
+
+def _ceiling_reach(d: Direction, start: System, ceiling: dict | None) -> float | None:
+    """What a kernel or host option of the start can reach at most: S times the factor (its kernels at their
+    floor, no overhead), from the ceiling of that same start; None where the ceiling bounds nothing."""
+    if ceiling is None or d.factor not in ("kernel", "overhead") or not d.value or ceiling.get("system") != start.name:
+        return None
+    return ceiling["speedup"] * d.value
