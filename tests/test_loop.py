@@ -93,9 +93,9 @@ def synthetic_loop(tmp_path, rounds=2, resume=False, interrupt_at=None):
     dep = load_deployment("tiny")
     plan = LoopPlan(dep, rounds, [], [], 8, 32, [4, 8], agent=BuiltinAgent())
     run = RunDir(tmp_path / "run", resume=resume)
-    for name in ("stock", "stock-nodes=12-tree=eagle2"):
-        (run.root / "steps" / "ceilings").mkdir(parents=True, exist_ok=True)
-        (run.root / "steps" / "ceilings" / f"{name}.json").write_text(json.dumps({**CEILING, "system": name}))
+    for name in ("stock", "stock-nodes=12-tree=eagle2"):  # stored as the loop stores a step, under the run's key
+        run.path(f"ceilings/{name}").parent.mkdir(parents=True, exist_ok=True)
+        run.path(f"ceilings/{name}").write_text(json.dumps({"key": run.key, "result": {**CEILING, "system": name}}))
     gate, ev = FakeGate(), Planted()
     loop = Loop(plan, run, models=lambda: pytest.fail("the synthetic loop loads no models"),
                 gate_factory=lambda runner: gate)

@@ -12,7 +12,6 @@ A promoted mechanism becomes a memory entry; the round's result is the next roun
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -351,8 +350,7 @@ class Loop:
         for name, took in self.run.seconds.items():
             if not name.endswith("/gate"):
                 continue
-            path = self.run.path(name)
-            parts = json.loads(path.read_text()).get("seconds", {}) if path.is_file() else {}
+            parts = (self.run.read(name) or {}).get("seconds", {})
             if parts.get("ab") is None:
                 out = max(out, took)
             else:
