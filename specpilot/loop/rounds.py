@@ -258,7 +258,7 @@ class Loop:
                     "gated": []}
         tuned = self.run.once(f"{step}/evidence", lambda: {"skipped": skipped, "evaluated": [], "chosen": []}
                               if skipped else self.plan.agent.tune(d, start, ev(), device, self._block(), dict(rivals),
-                                                                   self._width()))
+                                                                   self._width(), self._dtype()))
         gated = []
         for cand in tuned["chosen"]:
             short = self._short(f"{step}/{slug(cand)}/gate", "gate")
@@ -332,7 +332,7 @@ class Loop:
         self.say(f"phase 3: {d.mechanism}")
         tuned = self.run.once(f"{step}/evidence",
                               lambda: self.plan.agent.tune(d, parse(start), ev(), device, self._block(),
-                                                           width=self._width()))
+                                                           width=self._width(), dtype=self._dtype()))
         out = {"class": furthest, "evidence": tuned}
         if tuned["chosen"]:
             cand = tuned["chosen"][0]
@@ -400,6 +400,10 @@ class Loop:
     def _width(self) -> int:
         """The drafter's lattice candidates per position (as _block)."""
         return self.runner.engine(parse("stock")).width
+
+    def _dtype(self) -> str:
+        """The served weights' dtype (space.values: verify=tlv and weights=w12 need BF16), as the deployment says."""
+        return str(self.plan.dep.torch_dtype()).removeprefix("torch.")
 
     def loop(self, remember: Callable[[dict], list[str]] = lambda r: []) -> dict:
         """With a budget (the run directory's), a round starts only if the last one's duration fits in what is
