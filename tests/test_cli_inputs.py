@@ -10,7 +10,7 @@ import torch
 
 from specpilot.cli.common import check_output_folder
 from specpilot.config import parse_system
-from specpilot.deployment import load_deployment
+from specpilot.deployment import PRESET_DIR, load_deployment
 from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.loop.rundir import RunDir
@@ -324,8 +324,10 @@ def test_plain_ar_is_the_reference_whatever_ar_variant_is_named(tmp_path):
     ("stock:nodes=1", "tree=chain holds 2..8 nodes"),
     ("stock:tree=ddtree,nodes=250,verify=tlv", "verify=tlv doubles"),
 ])
-def test_rows_a_step_that_cannot_run_as_named_are_refused(system, needle):
-    assert_one_line_error(specpilot("generate", "hi", "-s", system, "--max-new-tokens", "4"), needle)
+def test_rows_a_step_that_cannot_run_as_named_are_refused(tmp_path, system, needle):
+    dep = tmp_path / "tiny-bf16.toml"  # tiny in BF16: verify=tlv's 8-bit pass has its W12 forms (float32 refuses it)
+    dep.write_text((PRESET_DIR / "tiny.toml").read_text().replace('dtype = "auto"', 'dtype = "bfloat16"'))
+    assert_one_line_error(specpilot("generate", "hi", "-d", dep, "-s", system, "--max-new-tokens", "4"), needle)
 
 
 @pytest.mark.parametrize("override, needle", [

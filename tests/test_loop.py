@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specpilot.ceiling.model import CANDIDATES
+from specpilot.config.options import OPTIONS
 from specpilot.config.system import parse_system
 from specpilot.deployment import load_deployment
 from specpilot.errors import UserError
@@ -17,7 +19,7 @@ from specpilot.loop.best import write_best
 from specpilot.loop.report import write_report
 from specpilot.loop.rounds import Loop, LoopPlan, combine
 from specpilot.loop.rundir import RunDir
-from specpilot.loop.space import GRIDS, values
+from specpilot.loop.space import CUDA_ONLY, GRIDS, NEEDS_BF16, values
 
 PLANTED = "stock:nodes=12,tree=eagle2"  # the synthetic deployment's best: not where its ceiling points
 
@@ -102,9 +104,9 @@ def synthetic_loop(tmp_path, rounds=2, resume=False, interrupt_at=None):
     dep = load_deployment("tiny")
     plan = LoopPlan(dep, rounds, [], [], 8, 32, [4, 8], agent=BuiltinAgent())
     run = RunDir(tmp_path / "run", resume=resume)
-    for name in ("stock", "stock-nodes=12-tree=eagle2"):
-        (run.root / "steps" / "ceilings").mkdir(parents=True, exist_ok=True)
-        (run.root / "steps" / "ceilings" / f"{name}.json").write_text(json.dumps({**CEILING, "system": name}))
+    for name in ("stock", "stock-nodes=12-tree=eagle2"):  # stored as the loop stores a step, under the run's key
+        run.path(f"ceilings/{name}").parent.mkdir(parents=True, exist_ok=True)
+        run.path(f"ceilings/{name}").write_text(json.dumps({"key": run.key, "result": {**CEILING, "system": name}}))
     gate, ev = FakeGate(), Planted()
     loop = Loop(plan, run, models=lambda: pytest.fail("the synthetic loop loads no models"),
                 gate_factory=lambda runner: gate)
@@ -389,7 +391,7 @@ def test_combine_and_space():
     assert combine("stock", ["stock:nodes=8", "stock:nodes=16"]) is None  # conflicting values
     assert combine("stock", ["ar"]) is None
     stock = parse_system("stock")
-    assert values("gemv", stock) == [True] and "triton" not in values("kernels", stock, "cpu")
+    assert values("gemv", stock, "cuda") == [True] and values("kernels", stock, "cuda") == ["naive", "triton"]
     assert values("block_size", stock, block=8) == [2, 3, 4, 6]
     assert values("nodes", stock, block=8) == [4]  # a chain verifies its block's rows at most
     assert values("nodes", parse_system("stock:block_size=6"), block=8) == [4]
@@ -414,6 +416,8 @@ def test_combine_and_space():
     # AR keeps the start's kernel options, and its own kernel and host options are searched beside it (on a CPU,
     # those that run there; with the GEMV step on, its options are searched too, off, they are not)
     assert [s.name for s in agent.candidates(base, parse_system("stock:gemv=true,nodes=8"), "cpu", 8)] == [
+        "ar:gemv=true"]  # none of AR's kernel options does anything on a CPU
+    assert [s.name for s in agent.candidates(base, parse_system("stock:gemv=true,nodes=8"), "cuda", 8)][:4] == [
         "ar:gemv=true", "ar", "ar:embed_kernel=false,gemv=true", "ar:gemv=true,greedy_kernel=false"]
     assert [s.name for s in agent.candidates(base, stock, "cuda", 8)][:3] == ["ar", "ar:gemv=true",
                                                                               "ar:greedy_kernel=false"]
@@ -422,6 +426,30 @@ def test_combine_and_space():
                        systems=["ar:weights=w12,w12_dense=drop", "ar:weights=w12", "ar", "stock:nodes=8"])
     assert values("w12_dense", parse_system("ar:weights=w12"), "cuda") == []  # a memory choice: never searched
     assert [s.name for s in agent.candidates(memory, parse_system("ar"), "cuda", 8)] == ["ar:weights=w12"]
+
+
+def test_the_cpu_search_space_holds_no_option_that_does_nothing_there():
+    """On a CPU every value of these options runs the same code (the engine and kernels/dispatch: no CUDA graphs,
+    no Triton, no few-row kernel); on float32 weights verify=tlv and weights=w12 are refused by the engine. The
+    loop tries none of them there, from any direction, memory's included; on a GPU in BF16 it tries them all."""
+    assert {"gemv", "kernels", "handoff", "embed_kernel", "greedy_kernel", "graphs", "weights", "fewrow"} <= set(
+        CUDA_ONLY)
+    agent, starts = BuiltinAgent(), [parse_system(s) for s in ("ar", "stock", "stock:tree=eagle2,nodes=16")]
+    directions = [Direction(f, c["mechanism"], c["options"]) for f, cs in CANDIDATES.items() for c in cs]
+    directions += [Direction("all", "every option", list(OPTIONS)), Direction(
+        "memory", "entries", [], reused=True, systems=["ar:gemv=true", "stock:nodes=8,verify=tlv,weights=w12",
+                                                       "ar:fewrow=true,kernels=naive", "stock:nodes=8"])]
+
+    def tried(device: str, dtype: str | None = None) -> set:
+        moves = [c for d in directions for s in starts for c in agent.candidates(d, s, device, 8, dtype=dtype)]
+        return {(k, v) for c in moves for k, v in c.options.items()}
+
+    cpu = tried("cpu")
+    assert ("nodes", 8) in cpu and ("tree", "eagle2") in cpu  # the CPU still searches what acts there
+    assert not {k for k, _ in cpu} & set(CUDA_ONLY) and not set(NEEDS_BF16) & cpu
+    assert set(NEEDS_BF16) <= tried("cuda") and {"gemv", "kernels", "fewrow"} <= {k for k, _ in tried("cuda")}
+    assert not set(NEEDS_BF16) & tried("cuda", "float32")  # a GPU serving float32: refused by the engine too
+    assert {"gemv", "fewrow"} <= {k for k, _ in tried("cuda", "float32")}
 
 
 def test_integration_refuses_a_chain_longer_than_its_combined_block(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specpilot.config import parse_system
+from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.kernels.fewrow import FewRowWeight
 from specpilot.runtime.engine import Engine
@@ -86,3 +87,26 @@ def test_the_second_round_hangs_below_the_q_path(pair):
     assert not seen[:block, block:].any()  # the first round does not see the second
     assert both.slots[0].tolist() == list(range(10, 10 + 2 * block))
     assert both.positions[0, block:].tolist() == list(range(13, 13 + block))
+
+
+@pytest.mark.parametrize("system, needle", [
+    ("stock:verify=tlv", "verify=tlv reads the projections' W12 forms"),
+    ("ar:weights=w12", "weights=w12 reads the projections' W12 forms"),
+    ("stock:weights=w12,verify=tlv", "weights=w12 and verify=tlv read"),
+])
+def test_w12_and_tlv_are_refused_on_a_model_without_bf16_weights(system, needle):
+    """`tiny` on the CPU is float32 with values BF16 does not hold (as the CPU's SmolLM2): no projection gets a W12
+    form, so tlv's 8-bit pass and weights=w12 would silently run the exact weights. One line, exit 2; in BF16 the
+    same tiny runs them (a float32 model of BF16 values too: the tests above)."""
+    from tests.test_cli import assert_one_line_error, specpilot
+
+    proc = specpilot("generate", "hi", "--preset", "tiny", "-s", system, "--max-new-tokens", "4")
+    assert_one_line_error(proc, needle, "float32 values that BF16 does not hold", "silently run the exact weights",
+                          "bfloat16")
+    target = random_target(tiny_target_config(), seed=3)  # float32: the engine itself refuses, whoever calls it
+    with pytest.raises(UserError, match="this model has none"):
+        Engine(target, random_drafter(tiny_drafter_config(target.cfg), seed=1), parse_system(system), context=64)
+    bf16 = random_target(tiny_target_config(), seed=3, dtype=torch.bfloat16)
+    engine = Engine(bf16, random_drafter(tiny_drafter_config(bf16.cfg), seed=1, dtype=torch.bfloat16),
+                    parse_system(system), context=64)
+    assert engine.w12_report["w12_bytes"] > 0

@@ -18,7 +18,7 @@ from specpilot.config import System
 from specpilot.config.options import OPTIONS
 from specpilot.config.system import parse_system
 from specpilot.loop.evidence import RUN, Evidence
-from specpilot.loop.space import GRIDS, runs_as_named, searchable, values, variant
+from specpilot.loop.space import GRIDS, runs_as_named, unsearched, values, variant
 
 FACTORS = ("tau", "kernel", "overhead")  # what a configuration can change (the lattice needs training)
 # the options of the kernel and host mechanisms that AR takes too (the base direction's AR variants)
@@ -63,12 +63,14 @@ class BuiltinAgent:
             out.append(Direction("memory", "entries of the structured memory", [], reused=True, systems=systems))
         return out[: self.max_directions]
 
-    def candidates(self, d: Direction, start: System, device: str, block: int, width: int = 0) -> list[System]:
+    def candidates(self, d: Direction, start: System, device: str, block: int, width: int = 0,
+                   dtype: str | None = None) -> list[System]:
         """Every system the direction can reach from `start` in one move (its parameters varied jointly), each one
-        the engine runs as named (block and width: the drafter's, space.runs_as_named)."""
-        return [s for s in self._moves(d, start, device, block) if runs_as_named(s, block, width)]
+        the engine runs as named (block and width: the drafter's, space.runs_as_named); dtype: the served weights'
+        (space.values)."""
+        return [s for s in self._moves(d, start, device, block, dtype) if runs_as_named(s, block, width)]
 
-    def _moves(self, d: Direction, start: System, device: str, block: int) -> list[System]:
+    def _moves(self, d: Direction, start: System, device: str, block: int, dtype: str | None) -> list[System]:
         if d.factor == "base":
             other = "ar" if start.speculative else "stock"
             kept = ",".join(f"{k}={v}" for k, v in start.options.items() if "ar" in OPTIONS[k].bases)
@@ -77,24 +79,26 @@ class BuiltinAgent:
                 return [first]
             # speculation off is a direction like any other: AR with each of its kernel and host options too
             return [first] + [variant(first, **{name: v}) for name in AR_OPTIONS
-                              for v in values(name, first, device, block)]
-        if d.factor == "memory":  # an entry's searchable options (w12_dense, say, is a memory choice, not speed)
-            found = [variant(start, **{k: v for k, v in parse_system(s).options.items() if not searchable(k)})
+                              for v in values(name, first, device, block, dtype)]
+        if d.factor == "memory":  # an entry's options the search may set here (w12_dense, say, is a memory choice,
+            # not speed; gemv does nothing on a CPU; verify=tlv needs BF16 weights)
+            found = [variant(start, **{k: v for k, v in parse_system(s).options.items()
+                                       if not unsearched(k, v, device, dtype)})
                      for s in d.systems if parse_system(s).base == start.base]
             return list({v.name: v for v in found if v.name != start.name}.values())
         if not start.speculative and any(o in ("tree", "nodes", "block_size", "tree_k") for o in d.options):
             return []
         if "tree" in d.options:  # a builder is nothing without its budget: tune both (small budgets first: bounds)
-            builders = values("tree", start, device) + [start.get("tree")]
+            builders = values("tree", start, device, dtype=dtype) + [start.get("tree")]
             return [variant(start, tree=b, nodes=n) for n, b in product(GRIDS["nodes"], builders)
                     if (b, n) != (start.get("tree"), start.get("nodes"))]  # a chain past its block: candidates
         out = []
         for name in d.options:
-            out += [variant(start, **{name: v}) for v in values(name, start, device, block)]
+            out += [variant(start, **{name: v}) for v in values(name, start, device, block, dtype)]
         return out
 
     def tune(self, d: Direction, start: System, ev: Evidence, device: str, block: int,
-             rivals: dict[str, float] | None = None, width: int = 0) -> dict:
+             rivals: dict[str, float] | None = None, width: int = 0, dtype: str | None = None) -> dict:
         """Predict every candidate; submit the best `per_direction` that beat the start's prediction by the
         headroom. A candidate whose tau needed a short run is held to the start's prediction from the same short
         run. rivals (base -> predicted speedup of what the round already promoted): a candidate of another base
@@ -113,7 +117,7 @@ class BuiltinAgent:
             return max((v for b, v in rivals.items() if b != mine), default=0.0)
 
         evaluated, best = [], 0.0
-        for c in self.candidates(d, start, device, block, width):
+        for c in self.candidates(d, start, device, block, width, dtype):
             # what it must reach to be submitted: the start's and rivals' bars, and the best replayed so far
             needed = max(base.get("speedup", 0.0) * margin, rival(c.name) * margin,
                          best if self.per_direction == 1 else 0.0)

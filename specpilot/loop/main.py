@@ -94,12 +94,18 @@ def identity(a: LoopArgs) -> dict:
             "agent": a.agent, "master": a.master, "forcing_bound": a.forcing_bound}
 
 
+def step_key(a: LoopArgs, code: str) -> dict:
+    """What each stored step's result depends on (loop/rundir.py): the code that measured it (the install's hash)
+    and the run's identity. A resume reuses a step only under the same key, with or without run.json."""
+    return {"code": code, **identity(a)}
+
+
 def node_budgets(context: int, tokens: int) -> list[int]:
     """Budgets whose step timings fit the context after a profiled request (18 steps of N rows)."""
     return [n for n in (4, 8, 16, 32, 48, 64) if 18 * n + tokens + 128 <= context] or [4]
 
 
-def coding_agent(a: LoopArgs, sealed: list) -> CodingAgent:
+def coding_agent(a: LoopArgs, sealed: list, code: str) -> CodingAgent:
     """The agent's backend, its budget and guards: the seal over the install and the sealed requests' files, the
     folders the jail protects, and the base commit (the install's files now, frozen)."""
     files = [f for f in (data_file(d, a.data_dir) for d in {r.dataset for r in sealed}) if f is not None]
@@ -120,7 +126,7 @@ def coding_agent(a: LoopArgs, sealed: list) -> CodingAgent:
     return CodingAgent(setup, BuiltinAgent(max_directions=a.directions), proposer=proposer,
                        base=head if clean else base.commit,
                        checkouts=a.run_dir.resolve() / "checkouts", target=target,
-                       install_code=code_hash(install))
+                       install_code=code)
 
 
 def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
@@ -153,10 +159,11 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         if a.agent != "builtin":
             raise UserError("--gpus shares the builtin agent's directions; coding agents run one at a time")
     dev, sealed = (requests(a.dep, s, a.limit, a.data_dir) for s in ("dev", "sealed"))
-    run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s, shared=a.slot is not None)
+    code = code_hash(REPO / "specpilot")  # the install's, once: every step of this process ran this code
+    run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s, shared=a.slot is not None, key=step_key(a, code))
     if a.slot is None:  # a slot's process writes into the run its parent checked
         run.same_run(identity(a))
-    agent = BuiltinAgent(max_directions=a.directions) if a.agent == "builtin" else coding_agent(a, sealed)
+    agent = BuiltinAgent(max_directions=a.directions) if a.agent == "builtin" else coding_agent(a, sealed, code)
     # a change of arithmetic is forced on up to POOL requests per dataset (a GPU's; a CPU deployment is float32,
     # where the float32 check decides and nothing is forced further)
     more = POOL if not on_cpu else a.limit

@@ -12,7 +12,6 @@ A promoted mechanism becomes a memory entry; the round's result is the next roun
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -199,7 +198,7 @@ class Loop:
             return {"ranked": [], "skipped": [], "gated": [], "refused": short}
         deadline = self._survey_deadline()
         found = self.run.once(step, lambda: survey(agent, directions, start, ev(), device, self._block(),
-                                                   self._width(), deadline, ceiling))
+                                                   self._width(), deadline, ceiling, self._dtype()))
         ranked = [dict(e) for e in found["ranked"]]  # statuses below are this round's, from the gates' steps
         gated, best = [], None
         for e in ranked:
@@ -319,7 +318,7 @@ class Loop:
                     "gated": []}
         tuned = self.run.once(f"{step}/evidence", lambda: {"skipped": skipped, "evaluated": [], "chosen": []}
                               if skipped else self.plan.agent.tune(d, start, ev(), device, self._block(), dict(rivals),
-                                                                   self._width()))
+                                                                   self._width(), self._dtype()))
         gated = []
         for cand in tuned["chosen"]:
             short = self._short(f"{step}/{slug(cand)}/gate", "gate")
@@ -393,7 +392,7 @@ class Loop:
         self.say(f"phase 3: {d.mechanism}")
         tuned = self.run.once(f"{step}/evidence",
                               lambda: self.plan.agent.tune(d, parse(start), ev(), device, self._block(),
-                                                           width=self._width()))
+                                                           width=self._width(), dtype=self._dtype()))
         out = {"class": furthest, "evidence": tuned}
         if tuned["chosen"]:
             cand = tuned["chosen"][0]
@@ -411,8 +410,7 @@ class Loop:
         for name, took in self.run.seconds.items():
             if not name.endswith("/gate"):
                 continue
-            path = self.run.path(name)
-            parts = json.loads(path.read_text()).get("seconds", {}) if path.is_file() else {}
+            parts = (self.run.read(name) or {}).get("seconds", {})
             if parts.get("ab") is None:
                 out = max(out, took)
             else:
@@ -469,6 +467,10 @@ class Loop:
     def _width(self) -> int:
         """The drafter's lattice candidates per position (as _block)."""
         return self.runner.engine(parse("stock")).width
+
+    def _dtype(self) -> str:
+        """The served weights' dtype (space.values: verify=tlv and weights=w12 need BF16), as the deployment says."""
+        return str(self.plan.dep.torch_dtype()).removeprefix("torch.")
 
     def loop(self, remember: Callable[[dict], list[str]] = lambda r: []) -> dict:
         """With a budget (the run directory's), a round starts only if the last one's duration fits in what is

@@ -33,10 +33,10 @@ def _cost(d: Direction, c: System, ev: Evidence) -> tuple:
 
 
 def survey(agent: BuiltinAgent, directions: list[Direction], start: System, ev: Evidence, device: str, block: int,
-           width: int, deadline: float | None = None, ceiling: dict | None = None) -> dict:
+           width: int, deadline: float | None = None, ceiling: dict | None = None, dtype: str | None = None) -> dict:
     """-> {"start": the start's prediction, "noise", "margin", "ranked": [every candidate, best first, with its
     direction, evidence and status], "skipped": [directions with no candidate here, and why]}. deadline: a
-    time.monotonic() past which no more evidence is gathered."""
+    time.monotonic() past which no more evidence is gathered; dtype: the served weights' (space.values)."""
     base = ev.predict(start)
     noise = ev.noise(start) if "speedup" in base else 0.0
     margin = 1 + max(agent.headroom, 2 * noise)
@@ -44,7 +44,7 @@ def survey(agent: BuiltinAgent, directions: list[Direction], start: System, ev: 
     found: dict[str, tuple[System, Direction]] = {}
     skipped = []
     for d in directions:
-        mine = agent.candidates(d, start, device, block, width)
+        mine = agent.candidates(d, start, device, block, width, dtype)
         if not mine:
             skipped.append({"direction": d.mechanism, "factor": d.factor,
                             "reason": "no value of its options runs here from this start" if d.options or d.systems

@@ -2,8 +2,9 @@
 
 Each option the loop may set has a finite set of values to try from a system: the other choices of an enum, the
 other value of a bool, a grid of an int. Left out, with the reason: options that change outputs on purpose
-(audit, diagnostic), the controller's test pad, and on a CPU the options that only act on CUDA (graphs, the
-GPU step tuning, launch hints) and the values that only run under the Triton interpreter.
+(audit, diagnostic), the controller's test pad, on a CPU the options that do nothing there (CUDA_ONLY: every
+value runs the same code) and the values that only run under the Triton interpreter, and on a model without BF16
+weights the values that need them (NEEDS_BF16: the engine refuses them there).
 """
 
 from __future__ import annotations
@@ -16,10 +17,24 @@ EXCLUDED = {"pad_us": "a deliberate slowdown for testing the controller",
             "tree_accept": "measured by replay, not searched",
             "w12_dense": "trades prefill time for memory, and frees copies the reference beside it reads"}
 EXCLUDED_GROUPS = {"audit": "changes outputs on purpose", "diagnostic": "outputs are wrong by design"}
-# options that act on CUDA kernels, graphs or the GPU step tuning only: on a CPU every value runs the same code
-# (weights=w12 and fewrow: the CPU reads the BF16 weights the W12 forms were checked against)
-CUDA_ONLY = {"graphs", "lookahead", "pdl", "ahead", "epilogue_early", "l2", "staged", "attn_late", "cluster",
-             "tune_rounds", "tune_start", "weights", "fewrow"}
+# options that do nothing on a CPU, why: every value runs the same code there (read from the engine and kernels)
+_TRITON = "a Triton kernel's choice: on a CPU kernels=auto runs the PyTorch references (kernels/dispatch.use_triton)"
+CUDA_ONLY = {
+    "graphs": "CUDA graphs: a CPU runs each step eagerly (Engine.use_graphs)",
+    "lookahead": "steps enqueued ahead of the host's read: with CUDA graphs only",
+    "pdl": "programmatic dependent launch: CUDA only (kernels/dispatch.pdl_on)",
+    **dict.fromkeys(("ahead", "epilogue_early", "l2", "handoff", "embed_kernel", "greedy_kernel", "gemv"), _TRITON),
+    **dict.fromkeys(("staged", "attn_late", "cluster", "tune_rounds", "tune_start"),
+                    "the gemv step tuning: with CUDA graphs only (Engine's tuning)"),
+    "kernels": "auto and naive both run the PyTorch references on a CPU (triton there: its interpreter, minutes "
+               "a step)",
+    **dict.fromkeys(("weights", "fewrow"), "the few-row kernel: a CPU's products read the dense weights, which the "
+                                           "W12 forms were checked to hold (weights/dense.py)"),
+}
+# values that read the projections' W12 forms, which only BF16 weights get (w12/attach.py): on a model served in
+# another dtype (the CPU's float32) the engine refuses them, as they would silently run the exact weights
+NEEDS_BF16 = {("weights", "w12"): "W12 forms hold BF16 weights", ("verify", "tlv"): "its 8-bit pass reads the "
+              "W12 forms' 8-bit view, which BF16 weights get"}
 # options of the few-row GEMV step and its step tuning: with gemv off (cuBLAS) every value runs the same code
 GEMV_ONLY = {"pdl", "handoff", "ahead", "epilogue_early", "l2", "embed_kernel", "staged", "attn_late", "cluster",
              "tune_rounds", "tune_start"}
@@ -34,10 +49,25 @@ def searchable(name: str) -> str | None:
     return EXCLUDED.get(name) or EXCLUDED_GROUPS.get(opt.group)
 
 
-def values(name: str, system: System, device: str = "cpu", block: int | None = None) -> list:
-    """The values to try for one option from `system` (its current value left out)."""
+def unsearched(name: str, value, device: str = "cpu", dtype: str | None = None) -> str | None:
+    """None if the loop may try name=value on this device with weights of this dtype (None: the device's default,
+    as a deployment's dtype = auto), else why not."""
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    if searchable(name):
+        return searchable(name)
+    if device == "cpu" and name in CUDA_ONLY:
+        return f"no effect on a CPU ({CUDA_ONLY[name]})"
+    if (name, value) in NEEDS_BF16 and dtype != "bfloat16":
+        return f"{name}={value} needs BF16 weights ({NEEDS_BF16[name, value]}); this model's are {dtype}"
+    return None
+
+
+def values(name: str, system: System, device: str = "cpu", block: int | None = None,
+           dtype: str | None = None) -> list:
+    """The values to try for one option from `system` (its current value left out); dtype: the served weights'
+    (None: the device's default)."""
     opt = OPTIONS[name]
-    if searchable(name) or system.base not in opt.bases or (device == "cpu" and name in CUDA_ONLY):
+    if system.base not in opt.bases or unsearched(name, None, device, dtype):
         return []
     if name in GEMV_ONLY and not system.get("gemv"):
         return []  # nothing of it runs without the GEMV step
@@ -47,9 +77,7 @@ def values(name: str, system: System, device: str = "cpu", block: int | None = N
     if opt.kind is bool:
         out = [not current]
     elif opt.choices:
-        out = [c for c in opt.choices if c != current]
-        if name == "kernels" and device == "cpu":
-            out = [c for c in out if c != "triton"]  # the Triton interpreter: correct, and minutes per step
+        out = [c for c in opt.choices if c != current and not unsearched(name, c, device, dtype)]
     elif opt.kind is int:
         grid = GRIDS.get(name, ())
         out = [v for v in grid if (opt.minimum is None or v >= opt.minimum)

@@ -91,6 +91,7 @@ class Engine:
             # the projections' W12 forms (tlv reads their 8-bit view), made and checked once per target; under
             # w12_dense=drop the layers' dense copies freed as they go
             self.w12_report = attach(target, drop=drops)
+            self._need_w12_forms()
         self.kernel_record = None if path is None else self._kernel_record(path)
         self.lookahead = self.system.get("lookahead")
         self.pad = Pad(self.system.get("pad_us"), self.device)
@@ -111,6 +112,21 @@ class Engine:
             self._init_spec(drafter, self.system.get("block_size") if self.system.speculative else 0)
 
     # ----- set-up ---------------------------------------------------------------------------------
+    def _need_w12_forms(self) -> None:
+        """weights=w12 and verify=tlv read the projections' W12 forms, which only BF16 values get (w12/attach.py):
+        on a model where none has one (float32 weights, as the CPU's SmolLM2 or `tiny`) both would silently run
+        the exact weights, and tlv's 8-bit pass would be a second exact pass. Refused: the user's to fix."""
+        if any(row["stored"] == "w12" for row in self.w12_report["tensors"]):
+            return
+        asked = [name for name, on in (("weights=w12", self.plan.weights == "w12"),
+                                       ("verify=tlv", self.system.get("verify") == "tlv")) if on]
+        why = next(iter(self.w12_report["kept_bf16"].values()), "it has no projections")
+        silently = ("verify=tlv's 8-bit pass would silently run the exact weights" if "verify=tlv" in asked else
+                    "it would silently run the exact weights")
+        raise UserError(f"system {self.system.name!r}: {' and '.join(asked)} {'reads' if len(asked) == 1 else 'read'}"
+                        f" the projections' W12 forms, which only BF16 weights get, and this model has none ({why}): "
+                        f"{silently} (serve the model in bfloat16, the deployment's dtype, or drop the option)")
+
     def _kernel_record(self, path: str) -> dict:
         """The path weights=w12 / fewrow=true / verify=tlv run on, and (on a GPU, for the first two) the projections
         that take the dense path."""
