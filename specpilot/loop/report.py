@@ -217,7 +217,7 @@ def why_stock(summary: dict) -> str:
         if s.get("result") not in (None, r.get("start")) and not s.get("passed"):
             said.append(f"round {n}'s result `{s['result']}` failed the sealed final ({s.get('reason')})")
         elif not gated:
-            said.append(f"round {n} gated no candidate (none was predicted to clear the noise bar)")
+            said.append(f"round {n} gated no candidate (its candidates' statuses and skipped directions are below)")
         elif not any(g.get("promoted") for g in gated):
             timed = [g for g in gated if (g.get("controller") or {}).get("gain") is not None]
             top = max(timed, key=lambda g: g["controller"]["gain"], default=None)
@@ -238,7 +238,7 @@ def verdict(summary: dict) -> tuple[str, bool]:
     best = summary.get("best")
     _, sealed = best_final(summary)
     if best in (None, "stock") or sealed is None:
-        return lead + f"The loop kept **stock**: {why_stock(summary)}." + _ending(summary), not errors
+        return lead + f"The loop kept **stock**: {why_stock(summary)}." + _ending(summary, ("converged",)), not errors
     c = sealed.get("controller") or {}
     commit = f" on commit {summary['best_commit'][:12]}" if summary.get("best_commit") else ""
     text = (f"Best: **`{best}`**{commit}. On the sealed requests it decodes {_fmt(c.get('b_rate'), '.0f')} tokens/s "
@@ -248,8 +248,8 @@ def verdict(summary: dict) -> tuple[str, bool]:
     return lead + text + _ending(summary), not errors
 
 
-def _ending(summary: dict) -> str:
-    return "".join(f" {k.capitalize()}: {summary[k]}." for k in ("converged", "stopped") if summary.get(k))
+def _ending(summary: dict, keys=("converged", "stopped")) -> str:
+    return "".join(f" {k.capitalize()}: {summary[k]}." for k in keys if summary.get(k))
 
 
 # tokens/s and the chart
