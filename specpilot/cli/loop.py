@@ -133,9 +133,10 @@ def loop(
 
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="A loop's run directory.")]) -> None:
-    """Render a loop's run directory as Markdown (report.md) and one self-contained HTML page (report.html):
-    tokens/s per round, the ceiling factors per round, every candidate with its verdict and evidence, the
-    forcing results, the memory entries written."""
+    """Render a loop's run directory as Markdown (report.md, its chart report.png) and one self-contained HTML
+    page (report.html): the verdict first (the best system's sealed speedup over stock and AR, forcing and its
+    power, the logic check; errors above it), tokens/s across rounds with each round's bottleneck, every
+    candidate with its evidence, why each skipped direction was skipped, links to the run's files."""
     from specpilot.loop.report import write_report
 
     md, html = write_report(run_dir)
