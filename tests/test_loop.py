@@ -666,3 +666,145 @@ def test_the_gate_keeps_what_each_side_ran_and_forcing_s_evidence():
     assert f["tests"]["candidate_vs_reference"]["mismatch_p"] == 0.3
     assert f["tests"]["candidate_vs_reference"]["gross"] == 0
     assert f["tokens"]["candidate"] == 288_000 and f["events"]["candidate"] == 1
+
+
+# the ranked search (loop/search.py) and the gate's float32 check
+
+
+class Ranked(Planted):
+    """Planted evidence with AR variants and the cost order recorded: `top` (an AR variant) is the fastest of all (as
+    ar:gemv=true on the real pair on an H100, 2.01x against best_first's 1.80x)."""
+
+    def __init__(self, top="ar:gemv=true"):
+        super().__init__()
+        self.order, self.top = [], top
+
+    def speed(self, name: str) -> float:
+        return 2.0 if name == self.top else Planted.speed(name)
+
+    def predict(self, system, ref=None, run=False):
+        self.order.append(system.name)
+        return {"system": system.name, "speedup": self.speed(system.name), "tau_from": "replay"}
+
+    def replayable(self, system):
+        return system.speculative and set(system.options) <= {"tree", "nodes", "tree_k"}
+
+
+def test_the_survey_ranks_every_direction_by_predicted_speedup_cheapest_evidence_first():
+    from specpilot.loop.search import TO_GATE, survey
+
+    agent, ev = BuiltinAgent(), Ranked()
+    dirs = agent.directions(CEILING["factors"], parse_system("stock"))
+    out = survey(agent, dirs, parse_system("stock"), ev, "cuda", 8, 16, ceiling=CEILING)
+    ranked = out["ranked"]
+    assert ranked[0]["system"] == "ar:gemv=true" and ranked[0]["status"] == TO_GATE  # speculation off, fastest
+    assert ranked[1]["system"] == PLANTED and ranked[1]["over_start"] == pytest.approx(1.7 / 1.2)
+    speeds = [e.get("speedup", 0.0) for e in ranked]
+    assert speeds == sorted(speeds, reverse=True)
+    assert all(e["status"] == "below the bar" for e in ranked if "speedup" in e and e["speedup"] < 1.2 * out["margin"])
+    # host options bounded by the ceiling (S 1.2 x overhead 1.1) under what the trees already predicted: not timed
+    assert all(e["status"].startswith("pruned: the ceiling") for e in ranked if e["factor"] == "overhead")
+    # the start first, then every replayable tree before any timed-only candidate
+    trees = [i for i, n in enumerate(ev.order[1:]) if ev.replayable(parse_system(n))]
+    assert trees == list(range(len(trees))) and len(trees) > 10
+    late = survey(agent, dirs, parse_system("stock"), Ranked(), "cuda", 8, 16, deadline=0.0)
+    assert all(e["status"].startswith("not reached") for e in late["ranked"])  # listed, never guessed
+
+
+def test_a_direction_the_ceiling_bounds_below_what_was_predicted_is_pruned():
+    from specpilot.loop.search import survey
+
+    agent = BuiltinAgent()
+    ceiling = {**CEILING, "factors": {**CEILING["factors"], "kernel": {"value": 1.05}}}
+    dirs = [d for d in agent.directions(ceiling["factors"], parse_system("stock")) if d.factor in ("tau", "kernel")]
+    out = survey(agent, dirs, parse_system("stock"), Ranked(), "cuda", 8, 16, ceiling=ceiling)
+    kernel = [e for e in out["ranked"] if e["factor"] == "kernel"]
+    assert kernel and all(e["status"].startswith("pruned: the ceiling") for e in kernel)
+
+
+def test_gates_go_down_the_ranking_past_a_refusal_and_stop_below_a_promotion(tmp_path):
+    """The top candidate refused (lossy, say): the next one is gated; once one is promoted, candidates predicted
+    under its measured gain by the headroom are not gated."""
+    loop, run, gate = synthetic_loop(tmp_path, rounds=1)
+    ev = Ranked(top="ar")  # a CPU deployment: AR's kernel options do nothing there
+    loop.evidence = lambda ceiling: ev
+    real = gate.judge
+
+    def judge(start, cand):
+        got = real(start, cand)
+        return {**got, "promoted": False, "refused": "planted"} if cand == "ar" else got
+
+    gate.judge = judge
+    with run:
+        out = loop.loop()
+    search = out["rounds"][0]["search"]
+    assert gate.judged[:2] == ["ar", PLANTED] and len(gate.judged) == 2
+    status = {e["system"]: e["status"] for e in search["ranked"]}
+    assert status["ar"].startswith("refused") and status[PLANTED] == "promoted"
+    assert any(s.startswith("not gated: under") for s in status.values())
+    assert out["best"] == PLANTED and search["gated"][1]["predicted"] == pytest.approx(1.7)
+
+
+class Logic:
+    def __init__(self, verdict):
+        self.verdict, self.checked = verdict, []
+
+    def check(self, system, requests, tokens):
+        self.checked.append(system)
+        return {"verdict": self.verdict, "reason": "planted", "mechanism": {"ran": True, "what": "planted"}}
+
+
+class Exact:
+    def __init__(self, dtype):
+        import dataclasses
+
+        self.dep = dataclasses.replace(load_deployment("tiny"), dtype=dtype)
+
+    def pick(self, *a, **k):
+        return "deployment", None
+
+
+def test_the_float32_check_rejects_before_anything_is_timed(monkeypatch):
+    import specpilot.loop.gate as gate_mod
+
+    monkeypatch.setattr(gate_mod, "compare", lambda *a, **k: pytest.fail("timed a candidate float32 rejected"))
+    g = gate_mod.Gate({"split": "dev"}, None, [object()] * 4, 16, alternating=True, reps=1, logic=Logic("reject"))
+    out = g.judge("stock", "stock:fault=logit_bias")
+    assert not out["promoted"] and out["refused"].startswith("the float32 check rejects it")
+    assert out["logic"]["verdict"] == "reject" and "controller" not in out
+
+
+def test_an_inconclusive_forcing_promotes_a_logic_change_the_float32_check_passed(monkeypatch):
+    """Six mismatches at 3.5 nats in 64 tokens, outputs differing from the reference's: a tree (logic alone) that
+    float32 passed is promoted; a kernel change (its own plan: precision) is not; a gross event rejects both."""
+    for cand, promoted in (("stock:nodes=8", True), ("stock:gemv=true", False)):
+        g = _planted_gate(monkeypatch, 3.5, {"requests": 4, "equal": 3}, [])
+        g.logic, g.exact = Logic("pass"), Exact("bfloat16")
+        out = g.judge("stock", cand)
+        assert out["forcing"]["verdict"] == "inconclusive" and out["promoted"] is promoted, out
+        assert out["mechanism"]["ran"] and out["logic"]["verdict"] == "pass"
+        assert promoted or ("more forcing tokens" in out["refused"] and "gemv" in out["refused"])
+        g = _planted_gate(monkeypatch, 5.0, {"requests": 4, "equal": 4}, [])
+        g.logic, g.exact = Logic("pass"), Exact("bfloat16")
+        assert g.judge("stock", cand)["refused"].startswith("forcing rejected it")
+
+
+def test_a_change_of_arithmetic_is_forced_on_the_pool_from_the_gate_s_requests_up(monkeypatch):
+    import specpilot.loop.gate as gate_mod
+    from specpilot.bench.datasets import Request
+
+    seen = {}
+
+    def force(runner, reference, candidate, requests, tokens, start=None, **kw):
+        seen[candidate] = ([r.id for r in requests], start, tokens)
+        return {"verdict": "pass"}
+
+    monkeypatch.setattr(gate_mod, "force", force)
+    dev = [Request(f"d{i}", "gsm8k", ("q",), "dev") for i in range(3)]
+    pool = dev + [Request(f"p{i}", "gsm8k", ("q",), "dev") for i in range(5)]
+    g = gate_mod.Gate({}, None, dev, 16, alternating=True, reps=1, exact=Exact("bfloat16"), forcing_pool=pool,
+                      precision_tokens=64)
+    g.forcing("stock:gemv=true")
+    g.forcing("stock:tree=best_first,nodes=32")
+    assert seen["stock:gemv=true"] == ([r.id for r in pool], 3, 64)
+    assert seen["stock:tree=best_first,nodes=32"] == ([r.id for r in dev], None, 16)

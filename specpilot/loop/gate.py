@@ -75,10 +75,10 @@ class Gate:
         start, precise = None, outputs is None and self.precision(candidate)
         requests = requests or self.forcing_requests
         tokens = tokens or (self.precision_tokens if precise and self.precision_tokens else self.forcing_tokens)
-        if precise:
+        pool = self.forcing_pool if pool is None else pool
+        if precise and pool:
             have = {r.id for r in requests}
-            more = [r for r in (self.forcing_pool if pool is None else pool) if r.id not in have]
-            requests, start = list(requests) + more, len(requests)
+            requests, start = list(requests) + [r for r in pool if r.id not in have], len(requests)
         reuse = self.reuse.setdefault((mode, tokens), {}) if outputs is None else None
         return force(self.runner, self.reference, candidate, requests, tokens, reuse=reuse, bound=self.power_bound,
                      outputs=outputs, exact=scorer, start=start)

@@ -392,6 +392,8 @@ def step_files(run_dir: Path) -> dict[tuple, str]:
             step = json.loads(path.read_text())
         except ValueError:
             continue
+        if isinstance(step, dict) and "key" in step:  # a keyed step file (loop/rundir.py): its result inside
+            step = step.get("result")
         if isinstance(step, dict):
             key = (("gate", rel.parts[1], step.get("start"), step.get("candidate")) if path.name == "gate.json"
                    else ("sealed", step.get("result")))
