@@ -216,9 +216,11 @@ def write_report(run_dir: Path) -> tuple[Path, Path]:
     run_dir = Path(run_dir)
     summary = load_summary(run_dir)
     pngs = _plots(summary) if summary["rounds"] else {}
+    from specpilot.results import write_bytes_atomic, write_text_atomic  # each file whole or as it was
+
     for name, data in pngs.items():
-        (run_dir / name).write_bytes(data)
+        write_bytes_atomic(run_dir / name, data)
     md = markdown(summary, "report.png" if pngs else None)
-    (run_dir / "report.md").write_text(md)
-    (run_dir / "report.html").write_text(to_html(md, pngs.get("report.png")))
+    write_text_atomic(run_dir / "report.md", md)
+    write_text_atomic(run_dir / "report.html", to_html(md, pngs.get("report.png")))
     return run_dir / "report.md", run_dir / "report.html"
