@@ -98,15 +98,14 @@ def interruptible(kept: str):
 
 @contextlib.contextmanager
 def progress(out: Console, start: str = "starting"):
-    """Long work's say(step): on a terminal a spinner showing the latest step; elsewhere (a log, a pipe), where a
-    spinner prints nothing, a line per step with the seconds since the start, flushed at once."""
+    """Long work's say(step): on a terminal a spinner showing `start`, then the latest step; elsewhere (a log, a
+    pipe), where a spinner prints nothing, a line per step with the seconds since the start, flushed at once.
+    Nothing before the first step: a user's mistake found first stays one line."""
     if out.is_terminal:
         with out.status(escape(start)) as status:
             yield lambda what: status.update(escape(what))
         return
-    say = _stamped(out)
-    say(start)
-    yield say
+    yield _stamped(out)
 
 
 @contextlib.contextmanager
@@ -120,7 +119,6 @@ def progress_bar(out: Console, what: str, total: int):
             yield lambda: bar.advance(task)
         return
     say, done, shown, shown_at = _stamped(out), 0, 0, time.monotonic()
-    say(f"{what}: 0/{total}")
 
     def advance() -> None:
         nonlocal done, shown, shown_at
