@@ -85,12 +85,11 @@ def write_figure(path: str | Path, fig, **savefig) -> None:
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Every file a command writes goes through here. A regular file (or a new one) is written via a temporary
-    file beside it and a rename: a crash never leaves it half-written. A symlink is written through to its target
-    (the link stays). A device, FIFO or socket is written in place: renaming over one would put a regular file
-    where it was (as root even /dev/full). A descriptor of this process (/dev/stdout as `> file` made it) is
-    written through that descriptor, so what the command prints after it follows it. A failed write is a
-    one-line UserError naming `path`."""
+    """How a command writes a file. A regular file (or a new one) is written via a temporary file beside it and a
+    rename: a crash never leaves it half-written. A symlink is written through to its target (the link stays). A
+    device, FIFO or socket is written in place: renaming over one would put a regular file where it was (as root
+    even /dev/full). A descriptor of this process (/dev/stdout as `> file` made it) is written through that
+    descriptor, so what the command prints after it follows it. A failed write is a one-line UserError."""
     path = Path(path)
     try:
         fd = open_descriptor(path)
@@ -109,7 +108,7 @@ def in_place(path: Path) -> bool:
     """path exists and is neither a regular file nor a folder: it is written in place, never replaced."""
     try:
         mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # not there (or not reachable): a new file, whose folder check_output and _replace check
         return False
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
