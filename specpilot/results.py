@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
+import io
 import json
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
-
-import torch
 
 from specpilot.errors import UserError
 
@@ -25,6 +26,8 @@ def environment() -> dict:
     """Provenance: date, commit (SPECPILOT_COMMIT where the tree was copied without its history, as on the
     GPU machine), whether the tree had uncommitted changes, the command, device, versions, and the options
     an environment override set (config/env.py)."""
+    import torch  # here: the CLI checks its outputs (common.py) before it needs torch
+
     from specpilot.config.env import VARIABLE, override_text
 
     root = Path(__file__).resolve().parents[1]
@@ -71,13 +74,78 @@ def system_record(engine) -> dict:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write via a temporary file and rename: a crash never leaves a half-written file behind."""
+    write_bytes_atomic(path, text.encode())
+
+
+def write_figure(path: str | Path, fig, **savefig) -> None:
+    """A matplotlib figure as a file (its format from path's suffix), written as write_bytes_atomic writes."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **savefig)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """How a command writes a file. A regular file (or a new one) is written via a temporary file beside it and a
+    rename: a crash never leaves it half-written. A symlink is written through to its target (the link stays). A
+    device, FIFO or socket is written in place: renaming over one would put a regular file where it was (as root
+    even /dev/full). A descriptor of this process (/dev/stdout as `> file` made it) is written through that
+    descriptor, so what the command prints after it follows it. A failed write is a one-line UserError."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
+    try:
+        fd = open_descriptor(path)
+        if fd is not None:
+            _write_descriptor(fd, data)
+        elif in_place(path):
+            with open(path, "wb") as f:
+                f.write(data)
+        else:
+            _replace(Path(os.path.realpath(path)), data)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def in_place(path: Path) -> bool:
+    """path exists and is neither a regular file nor a folder: it is written in place, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # not there (or not reachable): a new file, whose folder check_output and _replace check
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def open_descriptor(path: Path) -> int | None:
+    """The descriptor of this process that path names (/dev/stdout, /dev/fd/N, /proc/self/fd/N, or a link to
+    one), else None: a new open of such a regular file would write from its start, under what the shell's
+    descriptor writes next."""
+    hop, fds = Path(os.path.abspath(path)), os.path.realpath(f"/proc/{os.getpid()}/fd")
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        parent = os.path.realpath(hop.parent)
+        if parent == fds and hop.name.isdigit():
+            return int(hop.name)
+        if not hop.is_symlink():
+            return None
+        hop = Path(os.path.normpath(os.path.join(parent, os.readlink(hop))))
+    return None
+
+
+def _write_descriptor(fd: int, data: bytes) -> None:
+    for stream in (sys.stdout, sys.stderr):  # what Python buffered for it goes first
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            if stream.fileno() == fd:
+                stream.flush()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _replace(path: Path, data: bytes) -> None:
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "it is a folder")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, f"folder {path.parent} does not exist")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -86,8 +154,10 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 @contextlib.contextmanager
 def folder_atomic(path: str | Path, suffix: str = ".partial"):
     """Yield a fresh folder beside `path` to fill; on success it replaces `path` as one unit, on any failure (or
-    Ctrl-C) it goes and `path` is as it was."""
-    path = Path(os.path.abspath(path))  # "." has no name to put a sibling beside
+    Ctrl-C) it goes and `path` is as it was. A symlink is written through: its target is the folder replaced."""
+    path = Path(os.path.realpath(path))  # absolute: "." has no name to put a sibling beside
+    if path.exists() and not path.is_dir():  # the swap would rename a file (or a device) away and drop it
+        raise UserError(f"cannot write {path}: it is not a folder")
     old = path.with_name(f".{path.name}.replaced")
     if old.is_dir() and not path.exists():  # an earlier swap died between its renames: old is the last copy
         old.rename(path)

@@ -3,10 +3,10 @@ and the step's wall time (the gap above the profiled bar is the overhead factor)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from specpilot.ceiling.floors import CLASSES
+from specpilot.results import write_figure
 
 
 def plot(report: dict, title: str, path: Path) -> Path:
@@ -38,8 +38,8 @@ def plot(report: dict, title: str, path: Path) -> Path:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # never a half-written PNG under the asked name
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        write_figure(path, fig, dpi=110)  # never a half-written PNG under the asked name
+    finally:
+        plt.close(fig)
     return path

@@ -4,17 +4,24 @@ made before any work (a user's mistake is one line and exit 2, never a traceback
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+import specpilot
 from specpilot.errors import Interrupted, UserError
 from specpilot.memory.cli import app as memory_app
+from specpilot.results import in_place, open_descriptor
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="SpecPilot: lossless speculative decoding, measured and tuned per deployment.")
@@ -28,6 +35,26 @@ app.add_typer(w12_app, name="w12")
 # Piped, a console is 80 columns by default and cuts tables there: give it room instead.
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def version() -> str:
+    """The installed package's version; a tree run without installing it: the one its source names."""
+    try:
+        return importlib.metadata.version("specpilot")
+    except importlib.metadata.PackageNotFoundError:
+        return specpilot.__version__
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        console.print(f"specpilot {version()}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(show_version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
+    """Options of `specpilot` itself, before the command."""
 
 
 def system_help(what: str) -> str:
@@ -69,14 +96,66 @@ def interruptible(kept: str):
         raise Interrupted(kept) from None
 
 
+@contextlib.contextmanager
+def progress(out: Console, start: str = "starting"):
+    """Long work's say(step): on a terminal a spinner showing `start`, then the latest step; elsewhere (a log, a
+    pipe), where a spinner prints nothing, a line per step with the seconds since the start, flushed at once.
+    Nothing before the first step: a user's mistake found first stays one line."""
+    if out.is_terminal:
+        with out.status(escape(start)) as status:
+            yield lambda what: status.update(escape(what))
+        return
+    yield _stamped(out)
+
+
+@contextlib.contextmanager
+def progress_bar(out: Console, what: str, total: int):
+    """Counted work's advance(): on a terminal a bar, gone when done; elsewhere a line per step done as progress()
+    prints, at most one a second (a small model's turn takes milliseconds), and the count it ended at."""
+    if out.is_terminal:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=out, transient=True) as bar:
+            task = bar.add_task(what, total=total)
+            yield lambda: bar.advance(task)
+        return
+    say, done, shown, shown_at = _stamped(out), 0, 0, time.monotonic()
+
+    def advance() -> None:
+        nonlocal done, shown, shown_at
+        done += 1
+        if done == total or time.monotonic() - shown_at >= 1.0:
+            say(f"{what}: {done}/{total}")
+            shown, shown_at = done, time.monotonic()
+
+    yield advance
+    if shown != done:
+        say(f"{what}: {done}/{total}")
+
+
+def _stamped(out: Console):
+    """say(line): the line after the seconds since this call, as `[  12.3 s] phase 0: ceiling of stock`."""
+    start = time.monotonic()
+
+    def say(line: str) -> None:
+        out.print(f"[{time.monotonic() - start:6.1f} s] {line}", markup=False, highlight=False, soft_wrap=True)
+        out.file.flush()
+
+    return say
+
+
 def check_output(path: Path | None) -> None:
-    """Fail before any work when the output could not be written (it is written atomically at the end, beside
-    itself: results.write_json_atomic)."""
+    """Fail before any work when the output could not be written. It is written at the end by
+    results.write_bytes_atomic: a device, FIFO or descriptor in place (opened only then: a FIFO's open waits for
+    its reader), any other file atomically beside its symlinks' target."""
     if path is None:
         return
     if not path.name or path.is_dir():
         raise UserError(f"cannot write {str(path)!r}: give a file's path, not a folder")
-    _writable_parent(path)
+    if open_descriptor(path) is not None or in_place(path):
+        if not os.access(path, os.W_OK):
+            raise UserError(f"cannot write {path}: permission denied")
+        return
+    _writable_parent(Path(os.path.realpath(path)) if path.is_symlink() else path)
 
 
 def _writable_parent(path: Path) -> None:
@@ -143,6 +222,27 @@ def read_json_object(path: Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{path} holds no JSON object")
     return data
+
+
+def read_prompt(given: str) -> str:
+    """A prompt as the user gave it, or from stdin for "-", checked to be text before any model loads. Bytes that
+    are not UTF-8 reach Python's argv as lone surrogates (surrogateescape), which the tokenizer would choke on."""
+    where = " on stdin" if given == "-" else ""
+    if where:
+        data = sys.stdin.buffer.read()
+        try:
+            given = data.decode("utf-8").removesuffix("\n")  # the newline `echo` and editors end a file with
+        except UnicodeDecodeError as exc:
+            raise UserError(f"the prompt{where} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                            f"{exc.start})") from None
+    try:
+        given.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"the prompt is not UTF-8 text (byte 0x{ord(given[exc.start]) & 0xff:02x} at character "
+                        f"{exc.start})") from None
+    if not given.strip():
+        raise UserError(f"empty prompt{where}")
+    return given
 
 
 def output_budget(given: int | None, dep, most: int | None = None) -> int:

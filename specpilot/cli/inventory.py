@@ -23,6 +23,7 @@ from specpilot.cli.common import (
     err,
     interruptible,
     models_app,
+    progress,
     shown,
     w12_app,
 )
@@ -139,8 +140,8 @@ def w12_inspect(
     untouched = f" ({json_path} was not touched)" if json_path else ""
     with interruptible(f"inspection interrupted: nothing was written{untouched}"):
         target, source = _inspected_target(checkpoint, dep)
-        with err.status("encoding") as status:
-            report = inspect_model(target, lambda name: status.update(f"encoding {name}"))
+        with progress(err, "encoding") as say:
+            report = inspect_model(target, lambda name: say(f"encoding {name}"))
     # environment()'s command is this run's own command line
     report = {**environment(), "source": source, **({"deployment": dep.name} if dep else {}), **report}
     if json_path is not None:

@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from specpilot.cli.common import (
@@ -30,6 +29,7 @@ from specpilot.cli.common import (
     named_or_tiny,
     output_budget,
     positive,
+    progress_bar,
     system_help,
 )
 from specpilot.errors import UserError
@@ -113,15 +113,14 @@ def force(
     roles = 3 if scorer is None else 4
     turns = sum(len(r.turns) for r in pool) * 3 + (0 if scorer is None else sum(
         len(r.turns) for r in pool[:EXACT_AR_REQUESTS]))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     kept = "no verdict; " + (f"the outputs made so far are kept in {outputs} (the same command resumes)"
                              if outputs is not None else "nothing was written")
     kept += f" ({json_path} was not touched)" if json_path else ""
     procs = pool_for(workers, *named_or_tiny(preset, deployment), [reference, candidate, "ar"], pool)
     with (interruptible(f"token forcing interrupted: {kept}"),
-          Progress(*columns, console=err, transient=True) as bar, procs or contextlib.nullcontext()):
-        task = bar.add_task(f"{start} requests (up to {len(pool)}) x {roles} systems", total=turns)
-        report = run_force(runner, reference, candidate, pool, budget, lambda: bar.advance(task),
+          progress_bar(err, f"{start} requests (up to {len(pool)}) x {roles} systems", turns) as advance,
+          procs or contextlib.nullcontext()):
+        report = run_force(runner, reference, candidate, pool, budget, advance,
                            bound=power_bound or None, start=start, exact=scorer,
                            generate=procs.generate if procs is not None else None,
                            store=OutputStore(outputs, described(dep)) if outputs is not None else None)

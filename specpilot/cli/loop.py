@@ -19,6 +19,7 @@ from specpilot.cli.common import (
     console,
     err,
     interruptible,
+    progress,
 )
 from specpilot.errors import UserError
 
@@ -111,8 +112,8 @@ def loop(
                     sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions, master,
                     [g.strip() for g in gpus.split(",")] if gpus else [])
     kept = f"everything measured so far is in {folder}; continue with --resume --run-dir {folder}"
-    with interruptible(f"loop interrupted: {kept}"), err.status("starting") as status:
-        summary = run_loop(args, lambda what: status.update(what))
+    with interruptible(f"loop interrupted: {kept}"), progress(err) as say:
+        summary = run_loop(args, say)
     paths = write_report(folder)
     for r in summary["rounds"]:
         sealed = r["sealed"].get("controller", {})

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from specpilot.cli.common import (
@@ -27,6 +26,8 @@ from specpilot.cli.common import (
     load_named,
     output_budget,
     positive,
+    progress,
+    progress_bar,
     read_json_object,
 )
 from specpilot.errors import UserError
@@ -142,11 +143,9 @@ def _record(run_dir: Path, system: str, preset, deployment, dataset, split, limi
 
     (sys_,), plan, requests, runner = _speculative_run([system], "to record", preset, deployment, dataset,
                                                        split, limit, max_new_tokens, data_dir)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with interruptible(f"recording interrupted: {run_dir} was not touched"), \
-            Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task(f"recording {sys_.name}", total=sum(len(r.turns) for r in requests))
-        turns = record(runner, sys_, requests, plan.max_new_tokens, lambda: bar.advance(task))
+            progress_bar(err, f"recording {sys_.name}", sum(len(r.turns) for r in requests)) as advance:
+        turns = record(runner, sys_, requests, plan.max_new_tokens, advance)
     meta = {**environment(), "system": sys_.name, "deployment": plan.deployment.name, "datasets": plan.datasets,
             "split": plan.split, "limit": plan.limit, "max_new_tokens": plan.max_new_tokens,
             "config": runner.engine(sys_).system.to_json()}
@@ -258,8 +257,8 @@ def _measure_ceiling(run_dir: Path, systems: list[str], preset, deployment, data
                                                       deployment, dataset, split, limit, max_new_tokens, data_dir)
     cplan = CeilingPlan(parsed, requests, plan.max_new_tokens, budgets, profile_requests, profile_tokens)
     with interruptible(f"ceiling measurement interrupted: {run_dir} was not touched"), \
-            err.status("measuring") as status:
-        inputs, recordings = measure(cplan, runner, parse("ar"), lambda what: status.update(f"measuring: {what}"))
+            progress(err, "measuring") as say:
+        inputs, recordings = measure(cplan, runner, parse("ar"), lambda what: say(f"measuring: {what}"))
     meta = {**environment(), "deployment": plan.deployment.name, "datasets": plan.datasets, "split": plan.split,
             "limit": plan.limit, "max_new_tokens": plan.max_new_tokens, "requests": len(requests)}
     save(run_dir, inputs, recordings, meta)

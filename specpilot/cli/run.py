@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from specpilot.cli.common import (
@@ -26,6 +25,8 @@ from specpilot.cli.common import (
     interruptible,
     load_named,
     output_budget,
+    progress_bar,
+    read_prompt,
     system_help,
 )
 from specpilot.errors import UserError
@@ -85,12 +86,10 @@ def bench(
     target, drafter, tok = build_pair(dep, with_drafter=needs_drafter)
     runner = Runner(target, drafter, tok, dep.context)
     turns = sum(len(r.turns) for r in requests) * len(plan.systems)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     kept = "nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
     with interruptible(f"bench interrupted before its summary: {kept}"), \
-            Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task(f"{len(requests)} requests x {len(plan.systems)} systems", total=turns)
-        summaries = run_bench(plan, runner, requests, lambda: bar.advance(task))
+            progress_bar(err, f"{len(requests)} requests x {len(plan.systems)} systems", turns) as advance:
+        summaries = run_bench(plan, runner, requests, advance)
     report = bench_report(plan, summaries)
     if json_path is not None:
         write_json_atomic(json_path, report)
@@ -107,7 +106,8 @@ def bench(
 
 @app.command()
 def generate(
-    prompt: Annotated[str, typer.Argument(help="The user message.")],
+    prompt: Annotated[str, typer.Argument(help="The user message (UTF-8); - reads it from stdin (one final "
+                                               "newline dropped), e.g. `specpilot generate - < prompt.txt`.")],
     preset: Preset = None,
     deployment: DeploymentFile = None,
     system: Annotated[list[str] | None, typer.Option("--system", "-s", help=system_help(
@@ -121,13 +121,12 @@ def generate(
     from specpilot.models.pair import build_pair
     from specpilot.runtime.engine import Engine
 
+    prompt = read_prompt(prompt)
     dep = load_named(preset, deployment)
     if system and len(system) > 1:
         raise UserError(f"generate runs one system; got {len(system)} (compare them with `specpilot bench`)")
     sys_ = parse(system[0] if system else dep.system or "stock")
     budget = output_budget(max_new_tokens, dep)
-    if not prompt.strip():
-        raise UserError("empty prompt")
     if sys_.speculative and dep.drafter is None:
         raise UserError(f"deployment {dep.name} has no drafter, so it cannot run {sys_.name}")
     with interruptible("generation interrupted: nothing was printed"):

@@ -522,11 +522,10 @@ def _html(text: str) -> str:
 
 
 def _write(path: Path, data: str | bytes) -> None:
-    """The one place the report's files are written."""
-    if isinstance(data, bytes):
-        path.write_bytes(data)
-    else:
-        path.write_text(data)
+    """The one place the report's files are written: each whole or as it was (a failure is one line)."""
+    from specpilot.results import write_bytes_atomic
+
+    write_bytes_atomic(path, data.encode() if isinstance(data, str) else data)
 
 
 def write_report(run_dir: Path) -> tuple[Path, Path]:

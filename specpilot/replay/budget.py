@@ -37,6 +37,8 @@ def plot(result: dict, title: str, path: Path) -> Path:
     """tau(N), c(N) and speedup(N) per builder side by side (matplotlib, PNG)."""
     import matplotlib
 
+    from specpilot.results import write_figure
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -58,6 +60,8 @@ def plot(result: dict, title: str, path: Path) -> Path:
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_figure(path, fig, dpi=110)
+    finally:
+        plt.close(fig)
     return path
