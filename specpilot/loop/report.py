@@ -52,7 +52,8 @@ def candidate_rows(summary: dict) -> list[dict]:
 
 def _row(rnd: int, phase: str, direction: str, g: dict, predicted: float | None) -> dict:
     c, f = g.get("controller", {}), g.get("forcing", {})
-    verdict = "promoted" if g.get("promoted") else (g.get("refused") or c.get("reason") or f.get("reason", "-"))
+    verdict = "promoted" if g.get("promoted") else (g.get("refused") or (g.get("error") and f"error: {g['error']}")
+                                                    or c.get("reason") or f.get("reason", "-"))
     name = g["candidate"] if not g.get("commit") else f"{g['candidate']} @ {g['commit'][:12]}"
     return {"round": rnd, "phase": phase, "direction": direction, "candidate": name,
             "predicted": predicted, "gain": c.get("gain"), "lower": c.get("lower"), "bar": c.get("bar"),

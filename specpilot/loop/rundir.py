@@ -74,12 +74,14 @@ class RunDir:
 
     def once(self, name: str, measure: Callable[[], dict]) -> dict:
         """The step's result: read back if it finished before, else measured now (after checking the budget)
-        and written atomically."""
+        and written atomically. A gate that failed (its result names a "candidate" and an "error": its worker died)
+        is measured again."""
         path = self.path(name)
         self.touched.append(name)
-        if path.is_file():
+        kept = json.loads(path.read_text()) if path.is_file() else None
+        if kept is not None and not (isinstance(kept.get("error"), str) and "candidate" in kept):
             self.reused.append(name)
-            return json.loads(path.read_text())
+            return kept
         self.check_budget()
         self.log("start", step=name)
         t0 = time.monotonic()
