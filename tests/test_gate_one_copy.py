@@ -22,7 +22,7 @@ from specpilot.controller.compare import REPO, Side, WorkerDied, _flat, compare,
 from specpilot.errors import UserError
 from specpilot.loop.rounds import errors_of
 from tests.test_controller_compare import SPEC, _tiny_runner
-from tests.test_loop import FakeGate, synthetic_loop
+from tests.test_loop import PLANTED, FakeGate, synthetic_loop
 
 PAD = "stock:pad_us=20000"  # 20 ms more per step: far slower than stock on any machine
 
@@ -212,7 +212,7 @@ def test_a_round_with_failed_gates_is_not_converged_and_a_resumed_run_measures_t
     loop, run, gate = synthetic_loop(tmp_path, rounds=3, resume=True)
     with run:
         again = loop.loop()
-    assert again["errors"] == [] and again["best"] == "stock:nodes=12,tree=eagle2"
+    assert again["errors"] == [] and again["best"] == PLANTED
     assert sum(name.endswith("/gate") for name in run.ran) >= len(out["errors"])
 
 
@@ -232,3 +232,18 @@ def test_the_loop_command_writes_its_report_and_exits_3_when_gates_failed(tmp_pa
     assert "gate failed: worker for" in proc.stderr and "Traceback" not in proc.stderr
     assert "3 when a gate's timing failed" in specpilot("loop", "--help").stdout.replace("\n", " ").replace(
         "│", "").replace("  ", " ")
+
+
+def test_a_sealed_final_whose_worker_dies_stops_the_loop_with_the_error(tmp_path):
+    loop, run, gate = synthetic_loop(tmp_path, rounds=2)
+
+    def timing(a, b, split=None):
+        raise WorkerDied(f"worker for {b} died (killed by signal 9): no output")
+
+    gate.timing = timing
+    with run:
+        out = loop.loop()
+    assert out["rounds"] == [] and out["converged"] is None and out["best"] == "stock"
+    assert out["errors"] == [f"worker for {PLANTED} died (killed by signal 9): no output"]
+    assert out["stopped"] == f"round 1 failed: {out['errors'][0]}"
+    assert not any(name.startswith("sealed/") for name in run.ran)  # nothing kept: a resumed run measures it again

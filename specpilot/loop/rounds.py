@@ -70,7 +70,7 @@ class Loop:
     slot: tuple[int, int] | None = None
     _runner: Runner | None = None
     _gate: Gate | None = None
-    releases: int = 0  # how often the models were released (a round's evidence is handed the new ones)
+    _releases: int = 0  # how often the models were released (a round's evidence is handed the new ones)
 
     @property
     def runner(self) -> Runner:
@@ -94,7 +94,7 @@ class Loop:
         self.say("releasing the deployment's models for a worker")
         self._runner.close()  # whoever still holds the old runner (a round's evidence) keeps no model alive
         self._runner = None
-        self.releases += 1
+        self._releases += 1
         free_gpu()
 
     # Phase 0
@@ -140,9 +140,9 @@ class Loop:
 
         def ev() -> Evidence:  # made only when a step has to run; handed the models built after a release
             if "ev" not in lazy:
-                lazy["ev"], lazy["releases"] = self.evidence(ceiling), self.releases
-            elif lazy["releases"] != self.releases:
-                lazy["ev"], lazy["releases"] = replace(lazy["ev"], runner=self.runner), self.releases
+                lazy["ev"], lazy["releases"] = self.evidence(ceiling), self._releases
+            elif lazy["releases"] != self._releases:
+                lazy["ev"], lazy["releases"] = replace(lazy["ev"], runner=self.runner), self._releases
             return lazy["ev"]
 
         device = self.plan.dep.torch_device().type
