@@ -37,7 +37,8 @@ def world(tmp_path_factory):
     spec = {"preset": "tiny", "datasets": ["builtin"], "split": "dev", "limit": 3, "max_new_tokens": 32,
             "data_dir": None, "cpu": True, "threads": len(os.sched_getaffinity(0))}
     seal = Seal.take(REPO / "specpilot", [])
-    gate = Gate(spec, Runner(target, drafter, tok, dep.context), requests, 32, alternating=True, reps=2, seal=seal)
+    runner = Runner(target, drafter, tok, dep.context)
+    gate = Gate(spec, lambda: runner, requests, 32, alternating=True, reps=2, seal=seal)
     made = [start]
 
     def candidate(name):

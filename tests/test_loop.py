@@ -109,7 +109,7 @@ def synthetic_loop(tmp_path, rounds=2, resume=False, interrupt_at=None):
         run.path(f"ceilings/{name}").write_text(json.dumps({"key": run.key, "result": {**CEILING, "system": name}}))
     gate, ev = FakeGate(), Planted()
     loop = Loop(plan, run, models=lambda: pytest.fail("the synthetic loop loads no models"),
-                gate_factory=lambda runner: gate)
+                gate_factory=lambda runner, release: gate)
     loop._runner, loop.evidence, loop._block, loop._width = object(), lambda ceiling: ev, lambda: 8, lambda: 16
     if interrupt_at is not None:  # a kill after `interrupt_at` measurements
         real = run.once
@@ -249,8 +249,8 @@ def test_a_faster_but_lossy_candidate_is_rejected_by_forcing(monkeypatch):
     dep = load_deployment("tiny")
     target, drafter, tok = build_pair(dep)
     requests = load_requests("builtin", "dev", None, 4)
-    gate = gate_mod.Gate({"split": "dev"}, Runner(target, drafter, tok, dep.context), requests, 32,
-                         alternating=True, reps=1)
+    runner = Runner(target, drafter, tok, dep.context)
+    gate = gate_mod.Gate({"split": "dev"}, lambda: runner, requests, 32, alternating=True, reps=1)
     lossy = gate.judge("stock", "stock:fault=logit_bias")
     assert lossy["controller"]["verdict"] == "promote" and lossy["forcing"]["verdict"] == "reject"
     assert not lossy["promoted"]
@@ -598,7 +598,7 @@ def _planted_gate(monkeypatch, margin, agreement, bounds):
 
     monkeypatch.setattr(gate_mod, "compare", lambda *a, **k: card)
     monkeypatch.setattr(gate_mod, "force", force)
-    return gate_mod.Gate({"split": "dev"}, None, [object()] * 4, 16, alternating=True, reps=1)
+    return gate_mod.Gate({"split": "dev"}, lambda: None, [object()] * 4, 16, alternating=True, reps=1)
 
 
 def test_the_gate_promotes_an_inconclusive_forcing_only_on_the_reference_s_very_outputs(monkeypatch):
@@ -802,7 +802,7 @@ def test_a_change_of_arithmetic_is_forced_on_the_pool_from_the_gate_s_requests_u
     monkeypatch.setattr(gate_mod, "force", force)
     dev = [Request(f"d{i}", "gsm8k", ("q",), "dev") for i in range(3)]
     pool = dev + [Request(f"p{i}", "gsm8k", ("q",), "dev") for i in range(5)]
-    g = gate_mod.Gate({}, None, dev, 16, alternating=True, reps=1, exact=Exact("bfloat16"), forcing_pool=pool,
+    g = gate_mod.Gate({}, lambda: None, dev, 16, alternating=True, reps=1, exact=Exact("bfloat16"), forcing_pool=pool,
                       precision_tokens=64)
     g.forcing("stock:gemv=true")
     g.forcing("stock:tree=best_first,nodes=32")

@@ -129,7 +129,7 @@ def planted_loop(tmp_path, **kw) -> tuple:
     a = LoopArgs(load_deployment("tiny"), {"preset": "tiny"}, tmp_path / "run", **kw)
     loop, run = build_loop(a, lambda s: None)
     gate, ev = FakeGate(), Planted()
-    loop.gate_factory = lambda runner: gate
+    loop.gate_factory = lambda runner, release: gate
     loop.ceiling = lambda system: run.once(f"ceilings/{slug(system)}", lambda: {**CEILING, "system": system})
     loop._runner, loop.evidence, loop._block, loop._width = object(), lambda ceiling: ev, lambda: 8, lambda: 16
     with run:

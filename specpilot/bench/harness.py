@@ -81,6 +81,25 @@ class Runner:
             gc.collect()
             torch.cuda.empty_cache()
 
+    def keep(self, wanted: list[tuple[System, int]]) -> None:
+        """Drop every engine but these (system, slot)s: a timing in this process holds the target and the engines it
+        times, not the K/V caches and graphs of every system visited before it."""
+        keys = {self._key(system, slot) for system, slot in wanted}
+        dropped = [k for k in self._engines if k not in keys]
+        for key in dropped:
+            del self._engines[key]
+            self._warm.discard(key)
+        if dropped:
+            free_gpu()
+
+    def close(self) -> None:
+        """Drop the engines and the models: whoever still holds this runner keeps no GPU memory alive."""
+        self._engines.clear()
+        self._plans.clear()
+        self._warm.clear()
+        self.target = self.drafter = None
+        free_gpu()
+
     def warmup(self, system: System, slot: int = 0) -> None:
         key = self._key(system, slot)
         if key not in self._warm:
@@ -112,6 +131,13 @@ class Runner:
                 on_turn()
         engine.recorder = None
         return records
+
+
+def free_gpu() -> None:
+    """Hand the GPU memory of dropped objects back (a CPU gets its memory back without a full collection)."""
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def run_lockstep(runner: Runner, a: System, b: System, request: Request, max_new_tokens: int, first: int = 0

@@ -23,6 +23,8 @@ from specpilot.cli.common import (
 )
 from specpilot.errors import UserError
 
+GATE_FAILED = 3  # exit status of a loop whose gates' timing failed (2 is a user's mistake, 130 Ctrl-C)
+
 # What `specpilot loop` runs with no arguments: the SmolLM2 pair, one short request from each benchmark whose data
 # `specpilot data fetch` brings (MBPP and MATH-500 need local files), outputs of 16 tokens; the budget keeps it
 # under ten minutes on a 2-core CPU (no step starts that would leave the sealed final no time).
@@ -85,7 +87,9 @@ def loop(
     DIR/best.toml` runs it), DIR/loop.json, the memory entries in DIR/memory, and the report (`specpilot report
     DIR`). With no arguments: the SmolLM2 pair (`specpilot models fetch smollm2`, `specpilot data fetch`), one
     request from each of GSM8K, HumanEval and MT-Bench, 16 tokens (32 in the sealed forcing), a budget of 480 s: a
-    finished report in under ten minutes on a small CPU. Naming a deployment drops these defaults."""
+    finished report in under ten minutes on a small CPU. Naming a deployment drops these defaults. Exit status: 0;
+    2 for a mistake in the arguments; 3 when a gate's timing failed (its worker died: a crash, out of memory,
+    killed, timed out), after loop.json (its "errors") and the report are written; 130 on Ctrl-C."""
     from specpilot.agents.backends import Budget
     from specpilot.deployment import load_deployment, naming
     from specpilot.loop.main import LoopArgs, run_loop
@@ -130,6 +134,10 @@ def loop(
     elif summary["best"] is not None:
         console.print(f"best: {summary['best']} -> {folder / 'best.toml'}", markup=False)
     console.print(f"report: {paths[1]}", markup=False)
+    for e in summary.get("errors", []):
+        err.print(f"[red]gate failed:[/red] {escape(e)}", highlight=False, soft_wrap=True)
+    if summary.get("errors"):
+        raise typer.Exit(GATE_FAILED)
 
 
 @app.command()

@@ -12,6 +12,10 @@ own process groups and are killed as groups on timeout. The controller itself ru
 install (the `specpilot` command), never from an agent's worktree: what it imports is not what it
 times. That is enforced: a source folder that contains the controller's own files is refused, and the
 evidence card records the hash of the controller's code next to the hashes of the two sides.
+Two systems of the controller's own install may instead be timed in the caller's process, on the models it
+already holds (InProcessWorker: the loop's gate on a GPU, where a worker would load a second copy of the target),
+with the worker's own set-up and replies, alternation and statistics. A worker that ends without an answer (a
+crash, out of memory, killed, timed out) raises WorkerDied: the measurement failed, the system was not judged.
 """
 
 from __future__ import annotations
@@ -50,6 +54,11 @@ from specpilot.controller.worker import code_hash
 from specpilot.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+class WorkerDied(UserError):
+    """A timing worker that ended without an answer (a crash, CUDA out of memory, killed, timed out): the
+    measurement failed, which says nothing about the system (unlike a refusal on evidence)."""
 
 
 @dataclass
@@ -125,14 +134,19 @@ class Worker:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close()
-                raise UserError(f"worker for {self.side.system} timed out after {self.timeout:.0f}s")
+                raise WorkerDied(f"worker for {self.side.system} timed out after {self.timeout:.0f}s")
             ready, _, _ = select.select([self.proc.stdout], [], [], left)
             if ready:
                 line = self.proc.stdout.readline()
                 if not line:
                     err = self.proc.stderr.read().strip().splitlines()
-                    raise UserError(f"worker for {self.side.system} died: {err[-1] if err else 'no output'}")
-                return json.loads(line)
+                    raise WorkerDied(f"worker for {self.side.system} died ({_exit(self.proc.wait())}): "
+                                     f"{err[-1] if err else 'no output'}")
+                reply = json.loads(line)
+                if "refused" in reply:  # the tree cannot run the system here (worker.py): a refusal
+                    self.close()
+                    raise UserError(f"worker for {self.side.system} refused it: {reply['refused']}")
+                return reply
 
     def send(self, ids: list[str], side: int = 0) -> None:
         """side: which of this worker's systems (by position: an A/A run's B is its second engine of A)."""
@@ -171,6 +185,87 @@ class Worker:
             except ProcessLookupError:
                 pass
         self.proc.wait()
+
+
+def _exit(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit {code}"
+
+
+class InProcessWorker:
+    """Worker's interface, answered in this process on the caller's models (`runner`): two systems of this install
+    timed on the one copy of the target the caller already holds (a 28B twin is 56 GB: a worker process would load a
+    second). The set-up and every reply are the worker's own (worker.prepare, worker.serve): the same engines and
+    slots, warm-up and rows; the code hash is that of the `specpilot` this process imported. Engines of other
+    systems are dropped first (each holds K/V caches and graphs, ~1 GB apiece on the twin). An exception other than a
+    refusal (UserError) is this worker's death (WorkerDied), CUDA out of memory included; the runner's engines are
+    dropped and the memory handed back first. There is no timeout: nothing can kill this process's own work."""
+
+    def __init__(self, side: Side, spec: dict, runner, also: str | list[str] | None = None):
+        import specpilot
+        from specpilot.config.env import parse
+        from specpilot.controller.worker import prepare, requests_of, slots
+
+        self.side, self.runner, self.max_new_tokens = side, runner, spec.get("max_new_tokens")
+        self.systems = [side.system] + ([also] if isinstance(also, str) else list(also or []))
+        hello = {"code_hash": code_hash(Path(specpilot.__file__).parent), "package": specpilot.__file__}
+        if hello["code_hash"] != side.expected_hash:
+            raise UserError(f"this process imported {hello['package']} whose code hash {hello['code_hash'][:12]} "
+                            f"is not that of {side.source} ({side.expected_hash[:12]}): refusing to time it here")
+        self.requests = requests_of(spec)
+        runner.keep([(parse(n), slot) for n, slot in zip(self.systems, slots(self.systems), strict=True)])
+        self.sides, configs = self._guard(lambda: prepare(runner, spec, self.systems, self.requests))
+        self.hello = {**hello, "requests": sorted(self.requests), "config": configs[self.systems[0]],
+                      "configs": configs}
+        self._reply: dict | None = None
+
+    def _guard(self, work: Callable):
+        import torch
+
+        from specpilot.bench.harness import free_gpu
+
+        try:
+            return work()
+        except UserError:
+            raise
+        except Exception as exc:  # whatever a worker process would have died of
+            oom = isinstance(exc, torch.OutOfMemoryError)
+            why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+        self.runner.keep([])  # outside the handler: its traceback no longer holds the failed attempt's tensors
+        free_gpu()
+        what = "ran out of GPU memory" if oom else "failed"
+        raise WorkerDied(f"in-process timing of {' vs '.join(self.systems)} {what}: {why}")
+
+    def _serve(self, cmd: dict) -> dict:
+        from specpilot.controller.worker import serve
+
+        return self._guard(lambda: serve(cmd, self.runner, self.systems, self.sides, self.requests,
+                                         self.max_new_tokens))
+
+    def send(self, ids: list[str], side: int = 0) -> None:
+        self._reply = self._serve({"run": ids, "side": side, "system": self.systems[side]})
+
+    def receive(self) -> list[dict]:
+        reply, self._reply = self._reply, None
+        return reply["rows"]
+
+    def run(self, ids: list[str], side: int = 0) -> list[dict]:
+        self.send(ids, side)
+        return self.receive()
+
+    def outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> list[dict]:
+        self.ask_outputs(ids, max_new_tokens, system)
+        return self.receive()
+
+    def ask_outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> None:
+        self._reply = self._serve({"outputs": ids, "system": system or self.side.system,
+                                   "max_new_tokens": max_new_tokens})
+
+    def lockstep(self, ids: list[str], first: int = 0) -> tuple[list[dict], list[dict]]:
+        reply = self._serve({"lockstep": ids, "first": first})
+        return reply["rows"], reply["rows_b"]
+
+    def close(self) -> None:
+        """The engines stay with the runner (its own limit evicts them)."""
 
 
 @contextmanager
@@ -331,18 +426,25 @@ def measure_paired(a: Side, b: Side, spec: dict, block: int, gpus: list[str], ti
 
 def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float, reps: int = 1,
             alternating: bool = False, noise: float | None = None, clock: str = "worker",
-            on_start: OnStart | None = None) -> dict:
+            on_start: OnStart | None = None, runner=None) -> dict:
     """One device. Two workers taking turns over blocks of requests (interleaved), or, for two systems of one
     source tree, one worker that alternates between them request by request (alternating: on a small CPU two
     processes disturb each other's timing and caches, one process holds both systems' models in one place).
-    clock "controller": two workers, one request at a time, each timed by this process (tamper.py's checks)."""
+    clock "controller": two workers, one request at a time, each timed by this process (tamper.py's checks).
+    runner (bench/harness.Runner): the alternating worker is this process on those models (InProcessWorker), for
+    two systems of this install."""
     if clock == "controller" and alternating:
         raise UserError("the controller's clock times two workers: not the alternating mode")
+    if runner is not None and not (alternating and a.source == b.source == REPO):
+        raise UserError("in-process timing serves two systems of the controller's own install in the alternating "
+                        f"mode; these sides come from {a.source} and {b.source}")
     if alternating:
         if a.source != b.source:
             raise UserError("one worker serves two systems of one source tree only; these sides come from "
                             f"{a.source} and {b.source}")
-        with closing(Worker(a, spec, gpu, timeout, also=b.system)) as w:
+        w = (Worker(a, spec, gpu, timeout, also=b.system) if runner is None else
+             InProcessWorker(a, spec, runner, also=b.system))
+        with closing(w):
             hello_a, hello_b = ({**w.hello, "config": w.hello.get("configs", {}).get(s.system)} for s in (a, b))
             if on_start:
                 on_start(hello_a)
@@ -364,7 +466,8 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
     _enough(ids)
     passes = 1 + max((r.get("rep", 0) for r in rows_a), default=0)  # fewer than reps: the verdict settled early
     return {"mode": _mode(spec, alternating), "clock": clock, "reps": reps, "passes": passes,
-            "a": _side(a, hello_a), "b": _side(b, hello_b), "requests": ids, "ratios": ratios,
+            "in_process": runner is not None, "a": _side(a, hello_a), "b": _side(b, hello_b), "requests": ids,
+            "ratios": ratios,
             "outputs_equal": equal, "rows_a": [_timing(r) for r in rows_a], "rows_b": [_timing(r) for r in rows_b]}
 
 
@@ -393,13 +496,16 @@ def setup_of(spec: dict) -> dict:
             "max_new_tokens": spec.get("max_new_tokens"), "threads": spec.get("threads")}
 
 
-def aa_mismatch(aa: dict, a: Side, spec: dict, mode: str, clock: str) -> str | None:
+def aa_mismatch(aa: dict, a: Side, spec: dict, mode: str, clock: str, in_process: bool = False) -> str | None:
     """Why an earlier A/A run cannot stand for this run's (None: it can). Its noise is that of one system, code,
-    deployment and budget, timed in one mode and clock; the configuration A ran is checked once this run's
-    worker reports it (check_config)."""
+    deployment and budget, timed in one mode and clock, in a worker process or in this one; the configuration A
+    ran is checked once this run's worker reports it (check_config)."""
     if aa.get("mode") != mode or aa.get("clock", "worker") != clock:
         return (f"it was timed in {aa.get('mode')} mode ({aa.get('clock', 'worker')} clock), this run is {mode} "
                 f"({clock} clock): their slots are not comparable")
+    if aa.get("in_process", False) != in_process:
+        where = {True: "in the controller's process", False: "in a worker process"}
+        return f"it was timed {where[aa.get('in_process', False)]}, this run {where[in_process]}"
     side = aa.get("a") or {}
     if side.get("system") != a.system:
         return f"its side A is {side.get('system')!r}, this run's is {a.system!r}"
@@ -434,16 +540,18 @@ def check_config(aa: dict, hello_a: dict) -> None:
 
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
             noise: float | None = None, gpus: list[str] | None = None, aa: dict | None = None, reps: int = 1,
-            alternating: bool = False, clock: str = "worker", remeasure: bool = False) -> dict:
+            alternating: bool = False, clock: str = "worker", remeasure: bool = False, runner=None) -> dict:
     """The evidence card: the A/A run (unless a noise figure or an earlier A/A run `aa` is given), the
     A/B run, the verdict, and with an A/A run the gain with the slots' difference divided out.
     With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`, or one worker
     alternating request by request (`alternating`); with `reps` passes, each request's ratio is the median of its
     passes' ratios. clock "controller": this process times each request (for a tree under judgement), and the
     card carries tamper.py's checks of B against A. An earlier A/A run that cannot stand for this one (aa_mismatch,
-    check_config) is refused (StaleAA), or with `remeasure` replaced by a new one."""
+    check_config) is refused (StaleAA), or with `remeasure` replaced by a new one. `runner`: both runs timed in
+    this process on those models (measure's InProcessWorker), for two systems of this install on one device; a
+    worker that dies (a crash, out of memory, killed, timed out) raises WorkerDied."""
     card = partial(_compare, a, b, spec, block, gpu, timeout, noise, gpus, reps=reps, alternating=alternating,
-                   clock=clock)
+                   clock=clock, runner=runner)
     try:
         return card(aa=aa)
     except StaleAA:
@@ -453,22 +561,24 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
 
 
 def _compare(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float, noise: float | None,
-             gpus: list[str] | None, aa: dict | None, reps: int, alternating: bool, clock: str) -> dict:
+             gpus: list[str] | None, aa: dict | None, reps: int, alternating: bool, clock: str, runner=None) -> dict:
     card: dict = {"block": block, "gpu": gpu, "gpus": gpus, "reps": reps, "clock": clock,
                   "controller": {"path": str(Path(__file__).resolve().parent),
                                  "code_hash": code_hash(Path(__file__).resolve().parent)}}
     mode = run_mode(spec, gpus, alternating)
     paired = mode == "paired"
+    if paired and runner is not None:
+        raise UserError("in-process timing is one device's: not the paired mode of two GPUs")
 
     def run(x: Side, y: Side, noise: float | None = None, on_start: OnStart | None = None) -> dict:
         t0 = time.monotonic()
         got = (measure_paired(x, y, spec, block, gpus, timeout, on_start) if paired else
-               measure(x, y, spec, block, gpu, timeout, reps, alternating, noise, clock, on_start))
+               measure(x, y, spec, block, gpu, timeout, reps, alternating, noise, clock, on_start, runner))
         return {**got, "setup": setup_of(spec), "seconds": time.monotonic() - t0}  # workers' start included
 
     on_start = None
     if aa is not None:  # an earlier run: checked before any worker starts, its configuration once A's has
-        why = aa_mismatch(aa, a, spec, mode, clock)
+        why = aa_mismatch(aa, a, spec, mode, clock, runner is not None)
         if why:
             raise StaleAA(f"the earlier A/A run cannot stand for this one: {why}")
         on_start = partial(check_config, aa)

@@ -12,6 +12,8 @@ engine: a system named twice (an A/A run) gets a second engine, slot 1, so the A
 A/B run does, not one against itself. On a CPU the two answer each request in lockstep, step by step
 (bench/harness.run_lockstep).
   {"quit": true}
+A system the tree refuses (a UserError: an option it cannot run here) is answered {"refused": why} and the worker
+exits; any other end (a crash, out of memory, killed) is the worker's death, which the controller reports as such.
 Models are built and graphs captured (warm-up) before the first reply, so no timing includes them; the
 first reply also carries the system's complete configuration (every option, the kernel plan and the tuning
 table it chose), which the evidence card records.
@@ -45,12 +47,10 @@ def _reply(obj: dict) -> None:
 
 def main() -> None:
     import specpilot
-    from specpilot.bench.datasets import Request, load_requests
-    from specpilot.bench.harness import Runner, run_lockstep
+    from specpilot.bench.harness import Runner
     from specpilot.config.env import parse
     from specpilot.deployment import load_deployment
     from specpilot.models.pair import build_pair
-    from specpilot.results import system_record
 
     spec = json.loads(sys.argv[1])
     if spec.get("threads"):  # a fixed set of cores and threads for the whole run (small CPUs)
@@ -63,16 +63,40 @@ def main() -> None:
     hello = {"code_hash": code_hash(Path(specpilot.__file__).parent), "package": specpilot.__file__}
     dep = load_deployment(spec.get("preset"), spec.get("deployment"))
     names = spec.get("systems") or [spec["system"]]
-    parsed = {name: parse(name) for name in names}
-    sides = [(parsed[name], slot) for name, slot in zip(names, slots(names), strict=True)]
-    if "requests" in spec:  # given by the controller (a tree under judgement never reads the data files)
-        requests = {r["id"]: Request(r["id"], r["dataset"], tuple(r["turns"]), r["split"]) for r in spec["requests"]}
-    else:
-        requests = {r.id: r for d in spec["datasets"]
-                    for r in load_requests(d, spec.get("split", "dev"), spec.get("data_dir"), spec.get("limit"))}
-    speculative = any(s.base == "stock" for s in parsed.values())
+    requests = requests_of(spec)
+    speculative = any(parse(name).base == "stock" for name in names)
     target, drafter, tok = build_pair(dep, with_drafter=speculative)
     runner = Runner(target, drafter, tok, dep.context)
+    sides, configs = prepare(runner, spec, names, requests)
+    _reply({**hello, "requests": sorted(requests), "config": configs[names[0]], "configs": configs})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("quit"):
+            break
+        _reply(serve(cmd, runner, names, sides, requests, spec.get("max_new_tokens")))  # forcing's: per command
+
+
+def requests_of(spec: dict) -> dict:
+    """Request id -> request: given by the controller (a tree under judgement never reads the data files), or read
+    from the spec's datasets."""
+    from specpilot.bench.datasets import Request, load_requests
+
+    if "requests" in spec:
+        return {r["id"]: Request(r["id"], r["dataset"], tuple(r["turns"]), r["split"]) for r in spec["requests"]}
+    return {r.id: r for d in spec["datasets"]
+            for r in load_requests(d, spec.get("split", "dev"), spec.get("data_dir"), spec.get("limit"))}
+
+
+def prepare(runner, spec: dict, names: list[str], requests: dict) -> tuple[list, dict]:
+    """(each side's system and engine slot, each system's complete configuration), every engine the timing uses
+    built and warmed up (graphs captured) first: a worker's set-up, and the controller's when it times this
+    install's systems in its own process (controller/compare.InProcessWorker)."""
+    from specpilot.bench.harness import run_lockstep
+    from specpilot.config.env import parse
+    from specpilot.results import system_record
+
+    parsed = {name: parse(name) for name in names}
+    sides = [(parsed[name], slot) for name, slot in zip(names, slots(names), strict=True)]
     lockstep = spec.get("cpu") and len(names) == 2 and spec.get("timing", True)  # forcing's workers time nothing
     if not lockstep:
         check_slots(runner, sides)
@@ -83,13 +107,7 @@ def main() -> None:
             runner.warmup(system, slot)
     if lockstep:  # the second engine of an A/A pair, and both sides' first steps, warmed like the timed ones
         run_lockstep(runner, sides[0][0], sides[1][0], requests[min(requests)], spec["max_new_tokens"])
-    configs = {name: system_record(runner.engine(s)) for name, s in parsed.items()}
-    _reply({**hello, "requests": sorted(requests), "config": configs[names[0]], "configs": configs})
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd.get("quit"):
-            break
-        _reply(serve(cmd, runner, names, sides, requests, spec.get("max_new_tokens")))  # forcing's: per command
+    return sides, {name: system_record(runner.engine(s)) for name, s in parsed.items()}
 
 
 def slots(names: list[str]) -> list[int]:
@@ -130,4 +148,9 @@ def _row(rec) -> dict:
             "steps": len(rec.accepted)}
 
 if __name__ == "__main__":
-    main()
+    from specpilot.errors import UserError
+
+    try:
+        main()
+    except UserError as exc:  # the tree refuses the system here (an option it cannot run): a refusal, not a death
+        _reply({"refused": str(exc)})

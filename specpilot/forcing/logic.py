@@ -18,6 +18,7 @@ two-level verification, both made from BF16 weights) is "skipped" here and left 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
@@ -48,10 +49,11 @@ def float32_only_misses(system: str) -> str | None:
 
 @dataclasses.dataclass
 class LogicCheck:
-    """deployment: the models of the deployment as served (a Runner), used as they are where they are float32."""
+    """deployment: the deployment's models as served (a callable: the loop may release and rebuild them), used as
+    they are where they are float32; elsewhere the float32 pair is built here on first use."""
 
     dep: Deployment
-    deployment: Runner | None = None
+    deployment: Callable[[], Runner] | None = None
     _runner: Runner | None = None
     _ar: dict = dataclasses.field(default_factory=dict)  # (request id, tokens) -> AR's turn records
     _eps: float | None = None
@@ -59,17 +61,11 @@ class LogicCheck:
 
     @property
     def runner(self) -> Runner:
+        if self.deployment is not None and self.dep.torch_dtype().itemsize == 4:
+            return self.deployment()
         if self._runner is None:
-            if self.deployment is not None and self.deployment.target.embed.weight.dtype.itemsize == 4:
-                self._runner = self.deployment
-            else:
-                self._runner = float32_runner(self.dep)
+            self._runner = float32_runner(self.dep)
         return self._runner
-
-    def release(self) -> None:
-        """Free the float32 models (rebuilt on the next check)."""
-        if self._runner is not self.deployment:
-            self._runner = None
 
     def ar(self, request: Request, tokens: int) -> list[TurnRecord]:
         key = (request.id, tokens)

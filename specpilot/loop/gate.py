@@ -13,6 +13,11 @@
 The controller's A/A run is measured once per start system and reused for every candidate judged against it
 (the sealed final's included: noise belongs to the machine and the system, not to the requests), as `compare
 --aa-card` does; one that no longer stands for the start (its code or configuration changed) is measured anew.
+
+On a GPU the candidates of the loop's own install are timed in the loop's process, on its models (`in_process`:
+compare's InProcessWorker), so that one copy of the target is on the GPU; another tree's workers start only after
+the loop has released its models (`release`), which are built again when next used (`models`). A worker that
+dies (a crash, out of memory, killed, timed out) makes the judgement an error, not a refusal: nothing was judged.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 
 from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
-from specpilot.controller.compare import REPO, Side, Worker, compare
+from specpilot.controller.compare import REPO, Side, Worker, WorkerDied, compare
 from specpilot.errors import UserError
 from specpilot.forcing import POWER_BOUND
 from specpilot.forcing.logic import LogicCheck, precision_change
@@ -37,7 +43,7 @@ from specpilot.loop.evidence import differs_from_ar, exact_arithmetic
 @dataclass
 class Gate:
     spec: dict  # the controller's request spec (deployment, datasets, split, limit, max_new_tokens, cpu/threads)
-    runner: Runner  # forcing runs in the loop's process, on the deployment's models
+    models: Callable[[], Runner]  # the loop's models (built again after a release): forcing runs on them
     forcing_requests: list[Request]
     forcing_tokens: int
     alternating: bool
@@ -55,13 +61,22 @@ class Gate:
     # more dev requests, the forcing requests first: forcing of a precision change doubles into them until the bound
     forcing_pool: list[Request] = field(default_factory=list)
     precision_tokens: int | None = None  # their outputs' length (longer outputs reach the bound on fewer requests)
+    in_process: bool = False  # time the install's candidates on `models` (a GPU: one copy of the target), not a worker
+    release: Callable[[], None] = lambda: None  # frees the loop's models before a worker loads its own copy
+
+    @property
+    def runner(self) -> Runner:
+        return self.models()
 
     def timing(self, start: str, candidate: str, split: str | None = None) -> dict:
         """The noise is the machine's and the start system's: one A/A run per start serves every split."""
         spec = {**self.spec, **({"split": split} if split else {})}
         key = start
+        if not self.in_process:
+            self.release()  # the worker loads its own copy
         card = compare(Side(start, REPO), Side(candidate, REPO), spec, gpu=None, timeout=self.timeout,
-                       aa=self.aa.get(key), reps=self.reps, alternating=self.alternating, remeasure=True)
+                       aa=self.aa.get(key), reps=self.reps, alternating=self.alternating, remeasure=True,
+                       runner=self.runner if self.in_process else None)
         self.aa[key] = card["aa"]  # the one it used: the cached one, or a new one where that no longer stood
         return card
 
@@ -114,7 +129,9 @@ class Gate:
         t0, cached = time.monotonic(), self.aa.get(start)
         try:
             card = self.timing(start, candidate)
-        except UserError as exc:  # the worker died or timed out on this candidate: refused, the loop goes on
+        except WorkerDied as exc:  # the measurement failed: an error the loop reports, not a verdict
+            return {**out, "promoted": False, "error": str(exc)}
+        except UserError as exc:  # the candidate cannot run here (the engine refuses it): refused, the loop goes on
             return {**out, "promoted": False, "refused": str(exc)}
         out["controller"] = summary(card)
         out["seconds"].update({"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"),
@@ -237,16 +254,21 @@ class TreeGate:
         t0 = time.monotonic()
         spec = {**g.spec, "requests": [asdict(r) for r in requests]}  # the workers read no data file
         try:
+            exact = exact_arithmetic(g.runner)  # asked before the release: no rebuild of the models for it
+            g.release()  # each worker below loads its own copy of the target
             outs = foreign_outputs(cand, spec, requests, tokens, g.timeout)
-            differs = exact_arithmetic(g.runner) and differs_from_ar(
-                g.runner, requests[:2], tokens, lambda r: [x.tokens for x in outs[r.id]])
+            differs = exact and differs_from_ar(g.runner, requests[:2], tokens,
+                                                lambda r: [x.tokens for x in outs[r.id]])
             if differs:
                 return {**out, "refused": f"its outputs differ from AR's in float32 ({differs})"}
             key = ("tree", start.system, start.code)  # the noise is the machine's and the start's, not the split's
             cached = g.aa.get(key)
+            g.release()
             card = compare(start, cand, spec, gpu=None, timeout=g.timeout, aa=cached, reps=g.reps,
                            clock="controller", remeasure=True)
-        except UserError as exc:  # its worker died, timed out, or imported other code: refused
+        except WorkerDied as exc:  # a worker died or timed out: the measurement failed, nothing was judged
+            return {**out, "error": str(exc)}
+        except UserError as exc:  # its worker refused the system or imported other code: refused
             return {**out, "refused": str(exc)}
         g.aa[key] = card["aa"]
         out["controller"] = summary(card)

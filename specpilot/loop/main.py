@@ -181,15 +181,17 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         target, drafter, tok = build_pair(a.dep)
         return Runner(target, drafter, tok, a.dep.context, max_engines=ENGINES)
 
-    def gate(runner: Runner) -> Gate:
-        # one timing worker serving both systems (on a GPU, request by request; on a CPU, in lockstep): one more
-        # copy of the models beside the loop's own, where two workers would need two (a 28B twin is 56 GB)
+    def gate(runner: Callable[[], Runner], release: Callable[[], None]) -> Gate:
+        # both systems served by one process, request by request: on a GPU the loop's own, on its models (a second
+        # copy of a 28B twin, 56 GB, does not fit beside the first in 80 GB); on a CPU one worker in lockstep,
+        # pinned to its cores with passive OpenMP threads (what the A/A noise below was measured with; a running
+        # process cannot change its OpenMP policy), for a model load of a few seconds
         # on a CPU: 5 lockstep passes (an A/B run stops after 3 once settled); the A/A run's 5 measured 1.6% on
         # SmolLM2's 3 default requests where 3 passes measured 4.7% and 6.7% (a bar no real gain cleared)
         return Gate(spec, runner, dev, a.max_new_tokens, alternating=True, reps=5 if on_cpu else 1,
                     seal=getattr(agent, "setup", None) and agent.setup.seal, exact=ExactTargets(a.dep),
-                    power_bound=a.forcing_bound, logic=LogicCheck(a.dep, runner), forcing_pool=dev_pool,
-                    precision_tokens=a.sealed)
+                    power_bound=a.forcing_bound, in_process=not on_cpu, release=release,
+                    logic=LogicCheck(a.dep, runner), forcing_pool=dev_pool, precision_tokens=a.sealed)
 
     shipped = Store(REPO / "memory", REPO)
     memory = [{"id": i, "registry": shipped.read(i).registry} for i in shipped.ids()]

@@ -15,15 +15,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specpilot.bench.datasets import Request
-from specpilot.bench.harness import Runner
+from specpilot.bench.harness import Runner, free_gpu
 from specpilot.ceiling.report import compute
 from specpilot.ceiling.run import CeilingPlan, load, measure, save
 from specpilot.config import System
 from specpilot.config.env import parse
 from specpilot.config.system import parse_system
+from specpilot.controller.compare import WorkerDied
 from specpilot.deployment import Deployment
 from specpilot.loop.agent import BuiltinAgent, Direction
 from specpilot.loop.coding import CodingAgent, Halted, submissions
@@ -63,7 +64,7 @@ class Loop:
     plan: LoopPlan
     run: RunDir
     models: Callable[[], Runner]  # built on first use: a resumed run whose steps are all done loads nothing
-    gate_factory: Callable[[Runner], Gate]
+    gate_factory: Callable[[Callable[[], Runner], Callable[[], None]], Gate]  # given (the runner, release)
     memory: list[dict] = field(default_factory=list)  # entries the agent may reuse (index rows + registry)
     say: Callable[[str], None] = lambda s: None
     # Phase 1 on several devices (loop/slots.py): `launch_slots(round, start, directions)` runs the directions in
@@ -73,6 +74,7 @@ class Loop:
     slot: tuple[int, int] | None = None
     _runner: Runner | None = None
     _gate: Gate | None = None
+    _releases: int = 0  # how often the models were released (a round's evidence is handed the new ones)
 
     @property
     def runner(self) -> Runner:
@@ -83,9 +85,21 @@ class Loop:
 
     @property
     def gate(self) -> Gate:
-        if self._gate is None:
-            self._gate = self.gate_factory(self.runner)
+        if self._gate is None:  # it asks for the runner each time: the one built after a release, not the old one
+            self._gate = self.gate_factory(lambda: self.runner, self.release)
         return self._gate
+
+    def release(self) -> None:
+        """Before another tree's worker loads its copy of the target on this GPU (a 28B twin is 56 GB: two do not
+        fit in 80): the loop's models are dropped, and built again when next used (`runner`). A CPU's memory holds
+        both: nothing is dropped there."""
+        if self._runner is None or self.plan.dep.torch_device().type != "cuda":
+            return
+        self.say("releasing the deployment's models for a worker")
+        self._runner.close()  # whoever still holds the old runner (a round's evidence) keeps no model alive
+        self._runner = None
+        self._releases += 1
+        free_gpu()
 
     # Phase 0
 
@@ -128,9 +142,11 @@ class Loop:
         start_sys = parse(start)
         lazy: dict = {}
 
-        def ev() -> Evidence:  # made only when a step has to run
+        def ev() -> Evidence:  # made only when a step has to run; handed the models built after a release
             if "ev" not in lazy:
-                lazy["ev"] = self.evidence(ceiling)
+                lazy["ev"], lazy["releases"] = self.evidence(ceiling), self._releases
+            elif lazy["releases"] != self._releases:
+                lazy["ev"], lazy["releases"] = replace(lazy["ev"], runner=self.runner), self._releases
             return lazy["ev"]
 
         device = self.plan.dep.torch_device().type
@@ -282,6 +298,8 @@ class Loop:
                                       self.plan.sealed_tokens)
         if g.get("fatal"):
             raise Halted(g["refused"])
+        if g.get("error"):  # not a verdict: the round stops with it (loop), and a resumed run measures it again
+            raise WorkerDied(g["error"])
         forcing = g.get("forcing", {})
         reason = (g.get("refused") or ("forcing rejected it" if forcing.get("verdict") == "reject" else
                   f"not proven faster than stock on the sealed requests ({g['controller']['reason']})"
@@ -476,7 +494,7 @@ class Loop:
         """With a budget (the run directory's), a round starts only if the last one's duration fits in what is
         left. A budget spent inside a round stops the loop there: the rounds that ended stand, and the best is the
         last one's result."""
-        start, rounds, converged, stopped = "stock", [], None, None
+        start, rounds, converged, stopped, errors = "stock", [], None, None, []
         for r in range(1, self.plan.rounds + 1):
             have = self.run.left()
             if rounds and have is not None and have < rounds[-1]["seconds"]:
@@ -492,10 +510,21 @@ class Loop:
             except Halted as exc:
                 stopped = f"halted in round {r}: {exc}"
                 break
+            except WorkerDied as exc:  # the sealed final's timing: the round has no result
+                errors.append(str(exc))
+                stopped = f"round {r} failed: {exc}"
+                break
             # its steps' measured time, also where a resumed run read them back (the first step to need the
             # models counts their loading)
             rounds[-1]["seconds"] = round(self.run.cost(self.run.touched[mark:]), 1)
             rounds[-1]["memory"] = remember(rounds[-1])
+            failed = errors_of(rounds[-1])
+            if failed:  # what it kept is not what its search would have found: neither converged nor a next round
+                errors += failed
+                kept = "kept its start" if rounds[-1]["result"] == start else f"ended with {rounds[-1]['result']}"
+                stopped = f"round {r} {kept}, but {len(failed)} gates failed: {'; '.join(failed)}"
+                start = rounds[-1]["result"]
+                break
             if rounds[-1].get("result_commit"):
                 start = rounds[-1]["result"]
                 converged = (f"round {r}'s result is code (commit {rounds[-1]['result_commit'][:12]}): a next round "
@@ -512,7 +541,27 @@ class Loop:
         if stopped:
             self.say(f"stopped: {stopped}")
         commit = next((r.get("result_commit") for r in rounds[::-1] if r["result"] == start), None)
-        return {"rounds": rounds, "best": start, "best_commit": commit, "converged": converged, "stopped": stopped}
+        return {"rounds": rounds, "best": start, "best_commit": commit, "converged": converged, "stopped": stopped,
+                "errors": errors}
+
+
+def errors_of(round: dict) -> list[str]:
+    """Every gate's error in a round, wherever the round keeps its gate results: a string under "error" in a dict
+    that also names a "candidate"."""
+    found = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("error"), str) and "candidate" in node:
+                found.append(node["error"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(round)
+    return found
 
 
 def combine(start: str, parts: list[str]) -> str | None:

@@ -99,11 +99,12 @@ class RunDir:
 
     def once(self, name: str, measure: Callable[[], dict]) -> dict:
         """The step's result: read back if it finished before under this run's key, else measured now (after
-        checking the budget) and written atomically with the key."""
+        checking the budget) and written atomically with the key. A gate that failed (its result names a
+        "candidate" and an "error": its worker died) is measured again."""
         path = self.path(name)
         self.touched.append(name)
         kept, stale = self._stored(name)
-        if kept is not None:
+        if kept is not None and not (isinstance(kept.get("error"), str) and "candidate" in kept):
             self.reused.append(name)
             return kept
         self.check_budget()
