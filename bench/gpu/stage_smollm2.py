@@ -88,21 +88,25 @@ def assemble() -> None:
 
 
 HELD = STAGE / "held"
+# what the two staging runs leave behind: the committed checkpoints (~30 MB) and the result files (~19 MB)
+BULKY = ("checkpoints", "bench/results")
 
 
 def hold() -> None:
-    """The tree travels with every run: set the committed checkpoints (~30 MB) aside for the two staging
-    runs, so tree + part stays under 64 MiB. `release` puts them back (git shows them deleted meanwhile)."""
-    if Path("checkpoints").exists():
-        HELD.mkdir(parents=True, exist_ok=True)
-        shutil.move("checkpoints", HELD / "checkpoints")
-    print(f"checkpoints/ held in {HELD}/ (run `release` after the staging runs)")
+    """The tree travels with every run: set the bulky committed folders aside for the two staging runs, so tree +
+    part stays under 64 MiB. `release` puts them back (git shows them deleted meanwhile: never commit then)."""
+    for folder in BULKY:
+        if Path(folder).exists():
+            (HELD / folder).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(folder, HELD / folder)
+    print(f"{', '.join(BULKY)} held in {HELD}/ (run `release` after the staging runs)")
 
 
 def release() -> None:
-    if (HELD / "checkpoints").exists() and not Path("checkpoints").exists():
-        shutil.move(HELD / "checkpoints", "checkpoints")
-    print("checkpoints/ back in place")
+    for folder in BULKY:
+        if (HELD / folder).exists() and not Path(folder).exists():
+            shutil.move(HELD / folder, folder)
+    print(f"{', '.join(BULKY)} back in place")
 
 
 def status() -> None:

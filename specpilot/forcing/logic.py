@@ -23,6 +23,7 @@ from collections.abc import Callable
 from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.config.env import parse
+from specpilot.config.system import with_options
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
 from specpilot.forcing.judge import first_divergence
@@ -70,8 +71,19 @@ class LogicCheck:
     def ar(self, request: Request, tokens: int) -> list[TurnRecord]:
         key = (request.id, tokens)
         if key not in self._ar:
-            self._ar[key] = self.runner.run(parse("ar"), request, tokens)
+            self._ar[key] = self._run("ar", request, tokens)[0]
         return self._ar[key]
+
+    def _run(self, system: str, request: Request, tokens: int) -> tuple[list[TurnRecord], str]:
+        """(its turn records, the system as it ran): as named, or where a kernel of it has no float32 form here,
+        on the PyTorch references uncaptured (the same function: each kernel is tested against its reference)."""
+        try:
+            return self.runner.run(parse(system), request, tokens), system
+        except (RuntimeError, ValueError):
+            if parse(system).get("kernels") != "auto":
+                raise
+        plain = with_options(parse(system), "kernels=naive,graphs=false")
+        return self.runner.run(plain, request, tokens), plain.name
 
     def eps(self, requests: list[Request], tokens: int) -> float:
         """The tie bound: float32's reduction-order noise on AR's own outputs (forcing/noise.py), measured once."""
@@ -86,15 +98,19 @@ class LogicCheck:
         missed = float32_only_misses(system)
         if missed:
             return {"verdict": "skipped", "reason": missed, "system": system}
-        cand = parse(system)
+        parse(system)  # a name the engine does not take: its UserError before anything runs
         eps = self.eps(requests, tokens)
         scorer = self.runner.target
-        equal, ties, records = 0, [], []
+        equal, ties, records, ran_as = 0, [], [], system
         for req in requests:
             try:
-                mine = self.runner.run(cand, req, tokens)
+                mine, ran_as = self._run(system, req, tokens)
             except UserError as exc:
                 return {"verdict": "skipped", "system": system, "reason": f"does not run in float32: {exc}"}
+            except (RuntimeError, ValueError) as exc:  # a kernel without a float32 form, say: no evidence either way
+                first = (str(exc).splitlines() or [""])[0][:300]
+                return {"verdict": "skipped", "system": system,
+                        "reason": f"does not run in float32 here ({type(exc).__name__}: {first})"}
             records += mine
             parting = _parting(scorer, self.ar(req, tokens), mine)
             if parting is None:
@@ -109,8 +125,9 @@ class LogicCheck:
                         **self._where(len(records))}
             ties.append(parting)
         n = sum(len(r.tokens) for r in records)
-        return {"verdict": "pass", "system": system, "requests": len(requests), "tokens": n, "equal": equal,
-                "ties": ties, "eps": eps, "noise": self._noise, "mechanism": mechanism(self.runner, cand, records),
+        return {"verdict": "pass", "system": system, "ran_as": ran_as, "requests": len(requests), "tokens": n,
+                "equal": equal, "ties": ties, "eps": eps, "noise": self._noise,
+                "mechanism": mechanism(self.runner, parse(ran_as), records),
                 "reason": (f"equals AR token for token in float32 on {equal} of {len(requests)} requests ({n} tokens)"
                            + (f"; {len(ties)} parted at a near-tie within float32's noise ({eps:.2g} nats)"
                               if ties else "")),

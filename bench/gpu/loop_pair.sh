@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 55's acceptance on one GPU: `specpilot loop --preset smollm2 --rounds 1 --budget 600` (bf16, defaults
+# otherwise) beside a `specpilot bench` sweep of the systems it searches, in one lease, after the SmolLM2 staging.
+# A 600-s loop does not fit one call (10 minutes at most, start-up included), so it runs in its own session
+# (setsid) and the calls watch it:
+#   bash bench/gpu/loop_pair.sh sweep        the bench sweep (~4 min), then the loop started in the background
+#   bash bench/gpu/loop_pair.sh watch        waits until the loop ends (WAIT s at most), then sends it back
+# Each call sends back what it has: $OUT/sweep.json, $OUT/loop.tgz (the run directory, its report and the log).
+# PRESET=smollm2-twin runs the twin instead (LIMIT 1: its turns are 20x slower).
+set -uo pipefail
+export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
+python3 bench/gpu/stage_smollm2.py assemble >/dev/null || exit 1
+preset=${PRESET:-smollm2}
+run=/tmp/o/loop-$preset
+mkdir -p /tmp/o
+
+send_back() {
+    [ -d "$run" ] && python3 -m specpilot.cli report "$run" >/dev/null 2>&1
+    tar czf "$OUT/loop.tgz" -C /tmp/o "loop-$preset" "loop-$preset.log" 2>/dev/null
+    tail -n 30 "/tmp/o/loop-$preset.log"
+}
+
+case "${1:-sweep}" in
+sweep)
+    nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
+    systems=(--system ar:gemv=true --system stock:tree=best_first,nodes=16 --system stock:tree=best_first,nodes=32
+             --system stock:tree=best_first,nodes=48 --system stock:tree=ddtree,nodes=32
+             --system stock:tree=eagle2,nodes=32 --system stock:tree=sequoia,nodes=32 --system stock:gemv=true)
+    [ "$preset" = smollm2 ] || systems=(--system stock:tree=best_first,nodes=32 --system stock:tree=best_first,nodes=48
+                                        --system ar:gemv=true)
+    timeout -k 20 "${SWEEP_S:-330}" python3 -m specpilot.cli bench --preset "$preset" --system stock "${systems[@]}" \
+        --limit "${LIMIT:-2}" --max-new-tokens 256 --json "$OUT/sweep.json" 2>&1 | tail -n 25
+    rm -rf "$run"
+    setsid nohup python3 -m specpilot.cli loop --preset "$preset" --rounds "${ROUNDS:-1}" --budget "${BUDGET:-600}" \
+        --run-dir "$run" >"/tmp/o/loop-$preset.log" 2>&1 </dev/null &
+    sleep "${AFTER:-200}"
+    send_back
+    ;;
+watch)
+    for _ in $(seq "${WAIT:-560}"); do pgrep -f "specpilot.cli loop" >/dev/null || break; sleep 1; done
+    pgrep -f "specpilot.cli loop" >/dev/null && echo "loop still running"
+    send_back
+    ;;
+esac
