@@ -49,17 +49,22 @@ def perturbations(device: torch.device) -> dict[str, tuple[int | None, KernelPla
     return out
 
 
-def margin_noise(target: DenseTarget, pairs: list[tuple[list[int], list[int]]], max_tokens: int = 64) -> dict:
+def margin_noise(target: DenseTarget, pairs: list[tuple[list[int], list[int]]], max_tokens: int = 64,
+                 naive: bool = False) -> dict:
     """pairs: (prompt, output) of the exact target's own greedy runs. Returns the per-position changes of the
     top-2 gap between a one-pass recomputation and each perturbation: their maximum (the noise bound), a high
-    quantile, each perturbation's maximum and how many positions were measured."""
-    stock, diffs = KernelPlan.stock(), {}
+    quantile, each perturbation's maximum and how many positions were measured. naive: on the PyTorch references
+    alone, in passes of 1, 4 and 16 rows (the noise of a computation that runs on them: forcing/logic.py)."""
+    stock, diffs = KernelPlan.stock(**({"kernels": "naive"} if naive else {})), {}
+    which = perturbations(torch.device("cpu") if naive else target.embed.weight.device)
+    if naive:
+        which = {name: (rows, stock) for name, (rows, _) in which.items()}
     for prompt, output in pairs:
         out = output[:max_tokens]
         if len(out) < 2:
             continue
         base = _gaps(target, prompt, out, len(out), stock)
-        for name, (rows, plan) in perturbations(target.embed.weight.device).items():
+        for name, (rows, plan) in which.items():
             diffs.setdefault(name, []).append((base - _gaps(target, prompt, out, rows or len(out), plan)).abs())
     if not diffs:
         return {"positions": 0, "max": 0.0, "q99": 0.0, "perturbations": {}}
