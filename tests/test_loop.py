@@ -808,3 +808,23 @@ def test_a_change_of_arithmetic_is_forced_on_the_pool_from_the_gate_s_requests_u
     g.forcing("stock:tree=best_first,nodes=32")
     assert seen["stock:gemv=true"] == ([r.id for r in pool], 3, 64)
     assert seen["stock:tree=best_first,nodes=32"] == ([r.id for r in dev], None, 16)
+
+
+def test_the_step_bound_holds_where_a_step_is_not_dearer_with_more_rows():
+    """SmolLM2 on an H100: trees of 4-12 rows stepped in 1.48-1.56 ms, the 16-row chain in 1.39, best_first at 32
+    rows in 1.46. A bound from the dearest step at fewer rows (1.56) pruned N = 32, the sweep's winner; the
+    cheapest (1.39) bounds it above its true prediction."""
+    from types import SimpleNamespace
+
+    from specpilot.loop.evidence import Evidence
+
+    steps = {16: 1.39e-3, 4: 1.48e-3, 8: 1.50e-3, 12: 1.56e-3, 32: 1.46e-3}
+    ev = Evidence(SimpleNamespace(engine=lambda s: SimpleNamespace(rows=s.get("nodes") or 16)), [], 8, [object()],
+                  parse_system("stock"))
+    ev.tau = lambda s, run=False: (3.0, "replay of the recorded lattices")
+    ev.step = lambda s, ref=None: steps[s.get("nodes") or 16] if s.speculative else 0.95e-3
+    for n in (16, 4, 8, 12):
+        ev.predict(parse_system(f"stock:tree=best_first,nodes={n}") if n != 16 else parse_system("stock"))
+    n32 = parse_system("stock:tree=best_first,nodes=32")
+    assert ev.bound(n32) >= ev.predict(n32)["speedup"] == pytest.approx(3.0 * 0.95 / 1.46)
+    assert ev.bound(parse_system("stock:tree=best_first,nodes=8")) == pytest.approx(3.0 * 0.95 / 1.48)

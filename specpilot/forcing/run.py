@@ -18,6 +18,7 @@ sides with the reference; the float32 target shares its rounding with neither si
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 from specpilot.bench.datasets import Request
@@ -128,7 +129,8 @@ def near_tie_gaps(scorer, reference: list[TurnRecord], ar: list[TurnRecord]) -> 
 def force(runner: Runner, reference: str, candidate: str, requests, max_new: int, progress=None,
           reuse: dict | None = None, bound: float | None = None, start: int | None = None,
           exact: DenseTarget | None = None, outputs: Outputs | None = None, generate: Generate | None = None,
-          on_round: Callable[[dict], None] | None = None, store: OutputStore | None = None) -> dict:
+          on_round: Callable[[dict], None] | None = None, store: OutputStore | None = None,
+          exact_ar: bool = True) -> dict:
     """Judge the candidate on requests[:start] (default: all); with `bound`, while the smallest excess mismatch
     rate the scored tokens could detect is above it, double the requests (up to all of them). A reject stands
     whatever the power; a pass that never got the power becomes "inconclusive".
@@ -145,7 +147,9 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     on_round: called with each round's report (its verdict under the power rule) before the requests double, so
     that a long run cut short keeps them.
     store: the outputs made are kept there and those kept by an earlier run of the same code are reused
-    (forcing/outputs.py), so that a run cut short resumes; every token is scored afresh."""
+    (forcing/outputs.py), so that a run cut short resumes; every token is scored afresh.
+    exact_ar: with `exact`, also AR of the float32 model on the first requests, reported beside the verdict (it
+    decides nothing: the loop's gate leaves it out). The report's "seconds" say where the time went."""
     cand = parse(candidate) if outputs is None else Foreign(candidate)
     systems = dict(zip(ROLES, (parse(reference), cand, parse("ar")), strict=True))
     reuse = {} if reuse is None else reuse
@@ -154,7 +158,7 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     n = min(start or len(requests), len(requests))
     while True:
         report = _with_power(_judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner,
-                                    outputs, generate, store), bound, n)
+                                    outputs, generate, store, exact_ar), bound, n)
         if report["verdict"] == "reject" or report["power"]["met"] or n >= len(requests):
             return report
         if on_round is not None:
@@ -220,16 +224,20 @@ def agreement(requests, reference: list[TurnRecord], candidate: list[TurnRecord]
 
 def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reuse: dict, own: dict,
            exact_runner: Runner | None, outputs: Outputs | None = None, generate: Generate | None = None,
-           store: OutputStore | None = None) -> dict:
+           store: OutputStore | None = None, exact_ar: bool = True) -> dict:
     scorer = runner.target if exact_runner is None else exact_runner.target
-    runs = {role: _runs(runner, s, requests, max_new, progress, own if role == "candidate" else reuse, scorer,
-                        outputs if role == "candidate" else None, generate, store, role)
-            for role, s in systems.items()}
+    seconds, t0 = {}, time.monotonic()
+    runs = {}
+    for role, s in systems.items():  # each role's outputs made (or read back) and scored
+        runs[role] = _runs(runner, s, requests, max_new, progress, own if role == "candidate" else reuse, scorer,
+                           outputs if role == "candidate" else None, generate, store, role)
+        seconds[role], t0 = time.monotonic() - t0, time.monotonic()
     records = {role: r for role, (r, _) in runs.items()}
     gaps = near_tie_gaps(scorer, records["reference"], records["ar"])
     pairs = [(r.prompt, r.tokens) for r in records["ar"][:NOISE_REQUESTS]]
     key = ("noise", tuple((tuple(p), tuple(t)) for p, t in pairs))  # the same AR outputs: the same measurement
     noise = reuse[key] = reuse[key] if key in reuse else margin_noise(runner.target, pairs)
+    seconds["noise"], t0 = time.monotonic() - t0, time.monotonic()
     delta, unexplained = calibrate_delta(gaps, noise["max"])
     tallies = {role: tally(s.name, runs[role][1], delta, [(r.prompt, r.tokens) for r in records[role]])
                for role, s in systems.items()}
@@ -240,7 +248,8 @@ def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reus
               "exact": "deployment" if exact_runner is None else "float32",
               "reference": systems["reference"].name, "candidate": systems["candidate"].name,
               "systems": {role: {"system": systems[role].name, **t.to_json()} for role, t in tallies.items()}}
-    if exact_runner is not None:  # AR in float32 beside the verdict: the deployment's precision against exact
+    report["seconds"] = seconds
+    if exact_runner is not None and exact_ar:  # AR in float32 beside the verdict: the deployment's precision
         fp32, first = parse(EXACT_AR), requests[:EXACT_AR_REQUESTS]
         _, scores = _runs(exact_runner, fp32, first, max_new, progress, reuse.setdefault("float32", {}), scorer)
         _, ar_scores = _runs(runner, systems["ar"], first, max_new, progress, reuse, scorer)  # kept: no new run
@@ -248,4 +257,5 @@ def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reus
         report["systems"]["ar_float32"] = {"system": f"{fp32.name} (float32)", "requests": len(first), **t.to_json()}
         # reported; it does not decide: AR on the same first requests against AR of the float32 model
         report["tests"]["ar_vs_float32"] = compare(tally("ar", ar_scores, delta), t)
+        seconds["ar_float32"] = time.monotonic() - t0
     return report

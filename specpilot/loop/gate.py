@@ -96,7 +96,7 @@ class Gate:
             requests, start = list(requests) + [r for r in pool if r.id not in have], len(requests)
         reuse = self.reuse.setdefault((mode, tokens), {}) if outputs is None else None
         return force(self.runner, self.reference, candidate, requests, tokens, reuse=reuse, bound=self.power_bound,
-                     outputs=outputs, exact=scorer, start=start)
+                     outputs=outputs, exact=scorer, start=start, exact_ar=False)
 
     def check_logic(self, candidate: str, requests: list[Request] | None = None, tokens: int | None = None
                     ) -> dict | None:
@@ -221,6 +221,7 @@ def forcing_summary(report: dict) -> dict:
             "sees": sees, "cannot_see": ("a smaller excess; a loss that changes no greedy token on these requests and "
                                          "lengths; a difference below the deployment's own reduction-order noise"),
             "delta": report.get("delta"), "detectable_rate": report.get("detectable_rate"),
+            "seconds": report.get("seconds"),
             "power": report.get("power"), "agreement": report.get("agreement"), "tests": tests,
             "mismatch": {role: s.get("mismatch_rate") for role, s in systems.items()},
             "tokens": {role: s.get("tokens") for role, s in systems.items()},
