@@ -30,7 +30,9 @@ def main() -> None:
     prof = cProfile.Profile()
     t = time.time()
     prof.enable()
-    report = force(runner, "stock", "ar:gemv=true", reqs, 256, exact=exact, exact_ar=False)
+    t0 = time.time()
+    report = force(runner, "stock", "ar:gemv=true", reqs, 256, exact=exact, exact_ar=False,
+                   progress=lambda: print(f"  a turn done at {time.time() - t0:.1f}s", flush=True))
     prof.disable()
     out = io.StringIO()
     print(f"force {time.time() - t:.1f}s verdict {report['verdict']} seconds {report['seconds']}", file=out)
