@@ -67,11 +67,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     "the registry that also loads them",
     ("specpilot.kernels.attention", "specpilot.runtime.regions"): "regions (profile labels, no dependencies) live in "
     "runtime/; moving them below renames an import in nine modules",
-    ("specpilot.kernels.attention", "specpilot.speculative.visibility"): "type hints",
-    ("specpilot.kernels.attention.cluster", "specpilot.speculative.visibility"): "type hints",
-    ("specpilot.kernels.attention.live", "specpilot.speculative.visibility"): "type hints",
-    ("specpilot.kernels.attention.naive", "specpilot.speculative.visibility"): "type hints",
-    ("specpilot.kernels.attention.triton", "specpilot.speculative.visibility"): "type hints",
     ("specpilot.models.dense", "specpilot.runtime.faults"): "model-level faults act inside the forward "
     "(NORM_EPS, lower_head, lower_state)",
     ("specpilot.models.dense", "specpilot.runtime.regions"): "as kernels.attention",
@@ -81,7 +76,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("specpilot.models.dflash", "specpilot.speculative.lattice"): "the drafter's output is a Lattice; the type "
     "would have to move below models/",
     ("specpilot.models.dflash", "specpilot.speculative.visibility"): "as models.dense",
-    ("specpilot.models.layers", "specpilot.speculative.visibility"): "type hints",
     ("specpilot.weights.dense", "specpilot.runtime.regions"): "as kernels.attention",
 }
 
