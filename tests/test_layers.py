@@ -60,7 +60,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     "moving target_features/Dataset below training is a refactor of distill.py",
     ("specpilot.bench.oracle", "specpilot.training.train_drafter"): "block_batch/draft_hidden/walk are the training "
     "step's own code; the oracle must run exactly them",
-    ("specpilot.config.plan", "specpilot.kernels.tuning.table"): "a KernelPlan holds its TuningTable",
     ("specpilot.deployment", "specpilot.bench.datasets"): "a deployment's request sets are checked against DATASETS, "
     "the registry that also loads them",
     ("specpilot.kernels.attention", "specpilot.runtime.regions"): "regions (profile labels, no dependencies) live in "
