@@ -28,13 +28,13 @@ import torch
 
 from bench.gpu.shapes import MODELS, drafter_for
 from specpilot.config import parse_system
+from specpilot.config.plan import TuningTable
 from specpilot.fixtures.random_models import (
     random_drafter,
     random_target,
     tiny_drafter_config,
     tiny_target_config,
 )
-from specpilot.kernels.tuning.table import TuningTable
 from specpilot.models.config import DenseConfig
 from specpilot.models.dense import Mode
 from specpilot.results import system_record

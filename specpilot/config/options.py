@@ -16,13 +16,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specpilot.runtime.faults import FAULTS
-from specpilot.speculative.sequoia import parse_accept
-
 BASES = ("ar", "stock")
 GROUPS = ("engine", "kernel", "tuning", "audit", "diagnostic")
 PLAN_GROUPS = ("kernel", "tuning", "diagnostic")  # the options a KernelPlan holds
 ATTENTION_ABLATIONS = ("none", "relaxed", "no_merge", "no_partials", "no_kv")
+FAULTS = ("none", "logit_bias", "low_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept",
+          "near_tie", "kv_low", "rare_unverified", "vocab_hole")  # runtime/faults.py implements each
+
+
+# The acceptance by rank used when `tree_accept` is empty: the real pair's (SmolLM2 + its committed drafter, 60
+# dev turns, bench/results/2026-12-03_trees_pair_replay_bf18272_h200.json), first eight ranks. `specpilot replay`
+# measures it for any deployment.
+DEFAULT_ACCEPT = (0.454, 0.105, 0.048, 0.027, 0.020, 0.017, 0.011, 0.009)
+
+
+def parse_accept(text: str) -> tuple[float, ...]:
+    """`0.6/0.1/0.05` -> (0.6, 0.1, 0.05); empty -> DEFAULT_ACCEPT. ValueError says what is wrong."""
+    if not text.strip():
+        return DEFAULT_ACCEPT
+    try:
+        p = tuple(float(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"tree_accept takes probabilities separated by '/', got {text!r}") from None
+    if not p or any(not math.isfinite(x) or x < 0 or x > 1 for x in p) or sum(p) > 1 + 1e-6:
+        raise ValueError(f"tree_accept must be probabilities in [0, 1] summing to at most 1, got {text!r}")
+    return p
 
 
 @dataclass(frozen=True)
@@ -63,7 +81,7 @@ OPTIONS: dict[str, Option] = _options(
            "candidates per position)", "engine", bases=("stock",),
            minimum=1, maximum=64),
     Option("tree_accept", str, "", "sequoia: acceptance by child rank, p0/p1/... (specpilot replay measures it); "
-           "empty = the default profile (speculative/sequoia.py)", "engine", bases=("stock",), form=parse_accept),
+           "empty = the default profile (config/options.py)", "engine", bases=("stock",), form=parse_accept),
     Option("verify", str, "exact", "exact: one target pass verifies each draft; tlv (two-level): a pass over "
            "W12's 8-bit view (made at load) picks the first draft's likely path, the drafter drafts a second "
            "round from its end, one exact pass (BF16 or weights=w12) verifies both as one tree (the 8-bit pass "

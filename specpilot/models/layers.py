@@ -8,6 +8,7 @@ kernels, with q/k/v and gate/up fused into one weight each. Every call takes the
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -19,8 +20,10 @@ from specpilot.kernels.norm import add_rms_norm, rms_norm
 from specpilot.kernels.rope import rope_qkv
 from specpilot.models.cache import AttentionState
 from specpilot.models.config import DenseConfig
-from specpilot.speculative.visibility import Visibility
 from specpilot.weights import DenseWeight
+
+if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
+    from specpilot.speculative.visibility import Visibility
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:

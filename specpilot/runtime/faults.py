@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-FAULTS = ("none", "logit_bias", "low_head", "skip_layer", "topk_truncate", "norm_eps", "unverified_accept",
-          "near_tie", "kv_low", "rare_unverified", "vocab_hole")
+from specpilot.config.options import FAULTS as FAULTS  # the names, defined with the option that takes them
+
 MODEL_FAULTS = ("low_head", "skip_layer", "norm_eps", "kv_low")
 BIAS = 3.0  # logit_bias: added to every tenth token id
 KEEP = 7 / 8  # topk_truncate: the argmax only ever sees the first 7/8 of the vocabulary

@@ -12,9 +12,12 @@ the engine's `nodes` option, tuned by measuring c(N)).
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
+
+# tree_accept's syntax and default live with the option (config/options.py)
+from specpilot.config.options import DEFAULT_ACCEPT as DEFAULT_ACCEPT
+from specpilot.config.options import parse_accept as parse_accept
 
 
 @functools.lru_cache(maxsize=64)
@@ -77,22 +80,3 @@ def expected(p: tuple[float, ...], parents: list[int], ranks: list[int]) -> floa
     for r in range(1, len(parents)):
         reach[r] = reach[parents[r]] * ps[ranks[r]]
     return sum(reach[1:])
-
-
-# The acceptance by rank used when `tree_accept` is empty: the real pair's (SmolLM2 + its committed drafter, 60
-# dev turns, bench/results/2026-12-03_trees_pair_replay_bf18272_h200.json), first eight ranks. `specpilot replay`
-# measures it for any deployment.
-DEFAULT_ACCEPT = (0.454, 0.105, 0.048, 0.027, 0.020, 0.017, 0.011, 0.009)
-
-
-def parse_accept(text: str) -> tuple[float, ...]:
-    """`0.6/0.1/0.05` -> (0.6, 0.1, 0.05); empty -> DEFAULT_ACCEPT. ValueError says what is wrong."""
-    if not text.strip():
-        return DEFAULT_ACCEPT
-    try:
-        p = tuple(float(x) for x in text.split("/"))
-    except ValueError:
-        raise ValueError(f"tree_accept takes probabilities separated by '/', got {text!r}") from None
-    if not p or any(not math.isfinite(x) or x < 0 or x > 1 for x in p) or sum(p) > 1 + 1e-6:
-        raise ValueError(f"tree_accept must be probabilities in [0, 1] summing to at most 1, got {text!r}")
-    return p

@@ -7,13 +7,17 @@ attention/live.py). All follow `Visibility.dense()` exactly.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from specpilot.config.plan import KernelPlan
 from specpilot.kernels.attention.naive import attend_naive
 from specpilot.kernels.dispatch import use_triton
 from specpilot.runtime.regions import region
-from specpilot.speculative.visibility import Visibility
+
+if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
+    from specpilot.speculative.visibility import Visibility
 
 __all__ = ["attend", "attend_naive"]
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from specpilot.kernels import nvrtc
-from specpilot.speculative.visibility import Visibility
+
+if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
+    from specpilot.speculative.visibility import Visibility
 
 SOURCE = Path(__file__).with_name("cluster.cu")
 WARPS = 8

@@ -12,10 +12,14 @@ commit before, tokens identical (bench/results/2026-12-02_cpu_step_smollm2_08ab5
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from specpilot.kernels.attention.naive import attention, fold_mask
-from specpilot.speculative.visibility import Visibility
+
+if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
+    from specpilot.speculative.visibility import Visibility
 
 
 def live_slots(vis: Visibility, rows: int, length: int) -> int:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
-from specpilot.speculative.visibility import Visibility
+if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
+    from specpilot.speculative.visibility import Visibility
 
 
 def fold_mask(mask: torch.Tensor, g: int) -> torch.Tensor:

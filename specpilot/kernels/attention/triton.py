@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -50,7 +51,9 @@ from specpilot.config.options import ATTENTION_ABLATIONS
 from specpilot.config.plan import KernelPlan
 from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
 from specpilot.kernels.gemv import kv_eviction
-from specpilot.speculative.visibility import Visibility
+
+if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
+    from specpilot.speculative.visibility import Visibility
 
 fix_triton_interpreter()
 
