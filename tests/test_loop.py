@@ -564,6 +564,7 @@ def test_the_loop_command_end_to_end_on_tiny(tmp_path):
     (["loop", "--preset", "tiny", "--deployment", "x.toml"], "exactly one"),
     (["loop", "--preset", "tiny", "--gpus", "0,1"], "'cpu'"),
     (["loop", "--preset", "tiny", "--gpus", "cpu"], "two or more"),
+    (["loop", "--preset", "tiny", "--forcing-bound", "1.5"], "fraction in (0, 1)"),
     (["report", "/no/such/run"], "no finished loop"),
 ])
 def test_loop_mistakes_are_one_line(tmp_path, args, needle):

@@ -22,6 +22,7 @@ from specpilot.cli.common import (
     progress,
 )
 from specpilot.errors import UserError
+from specpilot.forcing import TOLERANCE
 
 GATE_FAILED = 3  # exit status of a loop whose gates' timing failed (2 is a user's mistake, 130 Ctrl-C)
 
@@ -78,6 +79,12 @@ def loop(
                                                       "duration fits in what is left, and the loop stops cleanly "
                                                       "between two measurements once they are spent. Default: "
                                                       "none (no deployment named: 480).")] = None,
+    forcing_bound: Annotated[float, typer.Option(help="The gate's tolerance: token forcing of a change of "
+                                                 "arithmetic (a kernel plan of its own, W12, the 8-bit pass) must be "
+                                                 "able to detect an excess mismatch rate over stock's this small (a "
+                                                 "fraction: 0.005 = 0.5 points, the paper's rule), else it is not "
+                                                 "promoted; a change of logic alone is decided by the float32 check "
+                                                 "and reports what forcing could detect.")] = TOLERANCE,
     dataset: Datasets = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -114,7 +121,7 @@ def loop(
                     folder, rounds, agent, limit if limit is not None else (dep.limit or 3),
                     max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, resume, budget, data_dir,
                     sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions, master,
-                    [g.strip() for g in gpus.split(",")] if gpus else [])
+                    [g.strip() for g in gpus.split(",")] if gpus else [], forcing_bound=forcing_bound)
     kept = f"everything measured so far is in {folder}; continue with --resume --run-dir {folder}"
     with interruptible(f"loop interrupted: {kept}"), progress(err) as say:
         summary = run_loop(args, say)
