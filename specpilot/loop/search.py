@@ -7,8 +7,9 @@ by exact replay of the round's recorded lattices (no target needed), the step co
 (shared by every builder that verifies N rows; a budget whose replayed tau over the cheapest step it could have
 cannot reach the bar is never timed), AR's own variants (speculation on or off is a direction like any other: tau
 is 1, only the step is timed), then kernel and host options, block sizes (a short run each) and the memory's
-entries. Each prediction is S = tau x T_AR / T_step (loop/evidence.py); the ranking is by S, and a candidate is put
-forward only where it clears the start's own prediction by the headroom (or twice the step timing's spread).
+entries. Each prediction is S = tau x T_AR / T_step (loop/evidence.py); the ranking is by the predicted gain over
+the start's own prediction made the same way, and a candidate is put forward only where that gain clears the
+headroom (or twice the step timing's spread).
 
 A budget bounds the survey: candidates not reached are listed as such, never guessed.
 """
@@ -82,7 +83,11 @@ def survey(agent: BuiltinAgent, directions: list[Direction], start: System, ev: 
         ref = start_run if e.get("tau_from") == RUN else base
         e["over_start"] = e["speedup"] / ref["speedup"] if "speedup" in ref else 0.0
         e["status"] = TO_GATE if e["over_start"] >= margin else "below the bar"
-    ranked = sorted(evaluated, key=lambda e: (-(e.get("speedup") or 0.0), e["system"]))
+    # by the predicted gain over the start made the same way (replay against the start's replay, a short run
+    # against its short run): on a CPU an AR step timed back to back with the start's and AR's own timing drift
+    # apart by more than the headroom, and S over AR of two differently made predictions is no ranking
+    ranked = sorted(evaluated, key=lambda e: (-(e.get("over_start") or 0.0), -(e.get("speedup") or 0.0),
+                                              e["system"]))
     return {"start": base, "start_run": start_run, "noise": noise, "margin": margin, "bar": bar,
             "ranked": ranked, "skipped": skipped}
 
