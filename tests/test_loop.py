@@ -778,15 +778,21 @@ def test_the_float32_check_rejects_before_anything_is_timed(monkeypatch):
 def test_an_inconclusive_forcing_promotes_a_logic_change_the_float32_check_passed(monkeypatch):
     """Six mismatches at 3.5 nats in 64 tokens, outputs differing from the reference's: a tree (logic alone) that
     float32 passed is promoted; a kernel change (its own plan: precision) is not; a gross event rejects both."""
+    from types import SimpleNamespace
+
+    engines = SimpleNamespace(engine=lambda system: SimpleNamespace(system=system, plan=system.plan()))
     for cand, promoted in (("stock:nodes=8", True), ("stock:gemv=true", False)):
         g = _planted_gate(monkeypatch, 3.5, {"requests": 4, "equal": 3}, [])
-        g.logic, g.exact = Logic("pass"), Exact("bfloat16")
+        g.logic, g.exact, g.models = Logic("pass"), Exact("bfloat16"), lambda: engines
         out = g.judge("stock", cand)
         assert out["forcing"]["verdict"] == "inconclusive" and out["promoted"] is promoted, out
         assert out["mechanism"]["ran"] and out["logic"]["verdict"] == "pass"
+        # a change of arithmetic also says what the deployment's engine ran (its plan, W12's bytes, the path)
+        assert ("deployment" in out["mechanism"]) is not promoted
+        assert promoted or out["mechanism"]["deployment"]["plan"]["gemv"] is True
         assert promoted or ("more forcing tokens" in out["refused"] and "gemv" in out["refused"])
         g = _planted_gate(monkeypatch, 5.0, {"requests": 4, "equal": 4}, [])
-        g.logic, g.exact = Logic("pass"), Exact("bfloat16")
+        g.logic, g.exact, g.models = Logic("pass"), Exact("bfloat16"), lambda: engines
         assert g.judge("stock", cand)["refused"].startswith("forcing rejected it")
 
 

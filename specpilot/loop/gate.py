@@ -136,16 +136,30 @@ class Gate:
         out["controller"] = summary(card)
         out["seconds"].update({"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"),
                                "aa": card["aa"].get("seconds") if card["aa"] is not cached else 0.0})
+        precision = self.precision(candidate)
+        if precision:  # what float32 could not run: what the deployment's engine holds and the path it took
+            out["mechanism"] = {**out.get("mechanism", {}), **ran_on_deployment(self.runner, candidate)}
         if card["decision"]["verdict"] == "promote":
             t0 = time.monotonic()
             out["forcing"] = forcing_summary(self.forcing(candidate))
             out["seconds"]["forcing"] = time.monotonic() - t0
-        return decided(out, self.precision(candidate))
+        return decided(out, precision)
 
     def precision(self, candidate: str) -> str | None:
         """Why the candidate changes the deployment's arithmetic (forcing/logic.precision_change); None: logic
         alone (or no exact model to tell by: a test's gate)."""
         return None if self.exact is None else precision_change(self.exact.dep, self.reference, candidate)
+
+
+def ran_on_deployment(runner: Runner, candidate: str) -> dict:
+    """A change of arithmetic's mechanism as the deployment's engine holds it: W12's forms and the bytes they
+    hold, the path its few-row products took (or the 8-bit pass's), from the engine's own record."""
+    from specpilot.config.env import parse
+    from specpilot.results import system_record
+
+    rec = system_record(runner.engine(parse(candidate)))
+    got = {k: rec[k] for k in ("w12", "kernel") if k in rec}
+    return {"deployment": got or {"plan": {k: v for k, v in rec["plan"].items() if k != "tuning"}}}
 
 
 def forcing_refusal(forcing: dict, logic: dict | None = None, precision: str | None = "unknown") -> str | None:
