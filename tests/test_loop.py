@@ -856,5 +856,6 @@ def test_a_cpu_s_noise_is_the_spread_of_back_to_back_ratios_not_of_single_timing
     ev._one = lambda system: next(drift)
     assert ev.noise(parse_system("ar")) < 0.011  # the median of |1.00/1.01 - 1|, |1.30/1.31 - 1|, |1.60/1.59 - 1|
     alone = Evidence(SimpleNamespace(), [], 8, [], parse_system("stock"))
-    alone._one = lambda system: next(drift)
+    single = iter([1.00, 1.30, 1.60])  # one timing from each of the moments above
+    alone._one = lambda system: next(single)
     assert alone.noise(parse_system("ar")) > 0.25
