@@ -80,3 +80,9 @@ def test_the_low_head_fault_is_caught_on_smollm2():
     requests = [r for d in ("gsm8k", "humaneval", "mtbench") for r in load_requests(d, "dev", None, 1)]
     out = LogicCheck(dep).check("stock:fault=low_head", requests, 32)
     assert out["verdict"] == "reject" and abs(out["parting"]["gap"]) > out["eps"]
+
+
+def test_plain_ar_is_the_reference_and_runs_nothing():
+    check = LogicCheck(load_deployment("tiny"))
+    out = check.check("ar", [], 32)
+    assert out["verdict"] == "pass" and check._runner is None and not check._ar  # no model built, nothing run

@@ -41,7 +41,9 @@ CLASS_OPTIONS = {"target_gemm": ["gemv", "staged", "l2", "tune_rounds", "ahead",
                  "drafter_other": ["pdl"], "tree": ["tree_k"]}
 
 
-SURVEY_SHARE = 0.4  # of a budget's time left at Phase 1, what the survey may take (the gates and final need the rest)
+# of a budget's time left at Phase 1, what the survey may take (the gates and the final need the rest); a CPU's
+# gates cost more against its survey (a busy two-core CPU: survey 150 s, one gate 233 s of a 480-s budget)
+SURVEY_SHARE = {"cuda": 0.4, "cpu": 0.25}
 
 
 @dataclass
@@ -248,7 +250,8 @@ class Loop:
         left = self.run.left()
         if left is None:
             return None
-        return time.monotonic() + max(0.0, SURVEY_SHARE * (left - self._sealed_estimate()))
+        share = SURVEY_SHARE.get(self.plan.dep.torch_device().type, SURVEY_SHARE["cuda"])
+        return time.monotonic() + max(0.0, share * (left - self._sealed_estimate()))
 
     def _coding(self, step: str, name: str, d: Direction, start: System, ceiling: dict, ev) -> dict:
         """A coding agent's direction: its work (one step), then each of its submissions gated."""
