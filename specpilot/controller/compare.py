@@ -105,7 +105,20 @@ def source_tree(ref: str | None):
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tmp)], capture_output=True)
 
 
-class Worker:
+class _Asks:
+    """What a worker answers, asked and awaited in one call (the subclasses send and receive)."""
+
+    def run(self, ids: list[str], side: int = 0) -> list[dict]:
+        self.send(ids, side)
+        return self.receive()
+
+    def outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> list[dict]:
+        """Each turn's prompt and tokens (what forcing scores), untimed."""
+        self.ask_outputs(ids, max_new_tokens, system)
+        return self.receive()
+
+
+class Worker(_Asks):
     """One timing process from one source tree, serving one system or (alternating mode) both."""
 
     def __init__(self, side: Side, spec: dict, gpu: str | None, timeout: float, also: str | list[str] | None = None):
@@ -156,15 +169,6 @@ class Worker:
     def receive(self) -> list[dict]:
         return self._read()["rows"]
 
-    def run(self, ids: list[str], side: int = 0) -> list[dict]:
-        self.send(ids, side)
-        return self.receive()
-
-    def outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> list[dict]:
-        """Each turn's prompt and tokens (what forcing scores), untimed."""
-        self.ask_outputs(ids, max_new_tokens, system)
-        return self.receive()
-
     def ask_outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> None:
         """`outputs` without waiting: `receive` reads the rows (several workers answer at once)."""
         self.proc.stdin.write(json.dumps({"outputs": ids, "system": system or self.side.system,
@@ -191,7 +195,7 @@ def _exit(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit {code}"
 
 
-class InProcessWorker:
+class InProcessWorker(_Asks):
     """Worker's interface, answered in this process on the caller's models (`runner`): two systems of this install
     timed on the one copy of the target the caller already holds (a 28B twin is 56 GB: a worker process would load a
     second). The set-up and every reply are the worker's own (worker.prepare, worker.serve): the same engines and
@@ -247,14 +251,6 @@ class InProcessWorker:
     def receive(self) -> list[dict]:
         reply, self._reply = self._reply, None
         return reply["rows"]
-
-    def run(self, ids: list[str], side: int = 0) -> list[dict]:
-        self.send(ids, side)
-        return self.receive()
-
-    def outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> list[dict]:
-        self.ask_outputs(ids, max_new_tokens, system)
-        return self.receive()
 
     def ask_outputs(self, ids: list[str], max_new_tokens: int, system: str | None = None) -> None:
         self._reply = self._serve({"outputs": ids, "system": system or self.side.system,

@@ -435,8 +435,38 @@ def blocks(summary: dict, run_dir: Path, png: bytes | None) -> list:
     errors = [str(e) for e in summary.get("errors") or []]
     out = _header(summary) + ([("errors", errors)] if errors else []) + [("verdict", text, trusted)]
     files = step_files(run_dir)
-    return (out + _rounds_section(summary, png) + _candidates_section(summary, files)
+    return (out + _rounds_section(summary, png) + _candidates_section(summary, files) + _agents_section(summary)
             + _files_section(summary, run_dir, files))
+
+
+def _agents_section(summary: dict) -> list:
+    """A coding agent's work per direction (time, turns, money, jail, files changed, what it submitted), and what an
+    LLM master proposed; nothing for the builtin agent."""
+    out: list = []
+    for r in summary["rounds"]:
+        m = r.get("master")
+        if m:
+            proposed = "; ".join(f"{d['factor']}: {d['mechanism']}" for d in m.get("directions", [])) or "none"
+            out.append(("p", f"Round {r['round']}'s LLM master ({m.get('agent')}) proposed: {proposed}"
+                        + (f" (refused: {m['refused']})" if m.get("refused") else "")))
+    rows = [_agent_row(r["round"], d["direction"], d["agent"]) for r in summary["rounds"]
+            for d in r.get("directions", []) if "agent" in d]
+    if rows:
+        out += [("h2", "Agents"), ("table", ["round", "direction", "seconds", "turns", "cost", "jail", "changed",
+                                             "submitted", "refused"], rows)]
+    return out
+
+
+def _agent_row(rnd: int, d: dict, a: dict) -> list:
+    where = f"{d['factor']}: {d['mechanism']}"
+    if "skipped" in a:
+        return [rnd, where, "-", "-", "-", "-", "-", "-", a["skipped"]]
+    cost = a.get("watch", {}).get("cost_usd")
+    jail = a.get("jail", {})
+    submitted = ", ".join(f"`{c['system']}`" for c in a.get("candidates", [])) or "-"
+    return [rnd, where, _fmt(a.get("finished", {}).get("seconds"), ".0f"), a.get("watch", {}).get("turns", "-"),
+            "-" if cost is None else f"${cost:.2f}", "yes" if jail.get("used") else f"no ({jail.get('why_not')})",
+            f"{len(a.get('frozen', {}).get('changed', []))} files", submitted, a.get("refused") or "-"]
 
 
 # rendering
