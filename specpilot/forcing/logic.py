@@ -28,6 +28,7 @@ from specpilot.deployment import Deployment
 from specpilot.errors import UserError
 from specpilot.forcing.judge import first_divergence
 from specpilot.forcing.noise import margin_noise
+from specpilot.forcing.run import float32_of
 from specpilot.forcing.score import score_output
 
 EPS_FACTOR = 4.0  # a parting within this many times float32's largest measured noise is a tie
@@ -175,7 +176,7 @@ def float32_runner(dep: Deployment) -> Runner:
     """The deployment's function in float32 on its device, drafter included (a twin's unwidened pair)."""
     from specpilot.models.pair import build_pair
 
-    small = dataclasses.replace(dep, dtype="float32", twin_width=1, twin_depth=None)
+    small = float32_of(dep)
     target, drafter, tok = build_pair(small)
     return Runner(target, drafter, tok, small.context, max_engines=4)
 

@@ -105,13 +105,17 @@ class ExactTargets:
         return mode, self.target(mode)
 
 
+def float32_of(dep: Deployment) -> Deployment:
+    """The deployment's function in float32 on its device. A twin is the unwidened pair: the widening computes the
+    same function in exact arithmetic (models/twin.py), at 1/r^2 of the memory."""
+    return dataclasses.replace(dep, dtype="float32", twin_width=1, twin_depth=None)
+
+
 def exact_target(dep: Deployment) -> DenseTarget:
-    """The deployment's target function in float32 on its device. A twin is the unwidened model: the widening
-    computes the same function in exact arithmetic (models/twin.py), at 1/r^2 of the memory."""
+    """The deployment's target function in float32 on its device (float32_of)."""
     from specpilot.models.pair import build_pair
 
-    small = dataclasses.replace(dep, dtype="float32", twin_width=1, twin_depth=None)
-    return build_pair(small, with_drafter=False)[0]
+    return build_pair(float32_of(dep), with_drafter=False)[0]
 
 
 def near_tie_gaps(scorer, reference: list[TurnRecord], ar: list[TurnRecord]) -> list[float]:

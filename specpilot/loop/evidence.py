@@ -124,9 +124,6 @@ class Evidence:
 
     def replayable(self, system: System) -> bool:
         """Its tau comes from replay of the recorded lattices (a builder or budget over them)."""
-        return self._tree_only(system)
-
-    def _tree_only(self, system: System) -> bool:
         return system.speculative and bool(self.lattices) and _changed(system, self.lattice_system) <= TREE_KEYS
 
     def bound(self, system: System) -> float | None:
@@ -135,7 +132,7 @@ class Evidence:
         small model a step's cost is not monotone in its rows (SmolLM2 on an H100: trees of 4-12 rows 1.48-1.56 ms,
         the 16-row chain 1.39 ms, 32-row trees 1.46 ms), and that bound pruned the budgets that won. None where
         nothing bounds it yet."""
-        if not self._tree_only(system):
+        if not self.replayable(system):
             return None
         rows = self.runner.engine(system).rows
         below = [t for r, t in self.row_steps.items() if r <= rows]
@@ -154,7 +151,7 @@ class Evidence:
             return {"system": system.name, "error": str(exc)}
         except (RuntimeError, ValueError) as exc:  # a value the engine cannot run here: no evidence, not a crash
             return {"system": system.name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
-        if self._tree_only(system):
+        if self.replayable(system):
             rows = self.runner.engine(system).rows
             self.row_steps[rows] = min(self.row_steps.get(rows, t_step), t_step)
         return {"system": system.name, "tau": tau, "tau_from": how, "step_s": t_step, "ar_step_s": t_ar,

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
+from specpilot.config.env import parse
 from specpilot.controller.compare import REPO, Side, Worker, WorkerDied, compare
 from specpilot.errors import UserError
 from specpilot.forcing import POWER_BOUND
@@ -38,6 +39,7 @@ from specpilot.forcing.logic import LogicCheck, precision_change
 from specpilot.forcing.parallel import records_of
 from specpilot.forcing.run import ExactTargets, force
 from specpilot.loop.evidence import differs_from_ar, exact_arithmetic
+from specpilot.results import system_record
 
 
 @dataclass
@@ -154,9 +156,6 @@ class Gate:
 def ran_on_deployment(runner: Runner, candidate: str) -> dict:
     """A change of arithmetic's mechanism as the deployment's engine holds it: W12's forms and the bytes they
     hold, the path its few-row products took (or the 8-bit pass's), from the engine's own record."""
-    from specpilot.config.env import parse
-    from specpilot.results import system_record
-
     rec = system_record(runner.engine(parse(candidate)))
     got = {k: rec[k] for k in ("w12", "kernel") if k in rec}
     return {"deployment": got or {"plan": {k: v for k, v in rec["plan"].items() if k != "tuning"}}}
