@@ -107,9 +107,13 @@ def test_verdict_statistics():
     wider = SystemForcing("wider", tokens=10000, mismatches=70, margins=[0.05 + 0.001 * i for i in range(70)])
     judged = verdict(stock, wider, exact, 0.5)
     assert judged["verdict"] == "reject" and judged["tests"]["candidate_vs_reference"]["failed"] == ["margins"]
-    # a lossy reference cannot vouch, even for a candidate equal to it
+    # a lossy reference cannot vouch, even for a candidate equal to it: held to AR, the candidate departs too
     judged = verdict(worse, worse, exact, 0.5)
-    assert judged["verdict"] == "reject" and "cannot vouch" in judged["reason"]
+    assert judged["verdict"] == "reject" and "cannot vouch" in judged["reason"] and judged["held_to"] == "ar"
+    # a candidate as faithful as AR itself passes although the reference departs, its power stated against AR's
+    judged = verdict(worse, same, exact, 0.5)
+    assert judged["verdict"] == "pass" and "held to AR" in judged["reason"] and judged["held_to"] == "ar"
+    assert judged["detectable_rate"] == detectable_rate(same.tokens, exact.mismatches, exact.tokens)
 
 
 def test_detectable_rate():

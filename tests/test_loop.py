@@ -859,3 +859,48 @@ def test_a_cpu_s_noise_is_the_spread_of_back_to_back_ratios_not_of_single_timing
     single = iter([1.00, 1.30, 1.60])  # one timing from each of the moments above
     alone._one = lambda system: next(single)
     assert alone.noise(parse_system("ar")) > 0.25
+
+
+def _look_card(requests: int, lower: float, upper: float, bar: float = 1.03) -> dict:
+    return {"decision": {"verdict": "promote" if lower > bar else "reject", "reason": "planted", "gain": 1.05,
+                         "lower": lower, "upper": upper, "noise": 0.01, "bar": bar, "requests": requests},
+            "ab": {"outputs_equal": True, "mode": "alternating", "rows_a": [], "rows_b": [], "seconds": 2.0},
+            "aa": {}}
+
+
+@pytest.mark.parametrize("bounds, looks, stopped", [
+    ({1: (1.05, 1.2)}, 1, "decided"),                                    # clears the bar at once
+    ({1: (0.9, 1.01)}, 1, "decided"),                                    # cannot reach it: no more requests
+    ({1: (1.0, 1.2), 2: (1.04, 1.1)}, 2, "decided"),                     # straddles, then clears it
+    ({1: (1.0, 1.2), 2: (1.01, 1.1), 4: (1.02, 1.06)}, 3, "the cap"),    # straddles at every look
+])
+def test_the_gate_adds_requests_until_the_bound_is_decided(monkeypatch, bounds, looks, stopped):
+    """Sequential timing: each look doubles the requests per dataset while the bounds straddle the bar, up to 3
+    looks, every look read at the Bonferroni share of the controller's 5% (one-sided)."""
+    import specpilot.loop.gate as gate_mod
+    from specpilot.controller.gate import sequential_confidence
+
+    asked = []
+
+    def compare(a, b, spec, **kw):
+        asked.append((spec["limit"], kw["confidence"]))
+        return _look_card(5 * spec["limit"], *bounds[spec["limit"]])
+
+    monkeypatch.setattr(gate_mod, "compare", compare)
+    g = gate_mod.Gate({"split": "dev", "limit": 1}, lambda: None, [], 16, alternating=True, reps=1, looks=3)
+    card = g.timing("stock", "stock:tree=best_first,nodes=16")
+    assert [limit for limit, _ in asked] == [1, 2, 4][:looks]
+    assert all(c == pytest.approx(1 - 2 * 0.05 / 3) == sequential_confidence(3) for _, c in asked)
+    seq = card["sequential"]
+    assert (len(seq["looks"]), seq["stopped"], seq["seconds"]) == (looks, stopped, 2.0 * looks)
+    assert [x["requests"] for x in seq["looks"]] == [5, 10, 20][:looks]
+    assert sequential_confidence(1) == pytest.approx(0.90)  # one look: the controller's own rule
+
+
+def test_a_look_that_gains_no_requests_ends_the_sequence(monkeypatch):
+    import specpilot.loop.gate as gate_mod
+
+    monkeypatch.setattr(gate_mod, "compare", lambda a, b, spec, **kw: _look_card(5, 1.0, 1.2))
+    g = gate_mod.Gate({"split": "dev", "limit": 1}, lambda: None, [], 16, alternating=True, reps=1, looks=3)
+    seq = g.timing("stock", "stock:tree=best_first,nodes=16")["sequential"]
+    assert len(seq["looks"]) == 2 and seq["stopped"] == "no more requests"

@@ -16,7 +16,7 @@ mkdir -p /tmp/o
 
 send_back() {
     [ -d "$run" ] && python3 -m specpilot.cli report "$run" >/dev/null 2>&1
-    tar czf "$OUT/loop.tgz" -C /tmp/o "loop-$preset" "loop-$preset.log" 2>/dev/null
+    tar czf "$OUT/loop.tgz" -C /tmp/o "loop-$preset" "loop-$preset.log" "loop-$preset.samples" 2>/dev/null
     tail -n 30 "/tmp/o/loop-$preset.log"
 }
 
@@ -24,21 +24,22 @@ case "${1:-sweep}" in
 sweep)
     nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
     systems=(--system ar:gemv=true --system stock:tree=best_first,nodes=16 --system stock:tree=best_first,nodes=32
-             --system stock:tree=best_first,nodes=48 --system stock:tree=ddtree,nodes=32
+             --system stock:tree=best_first,nodes=48 --system stock:tree=best_first,nodes=64 --system stock:tree=ddtree,nodes=32
              --system stock:tree=eagle2,nodes=32 --system stock:tree=sequoia,nodes=32 --system stock:gemv=true)
     [ "$preset" = smollm2 ] || systems=(--system stock:tree=best_first,nodes=32 --system stock:tree=best_first,nodes=48
                                         --system ar:gemv=true)
     timeout -k 20 "${SWEEP_S:-330}" python3 -m specpilot.cli bench --preset "$preset" --system stock "${systems[@]}" \
         --limit "${LIMIT:-2}" --max-new-tokens 256 --json "$OUT/sweep.json" 2>&1 | tail -n 25
     rm -rf "$run"
-    setsid nohup python3 -m specpilot.cli loop --preset "$preset" --rounds "${ROUNDS:-1}" --budget "${BUDGET:-600}" \
+    # under the sampling profiler (bench/gpu/sampled.py): where the loop's wall time went, in loop-PRESET.samples
+    setsid nohup python3 bench/gpu/sampled.py "/tmp/o/loop-$preset.samples" loop --preset "$preset" --rounds "${ROUNDS:-1}" --budget "${BUDGET:-600}" \
         --run-dir "$run" >"/tmp/o/loop-$preset.log" 2>&1 </dev/null &
     sleep "${AFTER:-200}"
     send_back
     ;;
 watch)
-    for _ in $(seq "${WAIT:-560}"); do pgrep -f "specpilot.cli loop" >/dev/null || break; sleep 1; done
-    pgrep -f "specpilot.cli loop" >/dev/null && echo "loop still running"
+    for _ in $(seq "${WAIT:-560}"); do pgrep -f "sampled.py .*loop --preset" >/dev/null || break; sleep 1; done
+    pgrep -f "sampled.py .*loop --preset" >/dev/null && echo "loop still running"
     send_back
     ;;
 esac

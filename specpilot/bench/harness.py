@@ -63,11 +63,15 @@ class Runner:
             self._engines[key] = self._engines.pop(key)  # now the most recently used
         else:
             self._evict()
-            fresh = system.plan()
-            plan = self._plans.setdefault(tuple(sorted(fresh.features().items())), fresh)
+            plan = self.shared_plan(system.plan())
             drafter = self.drafter if system.speculative else None
             self._engines[key] = Engine(self.target, drafter, system, context=self.context, plan=plan)
         return self._engines[key]
+
+    def shared_plan(self, plan: KernelPlan) -> KernelPlan:
+        """The plan this runner's engines of equal features share (its tuning table filled by their step tuning),
+        or `plan`, now shared."""
+        return self._plans.setdefault(tuple(sorted(plan.features().items())), plan)
 
     def _evict(self) -> None:
         """Drop the least recently used engines until one more fits under max_engines; their memory is freed."""

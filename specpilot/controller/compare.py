@@ -40,6 +40,7 @@ import numpy as np
 
 from specpilot.controller import tamper
 from specpilot.controller.gate import (
+    CONFIDENCE,
     MIN_PASSES,
     SLOT_DIFF_WARN,
     GainEstimate,
@@ -536,7 +537,8 @@ def check_config(aa: dict, hello_a: dict) -> None:
 
 def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None, timeout: float = 1800,
             noise: float | None = None, gpus: list[str] | None = None, aa: dict | None = None, reps: int = 1,
-            alternating: bool = False, clock: str = "worker", remeasure: bool = False, runner=None) -> dict:
+            alternating: bool = False, clock: str = "worker", remeasure: bool = False, runner=None,
+            confidence: float = CONFIDENCE) -> dict:
     """The evidence card: the A/A run (unless a noise figure or an earlier A/A run `aa` is given), the
     A/B run, the verdict, and with an A/A run the gain with the slots' difference divided out.
     With two GPUs (`gpus`), paired runs with the GPUs swapped; otherwise A B B A blocks on `gpu`, or one worker
@@ -545,9 +547,11 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
     card carries tamper.py's checks of B against A. An earlier A/A run that cannot stand for this one (aa_mismatch,
     check_config) is refused (StaleAA), or with `remeasure` replaced by a new one. `runner`: both runs timed in
     this process on those models (measure's InProcessWorker), for two systems of this install on one device; a
-    worker that dies (a crash, out of memory, killed, timed out) raises WorkerDied."""
+    worker that dies (a crash, out of memory, killed, timed out) raises WorkerDied. confidence: of the A/B gain's
+    two-sided interval the verdict reads its lower bound from (a sequential gate's looks ask for more; the A/A
+    noise is always the 90% interval's)."""
     card = partial(_compare, a, b, spec, block, gpu, timeout, noise, gpus, reps=reps, alternating=alternating,
-                   clock=clock, runner=runner)
+                   clock=clock, runner=runner, confidence=confidence)
     try:
         return card(aa=aa)
     except StaleAA:
@@ -557,8 +561,9 @@ def compare(a: Side, b: Side, spec: dict, block: int = 4, gpu: str | None = None
 
 
 def _compare(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: float, noise: float | None,
-             gpus: list[str] | None, aa: dict | None, reps: int, alternating: bool, clock: str, runner=None) -> dict:
-    card: dict = {"block": block, "gpu": gpu, "gpus": gpus, "reps": reps, "clock": clock,
+             gpus: list[str] | None, aa: dict | None, reps: int, alternating: bool, clock: str, runner=None,
+             confidence: float = CONFIDENCE) -> dict:
+    card: dict = {"block": block, "gpu": gpu, "gpus": gpus, "reps": reps, "clock": clock, "confidence": confidence,
                   "controller": {"path": str(Path(__file__).resolve().parent),
                                  "code_hash": code_hash(Path(__file__).resolve().parent)}}
     mode = run_mode(spec, gpus, alternating)
@@ -587,7 +592,7 @@ def _compare(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout:
             noise = noise_from(GainEstimate(**aa["estimate"]))
     ab = run(a, b, noise, on_start)
     card["ab"] = ab
-    card["decision"] = decide(estimate(ab["ratios"]), noise, ab["outputs_equal"])
+    card["decision"] = decide(estimate(ab["ratios"], confidence), noise, ab["outputs_equal"])
     if clock == "controller":
         card["tamper"] = tamper.check(ab["rows_a"], ab["rows_b"])
     if aa is not None:

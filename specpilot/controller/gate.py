@@ -21,6 +21,7 @@ from scipy.stats import t as student_t
 
 MARGIN_SAME = 0.01
 MARGIN_DIVERGED = 0.03
+CONFIDENCE = 0.90  # of the gain's two-sided interval: each bound one-sided 95%
 
 
 @dataclass
@@ -40,7 +41,7 @@ def rate_ratios(base_tokens, base_seconds, cand_tokens, cand_seconds) -> np.ndar
     return cand / base
 
 
-def estimate(ratios, confidence: float = 0.90) -> GainEstimate:
+def estimate(ratios, confidence: float = CONFIDENCE) -> GainEstimate:
     """confidence: of the two-sided interval (0.90: each bound one-sided 95%). Exact when the log ratios are
     normal, whatever the number of requests; a symmetric heavier tail only widens it."""
     logs = np.log(np.asarray(ratios, float))
@@ -93,6 +94,19 @@ def settled(ratios, noise: float, outputs_equal: bool) -> bool:
     est = estimate(ratios, confidence=EARLY_CONFIDENCE)
     bar = 1 + (MARGIN_SAME if outputs_equal else MARGIN_DIVERGED) + 2 * noise
     return est.lower > bar or est.upper < bar
+
+
+def sequential_confidence(looks: int, alpha: float = 1 - (1 + CONFIDENCE) / 2) -> float:
+    """The two-sided confidence each of `looks` looks at a growing set of requests reads its bounds at, so that
+    the chance of any false promotion over all of them stays at most `alpha` (one-sided; Bonferroni: alpha/looks
+    each). One look: the controller's own 90% (95% one-sided)."""
+    return 1 - 2 * alpha / looks
+
+
+def decided_at(decision: dict) -> bool:
+    """A look's verdict that more requests could not change: its lower bound clears the bar, or its upper bound is
+    under it (not even the gain's best case would clear it)."""
+    return decision["lower"] > decision["bar"] or decision["upper"] < decision["bar"]
 
 
 def decide(candidate: GainEstimate, noise: float, outputs_equal: bool) -> dict:

@@ -14,7 +14,8 @@ the baseline's, and the reference's own such events fail the reference against A
 Two comparisons, each of three one-sided tests (a higher mismatch rate and a higher event rate, Fisher's exact
 test; larger margins at mismatches, Mann-Whitney U): candidate against reference, and reference against AR (the
 exact target's own greedy output in the deployment's precision). A reference that departs from the exact target
-cannot vouch for anything. The six tests share the level alpha (Bonferroni), so a lossless candidate with a
+cannot vouch for anything: the candidate is then held to AR itself (candidate against AR decides in place of
+candidate against reference: still two decisive comparisons). The six tests share the level alpha (Bonferroni), so a lossless candidate with a
 lossless reference is rejected at most alpha of the time, provided the exact target is as far from one as from the
 other. A bf16 target scoring through cuBLAS is not, where the candidate runs other kernels: the reference's
 projections are then the scorer's own, bit for bit, and the margins test leans against the candidate (AR on W12 was
@@ -186,20 +187,36 @@ def detectable_rate(tokens: int, ref_mismatches: int, ref_tokens: int) -> float:
 
 def verdict(reference: SystemForcing, candidate: SystemForcing, exact: SystemForcing, delta: float) -> dict:
     """{"verdict": "pass" | "reject", "reason", "tests": both comparisons (and the candidate against the exact
-    target, reported), "detectable_rate"}. delta: the events' noise bound, which sets the gross bar."""
+    target), "detectable_rate"}. A reference that departs from the exact target cannot vouch: the candidate is then
+    held to AR (the exact target's own greedy output) in its place, "held_to": "ar", and passes only where it does
+    not depart from AR itself (a candidate sharing the reference's flaw departs as it does). delta: the events'
+    noise bound, which sets the gross bar."""
     tests = {"candidate_vs_reference": compare(candidate, reference, delta),
              "reference_vs_exact": compare(reference, exact, delta),
-             "candidate_vs_exact": compare(candidate, exact, delta)}  # reported; the two above decide
+             # reported; decisive in place of the first where the reference fails the second
+             "candidate_vs_exact": compare(candidate, exact, delta)}
     out = {"tests": tests, "detectable_rate": detectable_rate(candidate.tokens, reference.mismatches, reference.tokens)}
     ref_bad, cand_bad = tests["reference_vs_exact"]["failed"], tests["candidate_vs_reference"]["failed"]
     if not candidate.tokens:
         return {**out, "verdict": "reject", "reason": "the candidate produced no tokens"}
-    if ref_bad:
-        return {**out, "verdict": "reject", "reason": (
-            f"the reference {reference.name} departs from the exact target ({', '.join(ref_bad)}: mismatch "
-            f"{100 * reference.mismatch_rate:.2f}% vs AR {100 * exact.mismatch_rate:.2f}%, "
-            f"{reference.large_margin_events} vs {exact.large_margin_events} large-margin events"
-            f"{_gross_text(tests['reference_vs_exact'], 'AR')}): it cannot vouch")}
+    if ref_bad:  # the candidate is held to AR itself, the two decisive comparisons still two
+        why = (f"the reference {reference.name} departs from the exact target ({', '.join(ref_bad)}: mismatch "
+               f"{100 * reference.mismatch_rate:.2f}% vs AR {100 * exact.mismatch_rate:.2f}%, "
+               f"{reference.large_margin_events} vs {exact.large_margin_events} large-margin events"
+               f"{_gross_text(tests['reference_vs_exact'], 'AR')}): it cannot vouch")
+        t, bad = tests["candidate_vs_exact"], tests["candidate_vs_exact"]["failed"]
+        out["detectable_rate"] = detectable_rate(candidate.tokens, exact.mismatches, exact.tokens)
+        out["held_to"] = "ar"
+        if bad:
+            return {**out, "verdict": "reject", "reason": (
+                f"{why}; held to AR instead, the candidate departs too ({', '.join(bad)}: mismatch "
+                f"{100 * candidate.mismatch_rate:.2f}% vs {100 * exact.mismatch_rate:.2f}% (p = "
+                f"{t['mismatch_p']:.2g}){_gross_text(t, 'AR')})")}
+        return {**out, "verdict": "pass", "reason": (
+            f"{why}; held to AR instead: mismatch {100 * candidate.mismatch_rate:.2f}% vs AR "
+            f"{100 * exact.mismatch_rate:.2f}%, {candidate.large_margin_events} large-margin events vs "
+            f"{exact.large_margin_events}; an excess mismatch rate of {100 * out['detectable_rate']:.2f} points over "
+            f"AR's would have been caught")}
     if cand_bad:
         t = tests["candidate_vs_reference"]
         return {**out, "verdict": "reject", "reason": (

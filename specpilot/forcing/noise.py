@@ -10,6 +10,8 @@ near-tie can be from zero. (CUDA graphs replay the kernels they captured: graphs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specpilot.config.plan import KernelPlan
@@ -39,24 +41,27 @@ def _gaps(target: DenseTarget, prompt: list[int], output: list[int], rows: int, 
     return (top[:, 0] - top[:, 1]).cpu()
 
 
-def perturbations(device: torch.device) -> dict[str, tuple[int | None, KernelPlan]]:
-    """name -> (rows per pass, None: all at once; kernel plan): the exact-equivalent recomputations measured."""
-    stock = KernelPlan.stock()
+def perturbations(device: torch.device, share: Callable[[KernelPlan], KernelPlan] = lambda p: p
+                  ) -> dict[str, tuple[int | None, KernelPlan]]:
+    """name -> (rows per pass, None: all at once; kernel plan): the exact-equivalent recomputations measured.
+    share: the plan of equal features whose kernel configs are chosen already (bench/harness.Runner.shared_plan):
+    on a GPU the GEMV's autotuner would otherwise compile every config of every shape (39 s on SmolLM2)."""
+    stock = share(KernelPlan.stock())
     out: dict[str, tuple[int | None, KernelPlan]] = {"rows=1": (1, stock), "rows=4": (4, stock), "rows=16": (16, stock)}
     if device.type == "cuda":  # elsewhere every plan runs the same PyTorch references
-        out["kernels=naive"] = (None, KernelPlan.stock(kernels="naive"))
-        out["gemv,rows=1"] = (1, KernelPlan.stock(gemv=True))
+        out["kernels=naive"] = (None, share(KernelPlan.stock(kernels="naive")))
+        out["gemv,rows=1"] = (1, share(KernelPlan.stock(gemv=True)))
     return out
 
 
 def margin_noise(target: DenseTarget, pairs: list[tuple[list[int], list[int]]], max_tokens: int = 64,
-                 naive: bool = False) -> dict:
+                 naive: bool = False, share: Callable[[KernelPlan], KernelPlan] = lambda p: p) -> dict:
     """pairs: (prompt, output) of the exact target's own greedy runs. Returns the per-position changes of the
     top-2 gap between a one-pass recomputation and each perturbation: their maximum (the noise bound), a high
     quantile, each perturbation's maximum and how many positions were measured. naive: on the PyTorch references
     alone, in passes of 1, 4 and 16 rows (the noise of a computation that runs on them: forcing/logic.py)."""
-    stock, diffs = KernelPlan.stock(**({"kernels": "naive"} if naive else {})), {}
-    which = perturbations(torch.device("cpu") if naive else target.embed.weight.device)
+    stock, diffs = share(KernelPlan.stock(**({"kernels": "naive"} if naive else {}))), {}
+    which = perturbations(torch.device("cpu") if naive else target.embed.weight.device, share)
     if naive:
         which = {name: (rows, stock) for name, (rows, _) in which.items()}
     for prompt, output in pairs:

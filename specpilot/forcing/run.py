@@ -160,9 +160,13 @@ def force(runner: Runner, reference: str, candidate: str, requests, max_new: int
     own: dict = {}  # the candidate's runs, kept across this call's rounds only
     exact_runner = None if exact is None else Runner(exact, None, runner.tokenizer, runner.context)
     n = min(start or len(requests), len(requests))
+    seconds: dict[str, float] = {}  # every round's, summed: a round reuses the outputs and scores made before it
     while True:
         report = _with_power(_judge(runner, systems, requests[:n], max_new, progress, reuse, own, exact_runner,
                                     outputs, generate, store, exact_ar), bound, n)
+        for k, v in report["seconds"].items():
+            seconds[k] = seconds.get(k, 0.0) + v
+        report["seconds"] = dict(seconds)
         if report["verdict"] == "reject" or report["power"]["met"] or n >= len(requests):
             return report
         if on_round is not None:
@@ -240,7 +244,7 @@ def _judge(runner: Runner, systems: dict, requests, max_new: int, progress, reus
     gaps = near_tie_gaps(scorer, records["reference"], records["ar"])
     pairs = [(r.prompt, r.tokens) for r in records["ar"][:NOISE_REQUESTS]]
     key = ("noise", tuple((tuple(p), tuple(t)) for p, t in pairs))  # the same AR outputs: the same measurement
-    noise = reuse[key] = reuse[key] if key in reuse else margin_noise(runner.target, pairs)
+    noise = reuse[key] = reuse[key] if key in reuse else margin_noise(runner.target, pairs, share=runner.shared_plan)
     seconds["noise"], t0 = time.monotonic() - t0, time.monotonic()
     delta, unexplained = calibrate_delta(gaps, noise["max"])
     tallies = {role: tally(s.name, runs[role][1], delta, [(r.prompt, r.tokens) for r in records[role]])

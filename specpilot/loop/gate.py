@@ -33,6 +33,7 @@ from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.config.env import parse
 from specpilot.controller.compare import REPO, Side, Worker, WorkerDied, compare
+from specpilot.controller.gate import CONFIDENCE, decided_at, sequential_confidence
 from specpilot.errors import UserError
 from specpilot.forcing import POWER_BOUND
 from specpilot.forcing.logic import LogicCheck, precision_change
@@ -64,21 +65,52 @@ class Gate:
     forcing_pool: list[Request] = field(default_factory=list)
     precision_tokens: int | None = None  # their outputs' length (longer outputs reach the bound on fewer requests)
     in_process: bool = False  # time the install's candidates on `models` (a GPU: one copy of the target), not a worker
+    looks: int = 1  # the timing's sequential looks (`timing`); 1: the controller's single run
     release: Callable[[], None] = lambda: None  # frees the loop's models before a worker loads its own copy
+    say: Callable[[str], None] = lambda s: None  # progress lines (the loop's console)
 
     @property
     def runner(self) -> Runner:
         return self.models()
 
     def timing(self, start: str, candidate: str, split: str | None = None) -> dict:
-        """The noise is the machine's and the start system's: one A/A run per start serves every split."""
+        """The controller's card, sequentially: with `looks` > 1 a look whose bounds straddle the bar is followed
+        by one on twice the requests per dataset (the first ones again and as many new), up to `looks` looks, each
+        reading its bounds at sequential_confidence(looks) so that the chance of a false promotion over all of them
+        stays at the controller's 5% (one-sided, Bonferroni). The card is the last look's, with "sequential": every
+        look's gain and bounds, why it stopped, and the A/B seconds of all."""
         spec = {**self.spec, **({"split": split} if split else {})}
+        limit = spec.get("limit")  # None: the worker's own requests, which no look can add to
+        n = self.looks if limit else 1
+        conf, looks, stopped = sequential_confidence(n), [], "the cap"
+        for k in range(n):
+            card = self._card(start, candidate, {**spec, "limit": limit * 2**k} if limit else spec, conf)
+            d = card["decision"]
+            looks.append({"requests": d["requests"], "gain": d["gain"], "lower": d["lower"], "upper": d["upper"],
+                          "bar": d["bar"], "seconds": card["ab"].get("seconds")})
+            if decided_at(d):
+                stopped = "decided"
+                break
+            if k and looks[-1]["requests"] <= looks[-2]["requests"]:
+                stopped = "no more requests"
+                break
+            if k + 1 < n:
+                self.say(f"  timing: {d['requests']} requests undecided (bounds {d['lower']:.3f}-{d['upper']:.3f} "
+                         f"around the bar {d['bar']:.3f}): more requests")
+        card["sequential"] = {"looks": looks, "max_looks": n, "confidence": conf, "stopped": stopped,
+                              "alpha": 1 - (1 + CONFIDENCE) / 2,
+                              "seconds": sum(x["seconds"] or 0.0 for x in looks)}
+        return card
+
+    def _card(self, start: str, candidate: str, spec: dict, confidence: float) -> dict:
+        """One look. The noise is the machine's and the start system's: one A/A run per start serves every split
+        and request count."""
         key = start
         if not self.in_process:
             self.release()  # the worker loads its own copy
         card = compare(Side(start, REPO), Side(candidate, REPO), spec, gpu=None, timeout=self.timeout,
                        aa=self.aa.get(key), reps=self.reps, alternating=self.alternating, remeasure=True,
-                       runner=self.runner if self.in_process else None)
+                       runner=self.runner if self.in_process else None, confidence=confidence)
         self.aa[key] = card["aa"]  # the one it used: the cached one, or a new one where that no longer stood
         return card
 
@@ -87,8 +119,12 @@ class Gate:
         """Token forcing against the reference, scored by the exact target `exact_mode` picks (outputs: another
         tree's, whose code may change any kernel). A precision change (`precision_change`) is forced on `pool`
         (default: the gate's pool), from the requests given up, until the power bound is reached."""
+        # below float32, every candidate is scored by the float32 model, which shares its rounding with no side (the
+        # deployment's target shares the reference's prefill kernels: on the H100 stock's own margins failed against
+        # AR's under it, 2026-12-06)
         mode, scorer = ("deployment", None) if self.exact is None else self.exact.pick(
-            "auto", self.reference, candidate, foreign=outputs is not None)
+            "float32" if self.exact.dep.torch_dtype().itemsize < 4 else "auto", self.reference, candidate,
+            foreign=outputs is not None)
         start, precise = None, outputs is None and self.precision(candidate)
         requests = requests or self.forcing_requests
         tokens = tokens or (self.precision_tokens if precise and self.precision_tokens else self.forcing_tokens)
@@ -97,8 +133,12 @@ class Gate:
             have = {r.id for r in requests}
             requests, start = list(requests) + [r for r in pool if r.id not in have], len(requests)
         reuse = self.reuse.setdefault((mode, tokens), {}) if outputs is None else None
-        return force(self.runner, self.reference, candidate, requests, tokens, reuse=reuse, bound=self.power_bound,
-                     outputs=outputs, exact=scorer, start=start, exact_ar=False)
+        report = force(self.runner, self.reference, candidate, requests, tokens, reuse=reuse, bound=self.power_bound,
+                       outputs=outputs, exact=scorer, start=start, exact_ar=False,
+                       on_round=lambda r: self.say(f"  forcing: {progress(r)}; more requests"))
+        self.say(f"  forcing: {progress(report)}: {report['verdict']}")
+        report["max_new_tokens"] = tokens
+        return report
 
     def check_logic(self, candidate: str, requests: list[Request] | None = None, tokens: int | None = None
                     ) -> dict | None:
@@ -124,6 +164,7 @@ class Gate:
         logic = self.check_logic(candidate)
         if logic is not None:
             out["logic"], out["seconds"]["logic"] = logic, time.monotonic() - t0
+            self.say(f"  float32 check: {logic['verdict']} ({out['seconds']['logic']:.0f} s)")
             if logic.get("mechanism"):
                 out["mechanism"] = logic["mechanism"]
             if logic["verdict"] == "reject":
@@ -136,21 +177,34 @@ class Gate:
         except UserError as exc:  # the candidate cannot run here (the engine refuses it): refused, the loop goes on
             return {**out, "promoted": False, "refused": str(exc)}
         out["controller"] = summary(card)
-        out["seconds"].update({"timing": time.monotonic() - t0, "ab": card["ab"].get("seconds"),
+        out["seconds"].update({"timing": time.monotonic() - t0, "ab": card["sequential"]["seconds"],
                                "aa": card["aa"].get("seconds") if card["aa"] is not cached else 0.0})
+        c = out["controller"]
+        self.say(f"  timing: gain {c['gain']:.3f}, lower bound {c['lower']:.3f}, bar {c['bar']:.3f}: {c['verdict']} "
+                 f"({out['seconds']['timing']:.0f} s)")
         precision = self.precision(candidate)
         if precision:  # what float32 could not run: what the deployment's engine holds and the path it took
             out["mechanism"] = {**out.get("mechanism", {}), **ran_on_deployment(self.runner, candidate)}
         if card["decision"]["verdict"] == "promote":
             t0 = time.monotonic()
-            out["forcing"] = forcing_summary(self.forcing(candidate))
-            out["seconds"]["forcing"] = time.monotonic() - t0
+            report = self.forcing(candidate)
+            out["forcing"] = forcing_summary(report)
+            out["seconds"].update(forcing=time.monotonic() - t0, forcing_tokens=report["max_new_tokens"])
         return decided(out, precision)
 
     def precision(self, candidate: str) -> str | None:
         """Why the candidate changes the deployment's arithmetic (forcing/logic.precision_change); None: logic
         alone (or no exact model to tell by: a test's gate)."""
         return None if self.exact is None else precision_change(self.exact.dep, self.reference, candidate)
+
+
+def progress(report: dict) -> str:
+    """One line of a forcing round: its requests and tokens, what it could detect, where its time went."""
+    tokens = (report.get("systems", {}).get("candidate") or {}).get("tokens")
+    spent = ", ".join(f"{k} {v:.0f} s" for k, v in report.get("seconds", {}).items())
+    rate = report.get("detectable_rate")
+    return (f"{(report.get('power') or {}).get('requests')} requests, {tokens} tokens, detects "
+            + (f"{100 * rate:.2f} points" if rate is not None else "(no power measured)") + f" ({spent})")
 
 
 def ran_on_deployment(runner: Runner, candidate: str) -> dict:
@@ -203,7 +257,8 @@ def summary(card: dict) -> dict:
             "aa_gain": card.get("slots", {}).get("aa_gain"),
             "a_rate": _rate(card["ab"]["rows_a"]), "b_rate": _rate(card["ab"]["rows_b"]),
             "sides": {k: _side(card["ab"][k]) for k in ("a", "b") if k in card["ab"]},
-            "controller_code": card.get("controller", {}).get("code_hash")}
+            "controller_code": card.get("controller", {}).get("code_hash"),
+            **({"sequential": card["sequential"]} if "sequential" in card else {})}
 
 
 def _side(side: dict) -> dict:

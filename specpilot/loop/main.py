@@ -39,6 +39,10 @@ from specpilot.results import environment, write_json_atomic
 # requests per dataset a change of arithmetic may be forced on: on the pair (H100), 8 of each of 5 datasets x 256
 # tokens scored 9566 tokens, enough to detect 0.57 points where the tolerance is 0.5
 POOL = 12
+# the gate's timing looks on a GPU (loop/gate.Gate.timing): the dev requests, then twice and four times as many
+# while the bounds straddle the bar (on the pair, best_first N=16's 5 requests gave 1.021-1.09 around a bar of 1.036);
+# a CPU's lockstep passes settle its own runs, and a look there costs a minute
+LOOKS = 3
 ENGINES = 8  # engines the loop's process keeps (the search visits dozens of systems; see Runner.max_engines)
 
 
@@ -195,7 +199,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         return Gate(spec, runner, dev, a.max_new_tokens, alternating=True, reps=5 if on_cpu else 1,
                     seal=getattr(agent, "setup", None) and agent.setup.seal, exact=ExactTargets(a.dep),
                     power_bound=a.forcing_bound, in_process=not on_cpu, release=release,
-                    logic=LogicCheck(a.dep, runner), forcing_pool=dev_pool, precision_tokens=a.sealed)
+                    logic=LogicCheck(a.dep, runner), forcing_pool=dev_pool, precision_tokens=a.sealed,
+                    looks=1 if on_cpu else LOOKS)
 
     shipped = Store(REPO / "memory", REPO)
     memory = [{"id": i, "registry": shipped.read(i).registry} for i in shipped.ids()]

@@ -59,7 +59,10 @@ def _dir_name(d) -> str:
 
 
 def _bounds(c: dict) -> str:
-    return f"{_fmt(c.get('gain'))}x [{_fmt(c.get('lower'))}, {_fmt(c.get('upper'))}]"
+    seq = c.get("sequential") or {}
+    looks = (f" ({len(seq['looks'])} looks, {seq['looks'][-1]['requests']} requests)"
+             if len(seq.get("looks", [])) > 1 else "")
+    return f"{_fmt(c.get('gain'))}x [{_fmt(c.get('lower'))}, {_fmt(c.get('upper'))}]{looks}"
 
 
 # what the rounds hold, in either layout

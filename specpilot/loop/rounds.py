@@ -89,6 +89,7 @@ class Loop:
     def gate(self) -> Gate:
         if self._gate is None:  # it asks for the runner each time: the one built after a release, not the old one
             self._gate = self.gate_factory(lambda: self.runner, self.release)
+            self._gate.say = self.say
         return self._gate
 
     def release(self) -> None:
@@ -426,7 +427,6 @@ class Loop:
         """Seconds the sealed final will take, from the gates measured so far: an A/B run (the start's A/A is
         measured once and stock's serves the final) and forcing at the sealed outputs' length. A gate that recorded
         no split counts whole."""
-        scale = self.plan.sealed_tokens / self.plan.max_new_tokens
         out = 0.0
         for name, took in self.run.seconds.items():
             if not name.endswith("/gate"):
@@ -434,8 +434,9 @@ class Loop:
             parts = (self.run.read(name) or {}).get("seconds", {})
             if parts.get("ab") is None:
                 out = max(out, took)
-            else:
-                out = max(out, parts["ab"] + scale * parts.get("forcing", 0.0))
+            else:  # forcing scaled from the length it ran at (a change of arithmetic's: the sealed length already)
+                scale = self.plan.sealed_tokens / parts.get("forcing_tokens", self.plan.max_new_tokens)
+                out = max(out, parts.get("logic", 0.0) + parts["ab"] + scale * parts.get("forcing", 0.0))
         return out
 
     def _short(self, step: str, kind: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
 from collections.abc import Callable
 
@@ -39,8 +40,18 @@ class StepGraph:
                 self.fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.fn()
+        # No garbage collection while capturing: a CUDA graph or event freed mid-capture (here, a cycle the
+        # collector found) is an illegal call under the global capture mode and spoils the capture ("operation not
+        # permitted when stream is capturing (function reset)", seen on the H100 when a sampling thread freed
+        # frames late, 2026-12-06: bench/gpu/sampled.py). torch.cuda.graph collects once as it begins.
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph):
+                self.fn()
+        finally:
+            if was:
+                gc.enable()
         return graph
 
 
