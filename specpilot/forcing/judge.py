@@ -11,20 +11,20 @@ reduction order was seen on an H100). An event beyond GROSS delta (a gross event
 unless the baseline made the same choice in the same context (its output the same up to that token): then it is
 the baseline's, and the reference's own such events fail the reference against AR alike.
 
-Two comparisons, each of three one-sided tests (a higher mismatch rate and a higher event rate, Fisher's exact
-test; larger margins at mismatches, Mann-Whitney U): candidate against reference, and reference against AR (the
-exact target's own greedy output in the deployment's precision). A reference that departs from the exact target
-cannot vouch for anything: the candidate is then held to AR itself (candidate against AR decides in place of
-candidate against reference: still two decisive comparisons). The six tests share the level alpha (Bonferroni),
-so a lossless candidate with a lossless reference is rejected at most alpha of the time, provided the exact target
-is as far from one as from the other. A bf16 target scoring through cuBLAS is not, where the candidate runs other
-kernels: the reference's projections are then the scorer's own, bit for bit, and the margins test leans against
-the candidate (AR on W12 was rejected on margins at 562 requests under it; scored by the float32 model, the same
-outputs failed no test). forcing/run.exact_mode gives such candidates the float32 target (the loop's gate gives
-it every candidate below float32: stock's own margins failed against AR's under the bf16 scorer). The verdict also states the smallest excess
-mismatch rate its own mismatch test could have detected with its token counts (80% power). The gross-event rule
-is no statistical test: it adds to alpha only where the deployment's noise could reach GROSS delta, which delta,
-the noise's own measured maximum, says it does not.
+Two comparisons, each of three one-sided tests (a higher mismatch rate and a higher event rate, Fisher's exact test;
+larger margins at mismatches, Mann-Whitney U): candidate against reference, and reference against AR (the exact target's
+own greedy output in the deployment's precision). A reference that departs from the exact target cannot vouch for
+anything: the candidate is then held to AR itself (candidate against AR decides in place of candidate against reference:
+still two decisive comparisons). The six tests share the level alpha (Bonferroni), so a lossless candidate with a
+lossless reference is rejected at most alpha of the time, provided the exact target is as far from one as from the
+other. A bf16 target scoring through cuBLAS is not, where the candidate runs other kernels: the reference's projections
+are then the scorer's own, bit for bit, and the margins test leans against the candidate (AR on W12 was rejected on
+margins at 562 requests under it; scored by the float32 model, the same outputs failed no test). forcing/run.exact_mode
+gives such candidates the float32 target (the loop's gate gives it every candidate below float32: stock's own margins
+failed against AR's under the bf16 scorer). The verdict also states the smallest excess mismatch rate its own mismatch
+test could have detected with its token counts (80% power). The gross-event rule is no statistical test: it adds to
+alpha only where the deployment's noise could reach GROSS delta, which delta, the noise's own measured maximum, says it
+does not.
 """
 
 from __future__ import annotations
