@@ -904,3 +904,25 @@ def test_a_look_that_gains_no_requests_ends_the_sequence(monkeypatch):
     g = gate_mod.Gate({"split": "dev", "limit": 1}, lambda: None, [], 16, alternating=True, reps=1, looks=3)
     seq = g.timing("stock", "stock:tree=best_first,nodes=16")["sequential"]
     assert len(seq["looks"]) == 2 and seq["stopped"] == "no more requests"
+
+
+@pytest.mark.parametrize("preset, limit, tokens", [("smollm2-twin", 1, 64), ("smollm2", 1, 64), ("tiny", 3, 32)])
+def test_a_named_deployment_s_loop_starts_from_three_requests_of_at_most_64_tokens(tmp_path, monkeypatch, preset,
+                                                                                  limit, tokens):
+    """The twin's [budgets] (20 requests per dataset x 256 tokens) are a benchmark's: a look of the gate there took
+    minutes of an H100's. The loop starts from as few requests per dataset as make the controller's 3."""
+    import specpilot.loop.main as loop_main
+    import specpilot.loop.report as loop_report
+    from tests.test_cli import specpilot
+
+    seen = {}
+
+    def run_loop(args, say):
+        seen.update(limit=args.limit, tokens=args.max_new_tokens, sealed=args.sealed)
+        return {"rounds": [], "stopped": None, "best": None}
+
+    monkeypatch.setattr(loop_main, "run_loop", run_loop)
+    monkeypatch.setattr(loop_report, "write_report", lambda folder: (folder / "report.md", folder / "report.html"))
+    proc = specpilot("loop", "--preset", preset, "--run-dir", tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    assert seen == {"limit": limit, "tokens": tokens, "sealed": 4 * tokens}

@@ -26,6 +26,10 @@ from specpilot.forcing import TOLERANCE
 
 GATE_FAILED = 3  # exit status of a loop whose gates' timing failed (2 is a user's mistake, 130 Ctrl-C)
 
+# A named deployment's defaults: its [budgets] are a benchmark's (the twin's 20 requests per dataset x 256 tokens,
+# timed on both sides, are minutes a look on an H100); the loop starts small and its gate adds what it needs
+GATE_REQUESTS = 3  # the controller's minimum
+LOOP_TOKENS = 64
 # What `specpilot loop` runs with no arguments: the SmolLM2 pair, one short request from each benchmark whose data
 # `specpilot data fetch` brings (MBPP and MATH-500 need local files), outputs of 16 tokens; the budget keeps it
 # under ten minutes on a 2-core CPU (no step starts that would leave the sealed final no time).
@@ -68,11 +72,14 @@ def loop(
                                                       "runs/loop-<deployment>).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir after a crash, kill or Ctrl-C; "
                                               "nothing finished is measured again.")] = False,
-    limit: Annotated[int | None, typer.Option(help="Requests per dataset in each split (dev, sealed); the gate "
-                                                   "needs 3 dev requests in all. Default: the deployment's [budgets] "
-                                                   "limit, else 3 (no deployment named: 1).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Requests per dataset in each split (dev, sealed) the gate "
+                                                   "starts from; it needs 3 in all, and on a GPU it adds requests "
+                                                   "while a gain's bounds straddle its bar (up to 4x) and forces a "
+                                                   "change of arithmetic on up to 12 per dataset. Default: as few "
+                                                   "as make 3 (one per dataset of the pair or its twin).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Output budget of the dev requests. Default: the "
-                                                            "deployment's (no deployment named: 16).")] = None,
+                                                            "deployment's, at most 64 (no deployment named: "
+                                                            "16).")] = None,
     sealed_tokens: Annotated[int | None, typer.Option(help="Output budget of the sealed final's token forcing "
                                                            "(default 4x --max-new-tokens, at most 4096).")] = None,
     budget: Annotated[float | None, typer.Option(help="Wall-clock seconds: a round starts only if the last one's "
@@ -118,8 +125,9 @@ def loop(
     if not resume:
         folder.parent.mkdir(parents=True, exist_ok=True)
     args = LoopArgs(dep, naming(preset, deployment),
-                    folder, rounds, agent, limit if limit is not None else (dep.limit or 3),
-                    max_new_tokens if max_new_tokens is not None else dep.max_new_tokens, resume, budget, data_dir,
+                    folder, rounds, agent, limit if limit is not None else -(-GATE_REQUESTS // len(dep.datasets)),
+                    max_new_tokens if max_new_tokens is not None else min(dep.max_new_tokens, LOOP_TOKENS), resume,
+                    budget, data_dir,
                     sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions, master,
                     [g.strip() for g in gpus.split(",")] if gpus else [], forcing_bound=forcing_bound)
     kept = f"everything measured so far is in {folder}; continue with --resume --run-dir {folder}"
