@@ -40,7 +40,7 @@ from specpilot.results import environment, write_json_atomic
 # tokens scored 9566 tokens, enough to detect 0.57 points where the tolerance is 0.5
 POOL = 12
 # the gate's timing looks on a GPU (loop/gate.Gate.timing): the dev requests, then twice and four times as many
-# while the bounds straddle the bar (on the pair, best_first N=16's 5 requests gave 1.021-1.09 around a bar of 1.036);
+# while the bounds straddle the bar (on the pair, best_first N=16's 5 requests: gain 1.089, lower 1.020, bar 1.036);
 # a CPU's lockstep passes settle its own runs, and a look there costs a minute
 LOOKS = 3
 ENGINES = 8  # engines the loop's process keeps (the search visits dozens of systems; see Runner.max_engines)
