@@ -9,6 +9,14 @@ from specpilot.training.distill import build_dataset
 from specpilot.training.train_drafter import TrainConfig, drafter_config, train
 
 
+@pytest.fixture(autouse=True)
+def _tuning_store_in_tmp(tmp_path_factory, monkeypatch):
+    """No test writes the step tuning's store in the home folder (kernels/tuning/store.py)."""
+    from specpilot.kernels.tuning import store
+
+    monkeypatch.setattr(store, "ROOT", tmp_path_factory.getbasetemp() / "tuning-store")
+
+
 def prompts(n, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 250, (int(torch.randint(4, 16, (1,), generator=g)),), generator=g).tolist()

@@ -128,6 +128,8 @@ OPTIONS: dict[str, Option] = _options(
     Option("tune_rounds", int, 2, "rounds of the step tuning's coordinate descent", "tuning", minimum=1, maximum=4),
     Option("tune_start", bool, True, "begin the step tuning from the measured start table of this GPU, if any",
            "tuning"),
+    Option("tune_store", bool, True, "reuse the step tuning's choices kept on disk for this GPU model, kernels code, "
+           "plan and shapes (~/.cache/specpilot/tuning), and keep new ones there", "tuning"),
     # audit
     Option("fault", str, "none", "a deliberately lossy variant, for auditing token forcing", "audit",
            choices=FAULTS),

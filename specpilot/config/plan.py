@@ -71,6 +71,7 @@ class KernelPlan:
     cluster: bool
     tune_rounds: int
     tune_start: bool
+    tune_store: bool
     attn_ablate: str
     table: TuningTable = field(default_factory=TuningTable, compare=False, repr=False)
 

@@ -15,7 +15,8 @@ from specpilot.config.system import with_options
 
 EXCLUDED = {"pad_us": "a deliberate slowdown for testing the controller",
             "tree_accept": "measured by replay, not searched",
-            "w12_dense": "trades prefill time for memory, and frees copies the reference beside it reads"}
+            "w12_dense": "trades prefill time for memory, and frees copies the reference beside it reads",
+            "tune_store": "changes how long a warm-up takes, not what the step runs"}
 EXCLUDED_GROUPS = {"audit": "changes outputs on purpose", "diagnostic": "outputs are wrong by design"}
 # options that do nothing on a CPU, why: every value runs the same code there (read from the engine and kernels)
 _TRITON = "a Triton kernel's choice: on a CPU kernels=auto runs the PyTorch references (kernels/dispatch.use_triton)"

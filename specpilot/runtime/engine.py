@@ -21,6 +21,7 @@ from specpilot.config.plan import KernelPlan
 from specpilot.errors import UserError
 from specpilot.kernels.dispatch import fix_triton_interpreter, interpreting
 from specpilot.kernels.greedy import greedy_advance
+from specpilot.kernels.tuning import store as tuning_store
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.faults import distort
@@ -274,14 +275,33 @@ class Engine:
         def reset() -> None:  # a quarter of the context: the attention's split count depends on it
             self.pos.fill_(self.context // 4)
 
-        start = start_for(torch.cuda.get_device_name(self.device)) if self.plan.tune_start else {}
+        device = torch.cuda.get_device_name(self.device)
+        start = start_for(device) if self.plan.tune_start else {}
         with torch.inference_mode():
             reset()
-            report = tune_step(self._ar_step, lambda step: replay_ms(step, reset), self.plan, start=start)
+            keys = self.plan.table.record(self._ar_step) if self.plan.tune_store else []
+            name = tuning_store.entry_name(device, self.plan, keys) if self.plan.tune_store else None
+            report = self._stored(name, keys) if name else None
+            if report is None:
+                reset()
+                report = tune_step(self._ar_step, lambda step: replay_ms(step, reset), self.plan, start=start)
+                chosen = self.plan.table.chosen
+                if name and all(k in chosen for k in keys):
+                    tuning_store.save(name, {k: chosen[k] for k in keys}, device)
         for graph in (self._ar, getattr(self, "_spec", None)):
             if isinstance(graph, StepGraph):
                 graph.graph = None  # recaptured with the chosen configs
         return report or {"note": "every kernel already had a config chosen in this plan's table"}
+
+    def _stored(self, name: str, keys: list[tuple]) -> dict | None:
+        """The choices an earlier tuning of this step kept under `name` (kernels/tuning/store.py), put in the plan's
+        table where they cover every key the step launches: the tuning's report then names the entry. None: the
+        step is to be tuned."""
+        stored = tuning_store.load(name)
+        if stored is None or any(k not in stored and k not in self.plan.table.chosen for k in keys):
+            return None
+        self.plan.table.chosen.update({k: stored[k] for k in keys if k not in self.plan.table.chosen})
+        return {"store": str(tuning_store.ROOT / name), "keys": len(keys)}
 
     def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),
                  base: str | None = None) -> Generation:

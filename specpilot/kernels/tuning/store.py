@@ -1,0 +1,67 @@
+"""The step tuning's choices kept on disk, so that no process tunes a step another already tuned (issue 55: on an
+H100 the GEMV tuning of SmolLM2's AR step took 27-121 s of each process that ran it: the sweep, the loop, a resumed
+loop, a worker).
+
+An entry holds the configs chosen for every key one step launches, under a name made of what they depend on: the
+GPU's model, the kernels' code (every file of specpilot/kernels) with the torch and Triton versions, the plan's
+options, and the keys themselves (each names its kernel, shapes and fusions). Any of these changed, the name
+changes and the step is tuned afresh. The plan's `tune_store=false` neither reads nor writes it. Entries are written
+whole (a temporary file renamed); an unreadable one counts as missing."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from specpilot.config.plan import KernelPlan
+
+ROOT = Path.home() / ".cache" / "specpilot" / "tuning"  # tests point it elsewhere
+KERNELS = Path(__file__).resolve().parents[1]
+
+
+@cache
+def kernels_code() -> str:
+    """The hash of every source file under specpilot/kernels, with the torch and Triton versions."""
+    h = hashlib.sha256(f"torch {torch.__version__}\n".encode())
+    try:
+        import triton
+
+        h.update(f"triton {triton.__version__}\n".encode())
+    except ImportError:
+        pass
+    for path in sorted(p for p in KERNELS.rglob("*") if p.suffix in (".py", ".cu") and p.is_file()):
+        h.update(str(path.relative_to(KERNELS)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def entry_name(device: str, plan: KernelPlan, keys: list[tuple]) -> str:
+    """The file name of the choices for these keys under this plan on this GPU model, with this code."""
+    what = {"device": device, "code": kernels_code(), "plan": plan.features(), "keys": sorted(map(repr, keys))}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24] + ".json"
+
+
+def load(name: str) -> dict[tuple, dict] | None:
+    """The configs stored under `name`, by key; None where there are none (or the file is unreadable)."""
+    try:
+        raw = json.loads((ROOT / name).read_text())
+        return {ast.literal_eval(k): v for k, v in raw["chosen"].items()}
+    except (OSError, ValueError, KeyError, SyntaxError, TypeError, AttributeError):
+        return None
+
+
+def save(name: str, chosen: dict[tuple, dict], device: str) -> Path:
+    """Keep `chosen` under `name` (written whole: a reader never sees half a file)."""
+    ROOT.mkdir(parents=True, exist_ok=True)
+    body = json.dumps({"device": device, "chosen": {repr(k): v for k, v in chosen.items()}}, indent=1)
+    fd, tmp = tempfile.mkstemp(dir=ROOT, prefix=".", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(body)
+    os.replace(tmp, ROOT / name)
+    return ROOT / name
