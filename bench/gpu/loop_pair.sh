@@ -31,15 +31,18 @@ sweep)
     timeout -k 20 "${SWEEP_S:-330}" python3 -m specpilot.cli bench --preset "$preset" --system stock "${systems[@]}" \
         --limit "${LIMIT:-2}" --max-new-tokens 256 --json "$OUT/sweep.json" 2>&1 | tail -n 25
     rm -rf "$run"
-    # under the sampling profiler (bench/gpu/sampled.py): where the loop's wall time went, in loop-PRESET.samples
-    setsid nohup python3 bench/gpu/sampled.py "/tmp/o/loop-$preset.samples" loop --preset "$preset" --rounds "${ROUNDS:-1}" --budget "${BUDGET:-600}" \
+    # SAMPLE=1: under the sampling profiler (bench/gpu/sampled.py), where the loop's wall time went, in
+    # loop-PRESET.samples (not for acceptance runs: a profiler of its first kind, a thread, spoiled GEMV captures)
+    launch=(python3 -m specpilot.cli)
+    [ -n "${SAMPLE:-}" ] && launch=(python3 bench/gpu/sampled.py "/tmp/o/loop-$preset.samples")
+    setsid nohup "${launch[@]}" loop --preset "$preset" --rounds "${ROUNDS:-1}" --budget "${BUDGET:-600}" \
         --run-dir "$run" >"/tmp/o/loop-$preset.log" 2>&1 </dev/null &
     sleep "${AFTER:-200}"
     send_back
     ;;
 watch)
-    for _ in $(seq "${WAIT:-560}"); do pgrep -f "sampled.py .*loop --preset" >/dev/null || break; sleep 1; done
-    pgrep -f "sampled.py .*loop --preset" >/dev/null && echo "loop still running"
+    for _ in $(seq "${WAIT:-560}"); do pgrep -f "(specpilot.cli|sampled.py .*) loop --preset" >/dev/null || break; sleep 1; done
+    pgrep -f "(specpilot.cli|sampled.py .*) loop --preset" >/dev/null && echo "loop still running"
     send_back
     ;;
 esac
