@@ -248,3 +248,91 @@ def test_a_sealed_final_whose_worker_dies_stops_the_loop_with_the_error(tmp_path
     assert out["errors"] == [f"worker for {PLANTED} died (killed by signal 9): no output"]
     assert out["stopped"] == f"round 1 failed: {out['errors'][0]}"
     assert not any(name.startswith("sealed/") for name in run.ran)  # nothing kept: a resumed run measures it again
+
+
+def test_running_out_of_memory_in_the_float32_check_or_forcing_is_an_error_not_a_crash(monkeypatch):
+    """The float32 check and forcing run in the loop's process: CUDA out of memory there is reported as a worker's
+    death is (the judgement an error, the sealed final's WorkerDied), never a traceback that ends the loop."""
+    import torch
+
+    import specpilot.loop.gate as gate_mod
+    from specpilot.controller.compare import WorkerDied
+
+    class Logic:
+        def __init__(self, fail):
+            self.fail = fail
+
+        def check(self, candidate, requests, tokens):
+            if self.fail:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return {"verdict": "pass", "reason": "equal"}
+
+    card = {"decision": {"verdict": "promote", "reason": "planted", "gain": 1.5, "lower": 1.4, "upper": 1.6,
+                         "noise": 0.01, "bar": 1.03, "requests": 4},
+            "ab": {"outputs_equal": False, "mode": "alternating", "rows_a": [], "rows_b": [], "seconds": 1.0},
+            "aa": {}}
+    monkeypatch.setattr(gate_mod, "compare", lambda *a, **k: card)
+
+    def force(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(gate_mod, "force", force)
+    for fail_logic, where in ((True, "the float32 check"), (False, "token forcing")):
+        g = gate_mod.Gate({"split": "dev"}, lambda: None, [object()] * 4, 16, alternating=True, reps=1,
+                          logic=Logic(fail_logic))
+        out = g.judge("stock", "stock:tree=best_first,nodes=32")
+        assert not out["promoted"] and "refused" not in out
+        assert out["error"].startswith(f"{where} of stock:tree=best_first,nodes=32 ran out of GPU memory: CUDA out")
+    with pytest.raises(WorkerDied, match="token forcing .* ran out of GPU memory"):  # the sealed final's path
+        g.forcing("stock:tree=best_first,nodes=32")
+
+
+def test_two_trees_on_one_gpu_are_timed_one_worker_at_a_time(monkeypatch):
+    """compare of two trees with spec one_copy (the TreeGate on a GPU): A's worker times every request and is
+    closed before B's starts, so the device never holds the target twice; the controller's clock times each
+    request; the mode an earlier A/A run must share is "one at a time"."""
+    import specpilot.controller.compare as compare_mod
+
+    alive, log = [], []
+
+    class OneAtATime:
+        def __init__(self, side, spec, gpu, timeout, also=None):
+            assert not alive, f"{side.system}'s worker started while {alive[0]}'s held the device"
+            alive.append(side.system)
+            self.side = side
+            self.hello = {"code_hash": side.expected_hash, "requests": ["r0", "r1", "r2"], "config": {}}
+
+        def run(self, ids, side=0):
+            log.append((self.side.system, ids[0]))
+            return [{"id": ids[0], "tokens": list(range(9)), "decode_s": 0.1, "prefill_s": 0.01, "steps": 8}]
+
+        def close(self):
+            alive.remove(self.side.system)
+
+    monkeypatch.setattr(compare_mod, "Worker", OneAtATime)
+    a, b = Side("stock", REPO), Side("stock:tree=best_first,nodes=32", REPO)
+    got = measure(a, b, {"one_copy": True}, 4, None, 60, reps=2, clock="controller")
+    assert got["mode"] == "one at a time" and not alive
+    assert log == [("stock", r) for r in ("r0", "r1", "r2")] * 2 + [(b.system, r) for r in ("r0", "r1", "r2")] * 2
+    assert got["requests"] == ["r0", "r1", "r2"] and got["passes"] == 2
+    assert all("wall_s" in r for r in got["rows_a"] + got["rows_b"])  # the controller's own clock
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_the_tree_gate_times_one_worker_at_a_time_on_a_gpu(monkeypatch, gpu):
+    import specpilot.loop.gate as gate_mod
+    from specpilot.bench.datasets import load_requests
+
+    specs = []
+
+    def compare(a, b, spec, **kw):
+        specs.append(spec)
+        raise WorkerDied("stop here")
+
+    monkeypatch.setattr(gate_mod, "compare", compare)
+    monkeypatch.setattr(gate_mod, "foreign_outputs", lambda *a, **k: {})
+    monkeypatch.setattr(gate_mod, "exact_arithmetic", lambda runner: False)
+    gate = gate_mod.Gate(SPEC, lambda: None, [], 8, alternating=True, reps=1, in_process=gpu)
+    out = gate_mod.TreeGate(gate).judge(Side("stock", REPO), Side("stock:x", REPO, "0" * 64),
+                                        load_requests("builtin", "dev", None, 1), 4)
+    assert out["error"] == "stop here" and specs[0].get("one_copy", False) is gpu

@@ -6,7 +6,8 @@
 #   bash bench/gpu/loop_pair.sh sweep        the bench sweep (~4 min), then the loop started in the background
 #   bash bench/gpu/loop_pair.sh watch        waits until the loop ends (WAIT s at most), then sends it back
 # Each call sends back what it has: $OUT/sweep.json, $OUT/loop.tgz (the run directory, its report and the log).
-# PRESET=smollm2-twin runs the twin instead (LIMIT 1: its turns are 20x slower).
+# PRESET=smollm2-twin runs the twin instead (its sweep: stock, best_first N = 32/48/64 and ar:gemv=true, LIMIT 1).
+# Then, in the same lease: python3 bench/gpu/gate_suite.py builders faults; python3 bench/gpu/gate_suite.py rounds
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
 python3 bench/gpu/stage_smollm2.py assemble >/dev/null || exit 1
@@ -26,10 +27,14 @@ sweep)
     systems=(--system ar:gemv=true --system stock:tree=best_first,nodes=16 --system stock:tree=best_first,nodes=32
              --system stock:tree=best_first,nodes=48 --system stock:tree=best_first,nodes=64 --system stock:tree=ddtree,nodes=32
              --system stock:tree=eagle2,nodes=32 --system stock:tree=sequoia,nodes=32 --system stock:gemv=true)
-    [ "$preset" = smollm2 ] || systems=(--system stock:tree=best_first,nodes=32 --system stock:tree=best_first,nodes=48
-                                        --system ar:gemv=true)
+    limit=${LIMIT:-2}
+    if [ "$preset" != smollm2 ]; then  # the twin: its steps are ~15x dearer, so fewer systems and requests
+        systems=(--system stock:tree=best_first,nodes=32 --system stock:tree=best_first,nodes=48
+                 --system stock:tree=best_first,nodes=64 --system ar:gemv=true)
+        limit=${LIMIT:-1}
+    fi
     timeout -k 20 "${SWEEP_S:-330}" python3 -m specpilot.cli bench --preset "$preset" --system stock "${systems[@]}" \
-        --limit "${LIMIT:-2}" --max-new-tokens 256 --json "$OUT/sweep.json" 2>&1 | tail -n 25
+        --limit "$limit" --max-new-tokens 256 --json "$OUT/sweep.json" 2>&1 | tail -n 25
     rm -rf "$run"
     # SAMPLE=1: under the sampling profiler (bench/gpu/sampled.py), where the loop's wall time went, in
     # loop-PRESET.samples (not for acceptance runs: a profiler of its first kind, a thread, spoiled GEMV captures)

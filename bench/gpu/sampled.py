@@ -4,9 +4,10 @@ slowdown of the host loop (which would change the timings the run itself makes).
     python3 bench/gpu/sampled.py OUT.txt loop --preset smollm2 ...
 
 A wall-clock timer (SIGALRM every INTERVAL seconds) reads the main thread's stack in the main thread itself, between
-two of its bytecodes. Not a thread: a sampling thread that held a frame past its exit freed the frame's objects in
-that thread later, a CUDA graph among them, while the main thread captured another; under CUDA's global capture
-mode that spoiled the capture (on the H100 the loop lost every GEMV system so, 2026-12-06). Every 20 s (and at
+two of its bytecodes. Not a thread: with a sampling thread the loop lost every GEMV system to spoiled graph captures
+on the H100 (2026-12-06), most likely because the thread held frames past their exit and freed their objects in its
+own thread, the step tuning's throwaway CUDA graphs among them, while the main thread captured another (under CUDA's
+global capture mode a graph destroyed mid-capture spoils it). Every 20 s (and at
 exit, SIGTERM included) OUT.txt is rewritten with the samples by innermost specpilot frame, by each specpilot
 function on the stack (inclusive), and a timeline: the innermost specpilot frames of one sample every 10 s."""
 

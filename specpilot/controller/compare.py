@@ -429,7 +429,9 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
     processes disturb each other's timing and caches, one process holds both systems' models in one place).
     clock "controller": two workers, one request at a time, each timed by this process (tamper.py's checks).
     runner (bench/harness.Runner): the alternating worker is this process on those models (InProcessWorker), for
-    two systems of this install."""
+    two systems of this install. spec "one_copy" (two trees on one GPU, which must never hold the target twice):
+    A's worker times every request and is closed before B's starts ("one at a time"; its A/A run is timed the same
+    way, so the noise holds whatever drifts between the two halves)."""
     if clock == "controller" and alternating:
         raise UserError("the controller's clock times two workers: not the alternating mode")
     if runner is not None and not (alternating and a.source == b.source == REPO):
@@ -450,6 +452,9 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
             else:
                 rows_a, rows_b = interleaved(partial(w.run, side=0), partial(w.run, side=1), w.hello["requests"], 1,
                                              reps)
+    elif spec.get("one_copy"):
+        rows_a, hello_a = alone(a, spec, gpu, timeout, reps, clock, on_start)
+        rows_b, hello_b = alone(b, spec, gpu, timeout, reps, clock)
     else:
         with two_workers(a, b, spec, gpu, gpu, timeout) as (wa, wb):
             if on_start:
@@ -468,8 +473,22 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
             "outputs_equal": equal, "rows_a": [_timing(r) for r in rows_a], "rows_b": [_timing(r) for r in rows_b]}
 
 
+def alone(side: Side, spec: dict, gpu: str | None, timeout: float, reps: int, clock: str,
+          on_start: OnStart | None = None) -> tuple[list[dict], dict]:
+    """One side's worker by itself: every request, `reps` passes (with the controller's clock, each request timed
+    here), then closed, so that the other side's worker finds the device free."""
+    with closing(Worker(side, spec, gpu, timeout)) as w:
+        if on_start:
+            on_start(w.hello)
+        run = clocked(w.run) if clock == "controller" else w.run
+        rows = [{**row, "rep": rep} for rep in range(reps) for rid in w.hello["requests"] for row in run([rid])]
+        return rows, w.hello
+
+
 def _mode(spec: dict, alternating: bool) -> str:
-    return ("lockstep" if spec.get("cpu") else "alternating") if alternating else "interleaved"
+    if alternating:
+        return "lockstep" if spec.get("cpu") else "alternating"
+    return "one at a time" if spec.get("one_copy") else "interleaved"
 
 
 def run_mode(spec: dict, gpus: list[str] | None, alternating: bool) -> str:

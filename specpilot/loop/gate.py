@@ -133,9 +133,10 @@ class Gate:
             have = {r.id for r in requests}
             requests, start = list(requests) + [r for r in pool if r.id not in have], len(requests)
         reuse = self.reuse.setdefault((mode, tokens), {}) if outputs is None else None
-        report = force(self.runner, self.reference, candidate, requests, tokens, reuse=reuse, bound=self.power_bound,
-                       outputs=outputs, exact=scorer, start=start, exact_ar=False,
-                       on_round=lambda r: self.say(f"  forcing: {progress(r)}; more requests"))
+        report = out_of_memory_dies(f"token forcing of {candidate}", lambda: force(
+            self.runner, self.reference, candidate, requests, tokens, reuse=reuse, bound=self.power_bound,
+            outputs=outputs, exact=scorer, start=start, exact_ar=False,
+            on_round=lambda r: self.say(f"  forcing: {progress(r)}; more requests")))
         self.say(f"  forcing: {progress(report)}: {report['verdict']}")
         report["max_new_tokens"] = tokens
         return report
@@ -145,7 +146,8 @@ class Gate:
         """The float32 check (forcing/logic.py) on the forcing requests; None where the gate has none."""
         if self.logic is None:
             return None
-        return self.logic.check(candidate, requests or self.forcing_requests, tokens or self.forcing_tokens)
+        return out_of_memory_dies(f"the float32 check of {candidate}", lambda: self.logic.check(
+            candidate, requests or self.forcing_requests, tokens or self.forcing_tokens))
 
     def broken(self) -> list[str]:
         """Why the judges can no longer be trusted (the seal over their install and the sealed data; [] without a
@@ -161,7 +163,10 @@ class Gate:
                     "fatal": True}
         t0 = time.monotonic()
         out: dict = {"candidate": candidate, "start": start, "seconds": {}}
-        logic = self.check_logic(candidate)
+        try:
+            logic = self.check_logic(candidate)
+        except WorkerDied as exc:  # out of memory: nothing was judged
+            return {**out, "promoted": False, "error": str(exc)}
         if logic is not None:
             out["logic"], out["seconds"]["logic"] = logic, time.monotonic() - t0
             self.say(f"  float32 check: {logic['verdict']} ({out['seconds']['logic']:.0f} s)")
@@ -187,7 +192,10 @@ class Gate:
             out["mechanism"] = {**out.get("mechanism", {}), **ran_on_deployment(self.runner, candidate)}
         if card["decision"]["verdict"] == "promote":
             t0 = time.monotonic()
-            report = self.forcing(candidate)
+            try:
+                report = self.forcing(candidate)
+            except WorkerDied as exc:
+                return {**out, "promoted": False, "error": str(exc)}
             out["forcing"] = forcing_summary(report)
             out["seconds"].update(forcing=time.monotonic() - t0, forcing_tokens=report["max_new_tokens"])
         return decided(out, precision)
@@ -196,6 +204,21 @@ class Gate:
         """Why the candidate changes the deployment's arithmetic (forcing/logic.precision_change); None: logic
         alone (or no exact model to tell by: a test's gate)."""
         return None if self.exact is None else precision_change(self.exact.dep, self.reference, candidate)
+
+
+def out_of_memory_dies(what: str, work: Callable):
+    """work(), its running out of GPU memory turned into WorkerDied (an error the loop reports, as a timing
+    worker's death is, not a crash of the loop), the memory handed back first."""
+    import torch
+
+    from specpilot.bench.harness import free_gpu
+
+    try:
+        return work()
+    except torch.OutOfMemoryError as exc:
+        why = (str(exc).strip().splitlines() or [""])[0][:300]
+    free_gpu()  # outside the handler: its traceback no longer holds the failed attempt's tensors
+    raise WorkerDied(f"{what} ran out of GPU memory: {why}")
 
 
 def progress(report: dict) -> str:
@@ -321,7 +344,9 @@ class TreeGate:
         if broken:
             return {**out, "refused": "; ".join(broken), "fatal": True}
         t0 = time.monotonic()
-        spec = {**g.spec, "requests": [asdict(r) for r in requests]}  # the workers read no data file
+        # the workers read no data file; on a GPU (in_process) one worker at a time: the device never holds the
+        # target twice (the twin is 56 GB of an 80-GB card)
+        spec = {**g.spec, "requests": [asdict(r) for r in requests], **({"one_copy": True} if g.in_process else {})}
         try:
             exact = exact_arithmetic(g.runner)  # asked before the release: no rebuild of the models for it
             g.release()  # each worker below loads its own copy of the target
