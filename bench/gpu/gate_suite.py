@@ -81,20 +81,15 @@ def main() -> None:
     def save(part: str, rows: list) -> None:
         (out / f"gate_suite_{part}.json").write_text(json.dumps({**head, "part": part, "rows": rows}, indent=1))
 
-    if "builders" in parts:
+    for part, candidates in (("builders", BUILDERS), ("faults", LOSSY)):
+        if part not in parts:
+            continue
         rows = []
-        for cand in BUILDERS:
-            print(f"builder {cand}", flush=True)
-            rows.append({"candidate": cand, "whole": whole(gate, cand), "lossless": lossless(gate, cand)})
-            save("builders", rows)
-        print(table(rows, "builders"), flush=True)
-    if "faults" in parts:
-        rows = []
-        for cand in LOSSY:
-            print(f"fault {cand}", flush=True)
+        for cand in candidates:
+            print(f"{part}: {cand}", flush=True)
             rows.append({"candidate": cand, "lossless": lossless(gate, cand), "whole": whole(gate, cand)})
-            save("faults", rows)
-        print(table(rows, "faults"), flush=True)
+            save(part, rows)
+        print(table(rows, part), flush=True)
     if "rounds" in parts:
         rows = []
         # the loop's own requests come first; each round takes the next `limit` per dataset
