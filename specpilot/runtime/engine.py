@@ -277,30 +277,39 @@ class Engine:
 
         device = torch.cuda.get_device_name(self.device)
         start = start_for(device) if self.plan.tune_start else {}
+        what = {"target": repr(self.target.cfg), "dtype": str(self.target.embed.weight.dtype), "context": self.context}
+        name = tuning_store.entry_name(device, self.plan, what) if self.plan.tune_store else None
         with torch.inference_mode():
             reset()
-            keys = self.plan.table.record(self._ar_step) if self.plan.tune_store else []
-            name = tuning_store.entry_name(device, self.plan, keys) if self.plan.tune_store else None
-            report = self._stored(name, keys) if name else None
+            report = self._stored(name) if name else None
             if report is None:
                 reset()
                 report = tune_step(self._ar_step, lambda step: replay_ms(step, reset), self.plan, start=start)
-                chosen = self.plan.table.chosen
-                if name and all(k in chosen for k in keys):
-                    tuning_store.save(name, {k: chosen[k] for k in keys}, device)
+                if name:
+                    reset()
+                    keys, chosen = self.plan.table.record(self._ar_step), self.plan.table.chosen
+                    if all(k in chosen for k in keys):
+                        tuning_store.save(name, {k: chosen[k] for k in keys}, device)
         for graph in (self._ar, getattr(self, "_spec", None)):
             if isinstance(graph, StepGraph):
                 graph.graph = None  # recaptured with the chosen configs
         return report or {"note": "every kernel already had a config chosen in this plan's table"}
 
-    def _stored(self, name: str, keys: list[tuple]) -> dict | None:
+    def _stored(self, name: str) -> dict | None:
         """The choices an earlier tuning of this step kept under `name` (kernels/tuning/store.py), put in the plan's
-        table where they cover every key the step launches: the tuning's report then names the entry. None: the
-        step is to be tuned."""
+        table (keys it holds already keep theirs) if they cover every key the step launches: the tuning's report
+        then names the entry. None: the step is to be tuned (the table as it was)."""
         stored = tuning_store.load(name)
-        if stored is None or any(k not in stored and k not in self.plan.table.chosen for k in keys):
+        if stored is None:
             return None
-        self.plan.table.chosen.update({k: stored[k] for k in keys if k not in self.plan.table.chosen})
+        table = self.plan.table.chosen
+        added = {k: v for k, v in stored.items() if k not in table}
+        table.update(added)
+        keys = self.plan.table.record(self._ar_step)  # an eager run: every stored key launches its config
+        if any(k not in table for k in keys):
+            for k in added:
+                del table[k]
+            return None
         return {"store": str(tuning_store.ROOT / name), "keys": len(keys)}
 
     def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),

@@ -4,9 +4,13 @@ loop, a worker).
 
 An entry holds the configs chosen for every key one step launches, under a name made of what they depend on: the
 GPU's model, the kernels' code (every file of specpilot/kernels) with the torch and Triton versions, the plan's
-options, and the keys themselves (each names its kernel, shapes and fusions). Any of these changed, the name
-changes and the step is tuned afresh. The plan's `tune_store=false` neither reads nor writes it. Entries are written
-whole (a temporary file renamed); an unreadable one counts as missing."""
+options, and the step (the model's configuration, dtype and context, which fix its keys: kernel, shapes, fusions).
+Any of these changed, the name changes and the step is tuned afresh; an entry that does not cover every key the step
+launches is not used. The name is known before the step runs: its configs are in place for the first eager run,
+which would otherwise start Triton's autotuner on every key (tens of seconds on a GPU). The plan's
+`tune_store=false` neither reads nor writes it. Entries are written whole (a temporary file renamed); an unreadable
+one counts as missing.
+"""
 
 from __future__ import annotations
 
@@ -41,9 +45,11 @@ def kernels_code() -> str:
     return h.hexdigest()
 
 
-def entry_name(device: str, plan: KernelPlan, keys: list[tuple]) -> str:
-    """The file name of the choices for these keys under this plan on this GPU model, with this code."""
-    what = {"device": device, "code": kernels_code(), "plan": plan.features(), "keys": sorted(map(repr, keys))}
+def entry_name(device: str, plan: KernelPlan, step: dict) -> str:
+    """The file name of the choices for one step under this plan on this GPU model, with this code. step: what
+    names the step's keys before it runs (the model's configuration, its dtype, the context); the entry's own keys
+    are checked against those the step launches when it is used."""
+    what = {"device": device, "code": kernels_code(), "plan": plan.features(), "step": step}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24] + ".json"
 
 
