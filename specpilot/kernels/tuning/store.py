@@ -1,6 +1,6 @@
 """The step tuning's choices kept on disk, so that no process tunes a step another already tuned (issue 55: on an
-H100 the GEMV tuning of SmolLM2's AR step took 27-121 s of each process that ran it: the sweep, the loop, a resumed
-loop, a worker).
+H100 the first step timing of SmolLM2's ar:gemv=true, warm-up and GEMV tuning included, took 27 s with Triton's
+compiled kernels on disk and 121 s without, in each process that ran it: the sweep, the loop, a resumed loop).
 
 An entry holds the configs chosen for every key one step launches, under a name made of what they depend on: the
 GPU's model, the kernels' code (every file of specpilot/kernels) with the torch and Triton versions, the plan's
