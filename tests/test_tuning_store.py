@@ -35,6 +35,9 @@ def test_entries_round_trip_and_are_named_by_everything_they_depend_on(tmp_path,
     (tmp_path / name).write_text("{not json")
     assert store.load(name) is None  # unreadable: missing
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary left behind
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(store, "ROOT", tmp_path / "file" / "below")  # cannot be made: nothing kept, no error
+    assert store.save(name, chosen, "x") is None and store.load(name) is None
 
 
 @pytest.mark.parametrize("keep", [True, False])

@@ -62,12 +62,16 @@ def load(name: str) -> dict[tuple, dict] | None:
         return None
 
 
-def save(name: str, chosen: dict[tuple, dict], device: str) -> Path:
-    """Keep `chosen` under `name` (written whole: a reader never sees half a file)."""
-    ROOT.mkdir(parents=True, exist_ok=True)
+def save(name: str, chosen: dict[tuple, dict], device: str) -> Path | None:
+    """Keep `chosen` under `name` (written whole: a reader never sees half a file); None where the folder cannot be
+    written (a read-only home: the next process tunes again)."""
     body = json.dumps({"device": device, "chosen": {repr(k): v for k, v in chosen.items()}}, indent=1)
-    fd, tmp = tempfile.mkstemp(dir=ROOT, prefix=".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(body)
-    os.replace(tmp, ROOT / name)
+    try:
+        ROOT.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=ROOT, prefix=".", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+        os.replace(tmp, ROOT / name)
+    except OSError:
+        return None
     return ROOT / name
