@@ -667,6 +667,7 @@ def test_the_gate_keeps_what_each_side_ran_and_forcing_s_evidence():
     assert f["tests"]["candidate_vs_reference"]["mismatch_p"] == 0.3
     assert f["tests"]["candidate_vs_reference"]["gross"] == 0
     assert f["tokens"]["candidate"] == 288_000 and f["events"]["candidate"] == 1
+    assert f["held_to"] == "reference" and forcing_summary({**report, "held_to": "ar"})["held_to"] == "ar"
 
 
 # the ranked search (loop/search.py) and the gate's float32 check

@@ -309,6 +309,7 @@ def forcing_summary(report: dict) -> dict:
             f"{100 * report['detectable_rate']:.2f} points or more (80% power), on {tokens} tokens scored"
             if report.get("detectable_rate") is not None else None)
     return {"verdict": report["verdict"], "reason": report["reason"], "exact": report.get("exact"),
+            "held_to": report.get("held_to", "reference"),  # "ar" where the reference could not vouch
             "sees": sees, "cannot_see": ("a smaller excess; a loss that changes no greedy token on these requests and "
                                          "lengths; a difference below the deployment's own reduction-order noise"),
             "delta": report.get("delta"), "detectable_rate": report.get("detectable_rate"),
