@@ -405,3 +405,19 @@ def test_the_load_check_on_the_gpu_decodes_the_tiled_planes():
     r, c = (int(i) for i in (~escaped).nonzero()[-1])
     t.byte_plane[tile_address(r, c, w.shape[1])[0]] ^= 0x04
     assert not fewrow.check_w12(t, w.cuda(), on_device=True), (seed, r, c)
+
+
+def test_w12_forms_that_would_not_fit_beside_the_bf16_copies_are_refused_before_any_is_made(monkeypatch):
+    """On the twin (56 GB in BF16, an 80-GB H100) the forms need 42 GB more: refused with what to do, the target
+    untouched; with room to spare they are made."""
+    from specpilot.w12 import attach as attach_mod
+
+    target = random_target(tiny_target_config(hidden_size=128, head_dim=32, intermediate_size=176),
+                           seed=fresh_seed(), dtype=torch.bfloat16)
+    weights_n = sum(dw.weight.numel() for _, dw in projections(target))
+    monkeypatch.setattr(attach_mod, "_free_bytes", lambda t: int(weights_n * 1.5))  # no 10% to spare
+    with pytest.raises(UserError, match="w12_dense=drop"):
+        attach(target)
+    assert all(dw.w12 is None for _, dw in projections(target))
+    monkeypatch.setattr(attach_mod, "_free_bytes", lambda t: int(weights_n * 1.5 * 1.2))
+    assert attach(target)["held_bytes"] and any(dw.w12 is not None for _, dw in projections(target))

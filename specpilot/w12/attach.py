@@ -42,6 +42,8 @@ def attach(target, progress: Callable[[str], None] = lambda s: None, drop: bool 
     allocator's count changed. drop (w12_dense=drop): each layer's dense copy is freed as soon as its form is
     checked, so the memory never holds both models; the LM head keeps its own (a tied head is the embedding's
     table, which the embedding gathers from; the drafter reads the head too)."""
+    if not drop:
+        _check_room(target)
     before = _allocated(target)
     rows = []
     for name, dw in projections(target):
@@ -51,6 +53,31 @@ def attach(target, progress: Callable[[str], None] = lambda s: None, drop: bool 
         rows.append(_entry(name, dw, because))
     after = _allocated(target)
     return {**memory(rows), "allocated_change_bytes": None if before is None else after - before}
+
+
+W12_BYTES = 1.5  # per weight: 12 bits (the format's 12.01-12.02 measured, and the encoder's transient, within ROOM)
+ROOM = 1.10
+
+
+def _free_bytes(target) -> int | None:
+    """Free device memory (None on the CPU, whose memory the loop does not budget)."""
+    if target.device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(target.device)[0]
+
+
+def _check_room(target) -> None:
+    """Refuse (UserError), before any form is made, W12 forms that would not fit beside the BF16 copies they keep:
+    on the twin (56 GB in BF16, 80-GB H100) they need 42 GB more, and a survey that tried would leave the target
+    half-converted and the device full."""
+    free = _free_bytes(target)
+    if free is None:
+        return
+    need = sum(dw.weight.numel() for _, dw in projections(target) if dw.w12 is None) * W12_BYTES
+    if need * ROOM > free:
+        raise UserError(f"the W12 forms of this target need about {need / 1e9:.1f} GB beside its BF16 copies and "
+                        f"{free / 1e9:.1f} GB are free: run weights=w12 with w12_dense=drop (in a process of its "
+                        "own), or on a larger device")
 
 
 def _allocated(target) -> int | None:
