@@ -320,3 +320,16 @@ def test_a_folder_without_a_finished_loop_is_one_line(tmp_path):
     (tmp_path / "loop.json").write_text("[1]")
     with pytest.raises(UserError, match="no rounds"):
         load_summary(tmp_path)
+
+
+@pytest.mark.parametrize("equal, why", [(3, "its outputs equal stock's token for token"),
+                                        (1, "it changes logic alone (stock's kernels and weights)")])
+def test_the_verdict_says_why_an_inconclusive_forcing_let_the_best_through(tmp_path, equal, why):
+    summary = new_summary()
+    final = summary["rounds"][-1]["sealed"]
+    final["forcing"] = {**_forcing("inconclusive"), "agreement": {"requests": 3, "equal": equal}}
+    text = write_report(write_run(tmp_path / "run", summary))[0].read_text()
+    verdict = next(line for line in text.splitlines() if line.startswith("> **Verdict.**"))
+    assert f"Forcing's inconclusive verdict let it through: {why}" in verdict
+    passed = write_report(write_run(tmp_path / "pass", new_summary()))[0].read_text()
+    assert "let it through" not in passed

@@ -247,8 +247,22 @@ def verdict(summary: dict) -> tuple[str, bool]:
     text = (f"Best: **`{best}`**{commit}. On the sealed requests it decodes {_fmt(c.get('b_rate'), '.0f')} tokens/s "
             f"against stock's {_fmt(c.get('a_rate'), '.0f')}: {_bounds(c)} over stock (the controller's bounds; "
             f"bar {_fmt(c.get('bar'))}, {c.get('requests', '?')} requests), {_over_ar(summary, sealed)}. "
-            f"{_forcing_sentence(sealed.get('forcing'))} {_logic_sentence(sealed, _promoting_gate(summary))}")
+            f"{_forcing_sentence(sealed.get('forcing'))}{_let_through(sealed)} "
+            f"{_logic_sentence(sealed, _promoting_gate(summary))}")
     return lead + text + _ending(summary), not errors
+
+
+def _let_through(sealed: dict) -> str:
+    """Why a sealed final whose forcing was inconclusive still passed (the gate's rule, loop/gate.forcing_refusal)."""
+    f = sealed.get("forcing") or {}
+    if f.get("verdict") != "inconclusive" or not sealed.get("passed"):
+        return ""
+    agree = f.get("agreement") or {}
+    why = ("its outputs equal stock's token for token" if agree.get("requests") and agree.get("equal") ==
+           agree.get("requests") else "it changes logic alone (stock's kernels and weights), which the float32 check "
+           "decided token for token")
+    return f" Forcing's inconclusive verdict let it through: {why}."
+
 
 
 def _ending(summary: dict, keys=("converged", "stopped")) -> str:
