@@ -927,3 +927,33 @@ def test_a_named_deployment_s_loop_starts_from_three_requests_of_at_most_64_toke
     proc = specpilot("loop", "--preset", preset, "--run-dir", tmp_path / "run")
     assert proc.returncode == 0, proc.stderr
     assert seen == {"limit": limit, "tokens": tokens, "sealed": 4 * tokens}
+
+
+def test_phase_3_s_evidence_stops_at_its_deadline():
+    """Each option of a GEMV start is an engine to tune (tens of seconds on a GPU): past its share of the budget
+    Phase 3 predicts no more candidates, so that the sealed final keeps its time."""
+    import time
+
+    from specpilot.loop.agent import BuiltinAgent, Direction
+
+    start = parse_system("stock")
+    asked = []
+
+    class Counting:
+        def predict(self, system, run=False, ref=None):
+            asked.append(system.name)
+            return {"system": system.name, "speedup": 2.0, "tau_from": "replay"}
+
+        def noise(self, system):
+            return 0.0
+
+        def bound(self, system):
+            return None
+
+    d = Direction("kernel", "kernel configuration of target_gemm", ["greedy_kernel", "embed_kernel"])
+    out = BuiltinAgent().tune(d, start, Counting(), "cuda", 16, deadline=time.monotonic() - 1)
+    assert asked == ["stock"] and out["chosen"] == []  # the start's own prediction only
+    assert out["evaluated"] and all("not_reached" in e for e in out["evaluated"])
+    asked.clear()
+    assert BuiltinAgent().tune(d, start, Counting(), "cuda", 16, deadline=time.monotonic() + 60)["evaluated"]
+    assert len(asked) > 1  # before it: every candidate predicted

@@ -10,6 +10,7 @@ depends on that deployment's measurements alone.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from itertools import product
 
@@ -98,12 +99,14 @@ class BuiltinAgent:
         return out
 
     def tune(self, d: Direction, start: System, ev: Evidence, device: str, block: int,
-             rivals: dict[str, float] | None = None, width: int = 0, dtype: str | None = None) -> dict:
+             rivals: dict[str, float] | None = None, width: int = 0, dtype: str | None = None,
+             deadline: float | None = None) -> dict:
         """Predict every candidate; submit the best `per_direction` that beat the start's prediction by the
         headroom. A candidate whose tau needed a short run is held to the start's prediction from the same short
         run. rivals (base -> predicted speedup of what the round already promoted): a candidate of another base
         cannot be combined with those, so it must also be predicted to beat them by the headroom. A tree or budget
-        candidate whose bound (Evidence.bound) cannot reach what it needs is not timed (`pruned`).
+        candidate whose bound (Evidence.bound) cannot reach what it needs is not timed (`pruned`); past `deadline`
+        (time.monotonic()) none is (`not reached`).
         -> {"start": prediction, "start_run": ..., "evaluated": [...], "chosen": [systems]}"""
         base = ev.predict(start)
         # the headroom, or twice the spread of the start's own repeated step timings if that is larger: a
@@ -118,6 +121,9 @@ class BuiltinAgent:
 
         evaluated, best = [], 0.0
         for c in self.candidates(d, start, device, block, width, dtype):
+            if deadline is not None and time.monotonic() > deadline:
+                evaluated.append({"system": c.name, "not_reached": "the step's share of the budget is spent"})
+                continue
             # what it must reach to be submitted: the start's and rivals' bars, and the best replayed so far
             needed = max(base.get("speedup", 0.0) * margin, rival(c.name) * margin,
                          best if self.per_direction == 1 else 0.0)

@@ -98,8 +98,8 @@ def ranked(r: dict) -> list[dict]:
     for where, ev in groups:  # each direction's own candidates best first (phase 3's start is another system)
         for e in sorted(ev.get("evaluated", []), key=lambda e: -(e.get("speedup") or 0.0)):
             status = ("error: " + str(e["error"]) if "error" in e else "pruned: " + str(e["pruned"])
-                      if "pruned" in e else _decision(judged[e.get("system")]) if e.get("system") in judged
-                      else "not chosen")
+                      if "pruned" in e else "not reached: " + str(e["not_reached"]) if "not_reached" in e
+                      else _decision(judged[e.get("system")]) if e.get("system") in judged else "not chosen")
             rows.append({**e, "direction": where, "status": status})
     return rows
 

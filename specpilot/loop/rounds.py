@@ -44,6 +44,7 @@ CLASS_OPTIONS = {"target_gemm": ["gemv", "staged", "l2", "tune_rounds", "ahead",
 # of a budget's time left at Phase 1, what the survey may take (the gates and the final need the rest); a CPU's
 # gates cost more against its survey (a busy two-core CPU: survey 150 s, one gate 233 s of a 480-s budget)
 SURVEY_SHARE = {"cuda": 0.4, "cpu": 0.25}
+PHASE3_SHARE = 0.5  # of what the sealed final leaves, for Phase 3's evidence (the rest may gate what it finds)
 
 
 @dataclass
@@ -245,13 +246,14 @@ class Loop:
                 best = max(best or 0.0, g["controller"]["gain"])
         return {**found, "ranked": ranked, "gated": gated}
 
-    def _survey_deadline(self) -> float | None:
+    def _survey_deadline(self, share: float | None = None) -> float | None:
         """With a budget, the survey's share of what is left after the sealed final's estimate: gates need the
-        rest."""
+        rest. share: another step's (Phase 3's evidence)."""
         left = self.run.left()
         if left is None:
             return None
-        share = SURVEY_SHARE.get(self.plan.dep.torch_device().type, SURVEY_SHARE["cuda"])
+        if share is None:
+            share = SURVEY_SHARE.get(self.plan.dep.torch_device().type, SURVEY_SHARE["cuda"])
         return time.monotonic() + max(0.0, share * (left - self._sealed_estimate()))
 
     def _coding(self, step: str, name: str, d: Direction, start: System, ceiling: dict, ev) -> dict:
@@ -412,9 +414,13 @@ class Loop:
         if short:
             return {"class": furthest, "refused": short}
         self.say(f"phase 3: {d.mechanism}")
+        # half of what the sealed final leaves: each option of a GEMV start is an engine to tune (tens of seconds
+        # on a GPU), and the other half may gate what it finds
+        deadline = self._survey_deadline(PHASE3_SHARE)
         tuned = self.run.once(f"{step}/evidence",
                               lambda: self.plan.agent.tune(d, parse(start), ev(), device, self._block(),
-                                                           width=self._width(), dtype=self._dtype()))
+                                                           width=self._width(), dtype=self._dtype(),
+                                                           deadline=deadline))
         out = {"class": furthest, "evidence": tuned}
         if tuned["chosen"]:
             cand = tuned["chosen"][0]
