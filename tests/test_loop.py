@@ -957,3 +957,24 @@ def test_phase_3_s_evidence_stops_at_its_deadline():
     asked.clear()
     assert BuiltinAgent().tune(d, start, Counting(), "cuda", 16, deadline=time.monotonic() + 60)["evaluated"]
     assert len(asked) > 1  # before it: every candidate predicted
+
+
+def test_a_budget_spent_by_the_sealed_final_keeps_its_result(tmp_path):
+    """The budget runs out during the sealed final: the round's result stands (sealed and passed); the ceiling of
+    the result (the next round's Phase 0) is what is skipped, and said so."""
+    loop, run, _ = synthetic_loop(tmp_path, rounds=1)
+    run.path("ceilings/stock-nodes=12-tree=eagle2").unlink()  # the result's ceiling is still to be measured
+    real = run.once
+
+    def once(name, measure):
+        out = real(name, measure)
+        if name.startswith("sealed/"):
+            run.budget_s = -1.0  # spent while the final ran
+        return out
+
+    run.once = once
+    with run:
+        out = loop.loop()
+    first = out["rounds"][0]
+    assert first["sealed"]["passed"] and first["result"] == PLANTED and out["best"] == PLANTED
+    assert "budget" in first["ceiling_after"]["skipped"] and out["stopped"] is None

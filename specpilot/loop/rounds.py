@@ -199,7 +199,10 @@ class Loop:
         out["promoted"] = list(dict.fromkeys([g["candidate"] for g in promoted] + (  # a tree judged once counts once
             [out["tuning"]["gated"]["candidate"]] if out["tuning"].get("gated", {}).get("promoted") else [])))
         if out["result"] != start and not out["result_commit"]:
-            out["ceiling_after"] = self.ceiling(out["result"])  # the next round's Phase 0, measured once
+            try:  # the next round's Phase 0, measured once; the budget spent, the sealed result stands without it
+                out["ceiling_after"] = self.ceiling(out["result"])
+            except BudgetSpent as exc:
+                out["ceiling_after"] = {"skipped": str(exc)}
         return out
 
     def _ranks(self) -> bool:
