@@ -22,6 +22,7 @@ from scipy.stats import t as student_t
 MARGIN_SAME = 0.01
 MARGIN_DIVERGED = 0.03
 CONFIDENCE = 0.90  # of the gain's two-sided interval: each bound one-sided 95%
+ALPHA = (1 - CONFIDENCE) / 2  # the one-sided error of a promotion
 
 
 @dataclass
@@ -96,7 +97,7 @@ def settled(ratios, noise: float, outputs_equal: bool) -> bool:
     return est.lower > bar or est.upper < bar
 
 
-def sequential_confidence(looks: int, alpha: float = 1 - (1 + CONFIDENCE) / 2) -> float:
+def sequential_confidence(looks: int, alpha: float = ALPHA) -> float:
     """The two-sided confidence each of `looks` looks at a growing set of requests reads its bounds at, so that
     the chance of any false promotion over all of them stays at most `alpha` (one-sided; Bonferroni: alpha/looks
     each). One look: the controller's own 90% (95% one-sided)."""

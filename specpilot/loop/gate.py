@@ -33,7 +33,7 @@ from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.config.env import parse
 from specpilot.controller.compare import REPO, Side, Worker, WorkerDied, compare
-from specpilot.controller.gate import CONFIDENCE, decided_at, sequential_confidence
+from specpilot.controller.gate import ALPHA, decided_at, sequential_confidence
 from specpilot.errors import UserError
 from specpilot.forcing import POWER_BOUND
 from specpilot.forcing.logic import LogicCheck, precision_change
@@ -98,7 +98,7 @@ class Gate:
                 self.say(f"  timing: {d['requests']} requests undecided (bounds {d['lower']:.3f}-{d['upper']:.3f} "
                          f"around the bar {d['bar']:.3f}): more requests")
         card["sequential"] = {"looks": looks, "max_looks": n, "confidence": conf, "stopped": stopped,
-                              "alpha": 1 - (1 + CONFIDENCE) / 2,
+                              "alpha": ALPHA,
                               "seconds": sum(x["seconds"] or 0.0 for x in looks)}
         return card
 

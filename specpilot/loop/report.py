@@ -264,7 +264,6 @@ def _let_through(sealed: dict) -> str:
     return f" Forcing's inconclusive verdict let it through: {why}."
 
 
-
 def _ending(summary: dict, keys=("converged", "stopped")) -> str:
     return "".join(f" {k.capitalize()}: {summary[k]}." for k in keys if summary.get(k))
 

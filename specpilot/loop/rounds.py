@@ -219,7 +219,7 @@ class Loop:
         short = self._short(step, "evidence")
         if short:
             return {"ranked": [], "skipped": [], "gated": [], "refused": short}
-        deadline = self._survey_deadline()
+        deadline = self._deadline()
         found = self.run.once(step, lambda: survey(agent, directions, start, ev(), device, self._block(),
                                                    self._width(), deadline, ceiling, self._dtype()))
         ranked = [dict(e) for e in found["ranked"]]  # statuses below are this round's, from the gates' steps
@@ -249,9 +249,9 @@ class Loop:
                 best = max(best or 0.0, g["controller"]["gain"])
         return {**found, "ranked": ranked, "gated": gated}
 
-    def _survey_deadline(self, share: float | None = None) -> float | None:
-        """With a budget, the survey's share of what is left after the sealed final's estimate: gates need the
-        rest. share: another step's (Phase 3's evidence)."""
+    def _deadline(self, share: float | None = None) -> float | None:
+        """With a budget, a step's share (default: the survey's) of what is left after the sealed final's estimate:
+        gates need the rest."""
         left = self.run.left()
         if left is None:
             return None
@@ -419,7 +419,7 @@ class Loop:
         self.say(f"phase 3: {d.mechanism}")
         # half of what the sealed final leaves: each option of a GEMV start is an engine to tune (tens of seconds
         # on a GPU), and the other half may gate what it finds
-        deadline = self._survey_deadline(PHASE3_SHARE)
+        deadline = self._deadline(PHASE3_SHARE)
         tuned = self.run.once(f"{step}/evidence",
                               lambda: self.plan.agent.tune(d, parse(start), ev(), device, self._block(),
                                                            width=self._width(), dtype=self._dtype(),
