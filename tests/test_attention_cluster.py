@@ -18,12 +18,12 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from specpilot.config.plan import KernelPlan  # noqa: E402
+from specpilot.core.contracts import Visibility  # noqa: E402
 from specpilot.kernels import nvrtc  # noqa: E402
 from specpilot.kernels.attention import cluster  # noqa: E402
 from specpilot.kernels.attention import triton as kernel_module  # noqa: E402
 from specpilot.kernels.attention.naive import attend_naive  # noqa: E402
 from specpilot.kernels.tuning import candidates  # noqa: E402
-from specpilot.speculative.visibility import Visibility  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 RUNS = CUDA and nvrtc.bindings_available()

@@ -20,13 +20,13 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from specpilot.config.plan import KernelPlan  # noqa: E402
+from specpilot.core.contracts import Visibility  # noqa: E402
 from specpilot.kernels.attention import attend  # noqa: E402
 from specpilot.kernels.attention import triton as kernel_module  # noqa: E402
 from specpilot.kernels.attention.naive import attend_naive  # noqa: E402
 from specpilot.kernels.attention.triton import attend_triton  # noqa: E402
 from specpilot.kernels.dispatch import use_triton  # noqa: E402
 from specpilot.kernels.tuning import candidates  # noqa: E402
-from specpilot.speculative.visibility import Visibility  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from specpilot.config import KernelPlan
+from specpilot.core.contracts import Lattice
 from specpilot.fixtures.random_models import random_drafter, tiny_drafter_config, tiny_target_config
 from specpilot.models.config import drafter_config_from_hf
 from specpilot.models.loading import load_drafter, save_drafter
-from specpilot.speculative.lattice import Lattice
 from specpilot.weights import DenseWeight
 
 PLAN = KernelPlan.stock()

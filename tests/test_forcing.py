@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from specpilot.core.contracts import Forward
 from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.forcing.judge import SystemForcing, calibrate_delta, detectable_rate, tally, verdict
 from specpilot.forcing.noise import margin_noise
@@ -18,7 +19,8 @@ TARGET = random_target(tiny_target_config(vocab=300), seed=21)
 
 def next_logits(prefix: list[int]) -> torch.Tensor:
     ids = torch.tensor([prefix])
-    logits, _ = TARGET(ids, torch.arange(len(prefix))[None], TARGET.new_cache(1, len(prefix)), Mode.PREFILL)
+    meta = Forward.consecutive(torch.arange(len(prefix))[None])
+    logits, _ = TARGET(ids, meta, TARGET.new_cache(1, len(prefix)), Mode.PREFILL)
     return logits[0, -1].float()
 
 

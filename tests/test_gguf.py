@@ -21,13 +21,13 @@ gguf = pytest.importorskip("gguf")
 
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
+from specpilot.core.contracts import Forward, Visibility  # noqa: E402
 from specpilot.errors import UserError  # noqa: E402
 from specpilot.models import smollm2  # noqa: E402
 from specpilot.models.dense import Mode  # noqa: E402
 from specpilot.models.gguf import convert_gguf, gguf_state_dict, read_gguf_config  # noqa: E402
 from specpilot.models.loading import load_target  # noqa: E402
 from specpilot.models.tokenizer import HFTokenizer  # noqa: E402
-from specpilot.speculative.visibility import Visibility  # noqa: E402
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
@@ -200,8 +200,8 @@ def our_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     n = tokens.shape[1]
     positions, start = torch.arange(n)[None], torch.tensor([0])
     with torch.no_grad():
-        logits, _ = model(tokens, positions, model.new_cache(1, n), Mode.VERIFY, slots=positions,
-                          vis=Visibility(cache_len=start, start=start))
+        logits, _ = model(tokens, Forward(positions, positions, Visibility(cache_len=start, start=start)),
+                          model.new_cache(1, n), Mode.VERIFY)
     return logits
 
 

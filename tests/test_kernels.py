@@ -288,9 +288,9 @@ def test_l2_hints_and_early_epilogue_inputs_compute_the_same(device, dtype, tol,
     into one FMA, and it chose differently for q/k/v + rope once the loads moved (1-2 float32 ulps in 9 of
     64 q values, one bfloat16 ulp in 6, on the H200). (Values outside l2's choices are refused:
     test_plan_options_refuse_invalid_values.)"""
+    from specpilot.core.contracts import Visibility
     from specpilot.kernels.attention.triton import attend_triton
     from specpilot.kernels.gemv import kv_eviction, weight_eviction
-    from specpilot.speculative.visibility import Visibility
 
     if kernel == "attention":  # the `gemv` step's attention: the partials merged in the same launch
         g = torch.Generator().manual_seed(11)

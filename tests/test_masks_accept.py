@@ -6,9 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specpilot.core.contracts import Visibility, chain, chain_visibility, verify_mask
 from specpilot.speculative.accept import accept_greedy
-from specpilot.speculative.proposal import chain
-from specpilot.speculative.visibility import Visibility, chain_visibility, verify_mask
 
 
 @st.composite

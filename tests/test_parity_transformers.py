@@ -16,11 +16,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from specpilot.core.contracts import Forward, Visibility, chain_visibility, verify_mask
 from specpilot.fixtures.random_models import random_target, tiny_target_config
 from specpilot.models.dense import Mode
 from specpilot.models.layers import rope_inv_freq
 from specpilot.models.loading import load_target, save_target
-from specpilot.speculative.visibility import Visibility, chain_visibility, verify_mask
 
 TOL = 1e-4
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -106,7 +106,7 @@ def _verify(model, tokens, start, cache, hidden_layers=(), explicit_chain=True):
     causal = torch.arange(cache.length)[None, None, :] <= positions[:, :, None]
     assert torch.equal(vis.dense(n, cache.length), causal)
     assert torch.equal(verify_mask(s, s, chain_visibility(n), cache.length), causal)
-    return model(tokens, positions, cache, Mode.VERIFY, slots=positions, vis=vis, hidden_layers=hidden_layers)
+    return model(tokens, Forward(positions, positions, vis), cache, Mode.VERIFY, None, hidden_layers)
 
 
 def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -135,7 +135,7 @@ def test_full_sequence_logits(pair):
     logits, _ = _verify(ours, tokens, 0, ours.new_cache(1, seq))
     assert _maxdiff(logits, ref) <= TOL
     # PREFILL returns the last row only.
-    last, _ = ours(tokens, torch.arange(seq)[None], ours.new_cache(1, seq), Mode.PREFILL)
+    last, _ = ours(tokens, Forward.consecutive(torch.arange(seq)[None]), ours.new_cache(1, seq), Mode.PREFILL)
     assert last.shape == (1, 1, hf.config.vocab_size)
     assert _maxdiff(last[0, 0], ref[0, -1]) <= TOL
 
@@ -146,10 +146,10 @@ def test_prefill_then_decode(pair):
     seq = tokens.shape[1]
     prefix = seq // 2
     cache = ours.new_cache(1, seq)
-    last, _ = ours(tokens[:, :prefix], torch.arange(prefix)[None], cache, Mode.PREFILL)
+    last, _ = ours(tokens[:, :prefix], Forward.consecutive(torch.arange(prefix)[None]), cache, Mode.PREFILL)
     assert _maxdiff(last[0, 0], out.logits[0, prefix - 1]) <= TOL
     for p in range(prefix, seq):
-        step, _ = ours(tokens[:, p : p + 1], torch.tensor([[p]]), cache, Mode.DECODE)
+        step, _ = ours(tokens[:, p : p + 1], Forward.consecutive(torch.tensor([[p]])), cache, Mode.DECODE)
         assert step.shape == (1, 1, hf.config.vocab_size)
         assert _maxdiff(step[0, 0], out.logits[0, p]) <= TOL, p
 
@@ -163,7 +163,7 @@ def test_verify_after_prefix(pair):
     for state in cache.layers:  # garbage in unused slots
         state.k.normal_()
         state.v.normal_()
-    ours(tokens[:, :prefix], torch.arange(prefix)[None], cache, Mode.PREFILL)
+    ours(tokens[:, :prefix], Forward.consecutive(torch.arange(prefix)[None]), cache, Mode.PREFILL)
     logits, _ = _verify(ours, tokens[:, prefix : prefix + n], prefix, cache)
     assert _maxdiff(logits, out.logits[:, prefix : prefix + n]) <= TOL
     # Again with the default (implicit) chain: the same rows overwrite the same slots.

@@ -16,8 +16,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from specpilot.config.plan import KernelPlan  # noqa: E402
+from specpilot.core.contracts import Lattice  # noqa: E402
 from specpilot.kernels import tree_build  # noqa: E402
-from specpilot.speculative.lattice import Lattice  # noqa: E402
 from specpilot.speculative.tree import TreeBuilder, max_nodes  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

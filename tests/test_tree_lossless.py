@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from specpilot.config import parse_system
+from specpilot.core.contracts import Lattice
 from specpilot.errors import UserError
 from specpilot.replay.record import Recorder, load, save
 from specpilot.replay.walk import committed, replay
 from specpilot.runtime.engine import Engine
-from specpilot.speculative.lattice import Lattice
 from specpilot.speculative.tree import BUILDERS, TreeBuilder, max_nodes
 from tests.test_lossless import CONFIGS, CONTEXT, VOCAB, _models, _prompt
 

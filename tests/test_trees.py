@@ -16,13 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specpilot.config.options import OPTIONS
+from specpilot.core.contracts import DraftTree, Lattice, Proposal, Visibility, verify_mask
 from specpilot.models.cache import Cache
 from specpilot.speculative import sequoia
 from specpilot.speculative.accept import accept_tree
-from specpilot.speculative.lattice import Lattice
-from specpilot.speculative.proposal import Proposal
-from specpilot.speculative.tree import BUILDERS, Tree, TreeBuilder, child_scores, max_nodes
-from specpilot.speculative.visibility import Visibility, verify_mask
+from specpilot.speculative.tree import BUILDERS, TreeBuilder, child_scores, max_nodes
 
 
 @st.composite
@@ -44,7 +42,7 @@ def lattices(draw, selector: bool | None = None):
     return Lattice(tokens=tokens, unary=unary, logp=logp, edges=edges, anchor=anchor)
 
 
-def _check_valid(tree: Tree, lattice: Lattice, rows: int) -> None:
+def _check_valid(tree: DraftTree, lattice: Lattice, rows: int) -> None:
     b, n = tree.parents.shape
     assert n == rows
     assert (tree.parents[:, 0] == 0).all() and (tree.depth[:, 0] == 0).all()
@@ -76,7 +74,7 @@ def _all_paths(scores: torch.Tensor, s: int) -> dict[tuple[int, ...], float]:
     return out
 
 
-def _tree_paths(tree: Tree, s: int) -> list[tuple[int, ...]]:
+def _tree_paths(tree: DraftTree, s: int) -> list[tuple[int, ...]]:
     paths = [()]
     for r in range(1, tree.rows):
         paths.append(paths[int(tree.parents[s, r])] + (int(tree.cand[s, r]),))
@@ -280,7 +278,7 @@ def test_ancestors_and_per_sequence_masks(b, n, seed):
     depth = torch.zeros(b, n, dtype=torch.int64)
     for r in range(1, n):
         depth[:, r] = depth.gather(1, parents[:, r : r + 1])[:, 0] + 1
-    tree = Tree(parents=parents, depth=depth, cand=torch.zeros_like(parents), tokens=torch.zeros_like(parents))
+    tree = DraftTree(parents=parents, depth=depth, cand=torch.zeros_like(parents), tokens=torch.zeros_like(parents))
     seen = tree.ancestors(int(depth.max()))
     assert torch.equal(seen, walked(parents))
     cache_len = torch.randint(0, 20, (b,), generator=gen)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from specpilot.core.contracts import Forward
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.models.dense import Mode
 from specpilot.models.twin import widen_drafter, widen_target
@@ -19,7 +20,7 @@ CASES = {
 def logits(model, tokens):
     cache = model.new_cache(1, tokens.shape[1])
     positions = torch.arange(tokens.shape[1])[None]
-    out, _ = model(tokens, positions, cache, Mode.PREFILL)
+    out, _ = model(tokens, Forward.consecutive(positions), cache, Mode.PREFILL)
     return out
 
 

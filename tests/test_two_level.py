@@ -7,12 +7,11 @@ import pytest
 import torch
 
 from specpilot.config import parse_system
+from specpilot.core.contracts import Verdict, chain
 from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.kernels.fewrow import FewRowWeight
 from specpilot.runtime.engine import Engine
-from specpilot.speculative.accept import Verdict
-from specpilot.speculative.proposal import chain
 from specpilot.w12.attach import projections
 from specpilot.w12.format import encode
 

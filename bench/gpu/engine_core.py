@@ -29,6 +29,7 @@ import torch
 from bench.gpu.shapes import MODELS, drafter_for
 from specpilot.config import parse_system
 from specpilot.config.plan import TuningTable
+from specpilot.core.contracts import Forward, Visibility
 from specpilot.fixtures.random_models import (
     random_drafter,
     random_target,
@@ -40,7 +41,6 @@ from specpilot.models.dense import Mode
 from specpilot.results import system_record
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.graphs import StepGraph, median_ms
-from specpilot.speculative.visibility import Visibility
 
 AR, STOCK = parse_system("ar"), parse_system("stock")
 AR_EAGER = parse_system("ar:graphs=false")
@@ -168,7 +168,7 @@ def verify_ms(target, n: int, context: int = CONTEXT) -> float:
     vis = Visibility(cache_len=start, start=start)
 
     def step():
-        target(tokens, positions, cache, Mode.VERIFY, slots=positions, vis=vis)
+        target(tokens, Forward(positions, positions, vis), cache, Mode.VERIFY)
 
     return timed(capture(step).replay)
 

@@ -16,12 +16,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.gpu.engine_core import CONTEXT, MODELS
 from specpilot.config import KernelPlan
+from specpilot.core.contracts import Forward, Visibility
 from specpilot.fixtures.random_models import random_target
 from specpilot.kernels.tuning.descent import tune_step
 from specpilot.kernels.tuning.starts import start_for
 from specpilot.models.dense import Mode
 from specpilot.runtime.graphs import replay_ms
-from specpilot.speculative.visibility import Visibility
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     vis = Visibility(cache_len=start, start=start)
 
     def step():
-        target(tokens, positions, cache, Mode.VERIFY, plan, slots=positions, vis=vis)
+        target(tokens, Forward(positions, positions, vis), cache, Mode.VERIFY, plan)
 
     with torch.inference_mode():
         for _ in range(3):

@@ -20,6 +20,7 @@ import os
 import torch
 
 from specpilot.config import parse_system
+from specpilot.core.contracts import Forward, Proposal, Visibility
 from specpilot.deployment import load_deployment
 from specpilot.models.dense import Mode
 from specpilot.models.pair import build_pair
@@ -27,9 +28,7 @@ from specpilot.results import environment
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.graphs import replay_ms
 from specpilot.speculative.accept import accept_tree
-from specpilot.speculative.proposal import Proposal
 from specpilot.speculative.tree import BUILDERS, TreeBuilder
-from specpilot.speculative.visibility import Visibility
 
 PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
           "How many clips did Natalia sell altogether in April and May? Explain each step of your reasoning.")
@@ -101,19 +100,20 @@ def verify_times(engine: Engine, lattice, start: torch.Tensor, n: int, device) -
     target, plan, cache = engine.target, engine.plan, engine.cache
 
     def chain():
-        return target(tree.tokens, start[:, None] + index, cache, Mode.VERIFY, plan, slots=start[:, None] + index,
-                      vis=Visibility(start, start), hidden_layers=engine.spec.hidden_layers)
+        rows = start[:, None] + index
+        return target(tree.tokens, Forward(rows, rows, Visibility(start, start)), cache, Mode.VERIFY, plan,
+                      engine.spec.hidden_layers)
 
     def as_tree():
-        return target(tree.tokens, start[:, None] + tree.depth, cache, Mode.VERIFY, plan,
-                      slots=start[:, None] + index, vis=Visibility(start, start, tree=seen),
-                      hidden_layers=engine.spec.hidden_layers)
+        meta = Forward(start[:, None] + tree.depth, start[:, None] + index, Visibility(start, start, tree=seen))
+        return target(tree.tokens, meta, cache, Mode.VERIFY, plan, engine.spec.hidden_layers)
 
     # A chain of these tokens at consecutive positions and a tree of them in which every row sees all earlier
     # rows, at the same positions, must give the same logits: the tree mask path against the causal one.
     full = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None]
-    same, _ = target(tree.tokens, start[:, None] + index, cache, Mode.VERIFY, plan, slots=start[:, None] + index,
-                     vis=Visibility(start, start, tree=full), hidden_layers=engine.spec.hidden_layers)
+    rows = start[:, None] + index
+    same, _ = target(tree.tokens, Forward(rows, rows, Visibility(start, start, tree=full)), cache, Mode.VERIFY, plan,
+                     engine.spec.hidden_layers)
     ref, _ = chain()
     proposal = Proposal(tokens=tree.tokens, positions=start[:, None] + tree.depth, slots=start[:, None] + index,
                         visibility=Visibility(start, start, tree=seen), parents=tree.parents, index=index,

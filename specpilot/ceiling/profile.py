@@ -1,5 +1,5 @@
 """The kernel profile of decode steps: torch.profiler over generations run eagerly, every kernel attributed to a
-class by the regions around its launch (runtime/regions.py). On the GPU a kernel's time is its CUDA duration;
+class by the regions around its launch (core/regions.py). On the GPU a kernel's time is its CUDA duration;
 on the CPU (tests) an operator's own CPU time. Prefill is left out.
 
 Eager, not replayed from a graph: a graph replay carries no host ranges to attribute by, and it runs the same
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specpilot.runtime.regions import PREFIX, labelled
+from specpilot.core.regions import PREFIX, labelled
 
 STAGES = ("drafter", "tree")  # regions that name where in the step a kernel runs (else: the target)
 # Our Triton kernels by name, for launches the profiler links to no host range (on the H200 every decode

@@ -74,6 +74,8 @@ class KernelPlan:
     tune_store: bool
     attn_ablate: str
     table: TuningTable = field(default_factory=TuningTable, compare=False, repr=False)
+    # the weights a pass reads (core/contracts.VIEWS): set per forward from its metadata, never an option
+    view: str = "exact"
 
     @classmethod
     def stock(cls, **changes: Any) -> KernelPlan:
@@ -88,7 +90,7 @@ class KernelPlan:
 
     def features(self) -> dict[str, Any]:
         """The options, without the tuning table: equal features, equal kernels."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "table"}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("table", "view")}
 
     def but(self, **changes: Any) -> KernelPlan:
         """The same plan with some options changed, sharing this plan's tuning table (the drafter runs the

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 
 from specpilot.config.plan import KernelPlan
+from specpilot.core.contracts import Forward
 from specpilot.models.dense import DenseTarget, Mode
-from specpilot.speculative.visibility import Visibility
 
 
 @torch.inference_mode()
@@ -26,15 +26,15 @@ def _gaps(target: DenseTarget, prompt: list[int], output: list[int], rows: int, 
     device = target.embed.weight.device
     cache = target.new_cache(1, len(prompt) + len(output))
     ids = torch.tensor([prompt], device=device)
-    logits, _ = target(ids, torch.arange(len(prompt), device=device)[None], cache, Mode.PREFILL, plan=plan)
+    logits, _ = target(ids, Forward.consecutive(torch.arange(len(prompt), device=device)[None]), cache, Mode.PREFILL,
+                       plan)
     out = [logits[0, -1:]]
     seq = torch.tensor(output, device=device)
     for s in range(0, len(output) - 1, rows):
         chunk = seq[s : min(s + rows, len(output) - 1)]
         start = torch.tensor([len(prompt) + s], device=device)
         pos = start[:, None] + torch.arange(len(chunk), device=device)
-        logits, _ = target(chunk[None], pos, cache, Mode.VERIFY, plan=plan, slots=pos,
-                           vis=Visibility(start, start))
+        logits, _ = target(chunk[None], Forward.consecutive(pos), cache, Mode.VERIFY, plan)
         out.append(logits[0])
     logp = torch.log_softmax(torch.cat(out).float(), -1)
     top = logp.topk(2, dim=-1).values

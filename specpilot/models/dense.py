@@ -15,15 +15,14 @@ import torch
 from torch import nn
 
 from specpilot.config.plan import KernelPlan
+from specpilot.core.contracts import Forward
+from specpilot.core.regions import region
 from specpilot.kernels import embed
 from specpilot.kernels.gemv import gemv_applies, stream_of
 from specpilot.kernels.norm import rms_norm
 from specpilot.models.cache import Cache
 from specpilot.models.config import DenseConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
-from specpilot.runtime.faults import NORM_EPS, lower_head, lower_state
-from specpilot.runtime.regions import region
-from specpilot.speculative.visibility import Visibility
 from specpilot.weights import DenseWeight
 
 
@@ -85,65 +84,49 @@ class DenseTarget(nn.Module):
         return Cache.build(cfg.kinds, batch, length, cfg.num_kv_heads, cfg.head_dim,
                            dtype or self.embed.weight.dtype, device or self.device, stacked)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Cache, mode: Mode,
-                plan: KernelPlan | None = None, slots: torch.Tensor | None = None, vis: Visibility | None = None,
-                hidden_layers: tuple[int, ...] = (), fault: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
-        """tokens, positions [B, T] -> (logits [B, T or 1, V], hidden [B, T, len(hidden_layers) * H]).
+    def forward(self, tokens: torch.Tensor, meta: Forward, cache: Cache, mode: Mode, plan: KernelPlan | None = None,
+                hidden_layers: tuple[int, ...] = (), *, layers: list[int] | None = None, eps: float | None = None,
+                head: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """tokens [B, T] -> (logits [B, T or 1, V], hidden [B, T, len(hidden_layers) * H]).
 
-        PREFILL and DECODE rows are consecutive positions whose K/V go to slot == position and which
-        see every earlier slot; VERIFY takes the slots and the visibility from the caller (a tree's
-        rows sit at consecutive slots past the cache but at positions given by their depth). plan: the
-        kernel plan (None: stock's). fault: a deliberately lossy forward, for auditing the judge
-        (runtime/faults.py: low_head, skip_layer, norm_eps, kv_low; the others act outside the model).
+        meta (core/contracts.Forward): the rows' positions, their cache slots, what each sees and the weights the
+        pass reads (W12's 8-bit view: two-level verification's cheap pass). PREFILL and DECODE take consecutive
+        rows (Forward.consecutive); VERIFY any proposal's (a tree's rows sit at consecutive slots past the cache
+        but at positions given by their depth). PREFILL returns the logits of the last row only. plan: the kernel
+        plan (None: stock's). layers: the indices of the layers to run (None: all), eps: the RMSNorm epsilon
+        (None: the config's), head: a weight [V, H] to project with instead of the model's, in its own dtype
+        (None: the model's head): variants of the function that callers outside the model compose (the audited
+        faults of runtime/faults.py).
         """
         plan = plan or KernelPlan.stock()
-        h, hidden, fused = self._trunk(tokens, positions, cache, mode, slots, vis, hidden_layers, plan, fault)
+        if meta.view != plan.view:
+            plan = plan.but(view=meta.view)
+        eps = self.cfg.rms_norm_eps if eps is None else eps
+        h, hidden, fused = self._trunk(tokens, meta, cache, hidden_layers, plan, layers, eps)
         if mode is Mode.PREFILL:
             h = stream_of(h)[:, -1:]
-        final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
-        eps = NORM_EPS if fault == "norm_eps" else self.cfg.rms_norm_eps
-        if fault == "low_head":
+        if head is not None:
             normed = rms_norm(stream_of(h), self.norm, eps, plan) if fused else h
-            low = self._low_head()
-            return (normed.to(low.dtype) @ low.t()).to(h.dtype), hidden
+            return (normed.to(head.dtype) @ head.t()).to(normed.dtype), hidden
+        final = self.norm if fused else None  # fused: h is the un-normed stream, normed inside the head GEMV
         with region("head"):
             return self.head.project(h, plan, norm_weight=final, eps=eps), hidden
 
-    def _low_head(self) -> torch.Tensor:
-        """The low_head fault's copy of the LM head one precision step below the model's, made once per version
-        of the weights (converting it on every forward cost more than the head itself on the CPU)."""
-        w = self.head_weight
-        key = (w.data_ptr(), w.dtype, tuple(w.shape), w._version)
-        cached = getattr(self, "_low_head_cache", None)
-        if cached is None or cached[0] != key:
-            cached = self._low_head_cache = (key, lower_head(w.detach()))
-        return cached[1]
-
-    def _trunk(self, tokens, positions, cache, mode, slots, vis, hidden_layers, plan: KernelPlan, fault: str):
+    def _trunk(self, tokens, meta: Forward, cache, hidden_layers, plan: KernelPlan, which: list[int] | None,
+               eps: float):
         """-> (hidden after the last layer: final-normed, or the raw stream when fused, possibly as a
         NormedStream for the final norm; taps; fused)."""
-        if mode is Mode.VERIFY:
-            if slots is None or vis is None:
-                raise ValueError("verify needs explicit slots and visibility")
-        else:
-            slots = positions
-            vis = Visibility(cache_len=positions[:, 0], start=positions[:, 0])
 
         def attn(i, layer, h, **kw):
-            out = layer.attn(h, positions, self.rope, cache[i], slots, vis, plan, **kw)
-            if fault == "kv_low":  # the K/V this pass wrote are read back at a lower precision from now on
-                lower_state(cache[i].k, cache[i].v)
-            return out
+            return layer.attn(h, meta.positions, self.rope, cache[index[i]], meta.slots, meta.visibility, plan, **kw)
 
-        layers = list(self.layers)
-        if fault == "skip_layer":  # the middle layer left out
-            layers = [layer for i, layer in enumerate(self.layers) if i != len(self.layers) // 2]
+        index = list(range(len(self.layers))) if which is None else list(which)
+        layers = [self.layers[i] for i in index]
         if embed.applies(tokens, self.embed.weight, plan):
             x = embed.embed_handoff(tokens, self.embed.weight, layers[0].attn_norm, plan)
         else:
             x = self.embed.rows(tokens)
         fused = gemv_applies(x, plan)
-        eps = NORM_EPS if fault == "norm_eps" else self.cfg.rms_norm_eps
         h, kept = run_layers(x, layers, self.norm, eps, attn, lambda i, layer, h, **kw: layer.mlp(h, plan, **kw),
                              plan, hidden_layers, fused=fused)
         hidden = torch.cat([kept[i] for i in hidden_layers], -1) if kept else None
@@ -155,5 +138,6 @@ class DenseTarget(nn.Module):
         plan = plan or KernelPlan.stock()
         positions = torch.arange(tokens.shape[1], device=tokens.device)[None].expand(tokens.shape[0], -1)
         cache = self.new_cache(tokens.shape[0], tokens.shape[1])
-        h, _, fused = self._trunk(tokens, positions, cache, Mode.PREFILL, None, None, (), plan, "none")
-        return rms_norm(stream_of(h), self.norm, self.cfg.rms_norm_eps, plan) if fused else h
+        eps = self.cfg.rms_norm_eps
+        h, _, fused = self._trunk(tokens, Forward.consecutive(positions), cache, (), plan, None, eps)
+        return rms_norm(stream_of(h), self.norm, eps, plan) if fused else h

@@ -14,13 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.config.plan import KernelPlan
+from specpilot.core.contracts import Lattice, Visibility
+from specpilot.core.regions import region
 from specpilot.kernels.norm import rms_norm
 from specpilot.models.cache import Cache
 from specpilot.models.config import DrafterConfig
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
-from specpilot.runtime.regions import region
-from specpilot.speculative.lattice import Lattice
-from specpilot.speculative.visibility import Visibility
 from specpilot.weights import DenseWeight
 
 

@@ -23,7 +23,7 @@ from specpilot.models.config import DenseConfig
 from specpilot.weights import DenseWeight
 
 if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
-    from specpilot.speculative.visibility import Visibility
+    from specpilot.core.contracts import Visibility
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:

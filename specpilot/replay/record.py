@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
+from specpilot.core.contracts import Lattice
 from specpilot.errors import UserError
 from specpilot.results import folder_atomic
-from specpilot.speculative.lattice import Lattice
 
 FORMAT = 1
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.core.contracts import DraftTree
 from specpilot.replay.record import TurnLattices
-from specpilot.speculative.tree import Tree, TreeBuilder, child_scores
+from specpilot.speculative.tree import TreeBuilder, child_scores
 
 
-def walk(tree: Tree, continuation: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
+def walk(tree: DraftTree, continuation: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
     """[S]: tokens each step commits (accepted drafts + the bonus, at most what the output still holds)."""
     depth = tree.depth
     want = continuation.gather(1, (depth - 1).clamp(min=0))

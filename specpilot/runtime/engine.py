@@ -18,16 +18,17 @@ import torch
 
 from specpilot.config import System, parse_system
 from specpilot.config.plan import KernelPlan
+from specpilot.core.contracts import Forward
+from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.kernels.dispatch import fix_triton_interpreter, interpreting
 from specpilot.kernels.greedy import greedy_advance
 from specpilot.kernels.tuning import store as tuning_store
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
-from specpilot.runtime.faults import distort
+from specpilot.runtime.faults import distort, faulty
 from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
 from specpilot.runtime.padding import Pad
-from specpilot.runtime.regions import region
 from specpilot.speculative.proposal import TOP_K
 from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
@@ -77,6 +78,7 @@ class Engine:
                                 "CPU interpreter: TRITON_INTERPRET=1, slow)")
             fix_triton_interpreter()  # every Triton kernel's loops run under it
         self.fault = self.system.get("fault")
+        self.forward = faulty(target, self.fault)  # the target's forward, as a model-level fault changes it
         if self.fault in ("unverified_accept", "rare_unverified") and drafter is None:
             raise UserError(f"fault {self.fault} needs a drafter (system stock)")
         self.use_graphs = self.system.get("graphs") and self.device.type == "cuda"
@@ -159,7 +161,7 @@ class Engine:
                                out=torch.zeros(1, 1 + paths, dtype=torch.int64, device=dev))
         self.rows = 2 * rows if tlv else rows  # slots a step writes past pos
         args = (self.target, drafter, self.cache, self.dcache, self.state, self.block, self.plan, self.fault,
-                self.builder)
+                self.builder, self.forward)
         self.spec = TwoLevelStep(*args, rows=rows, path=self.block) if tlv else SpecStep(*args)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
         # results record what ran: the drafter's block, not "0"
@@ -196,8 +198,8 @@ class Engine:
 
     # ----- steps (device only: no host sync, so they can be graph-captured) ------------------------
     def _ar_step(self) -> None:
-        logits, _ = self.target(self.token[None], self.pos[None], self.cache, Mode.DECODE, self.plan,
-                                fault=self.fault)
+        logits, _ = self.forward(self.token[None], Forward.consecutive(self.pos[None]), self.cache, Mode.DECODE,
+                                 self.plan)
         greedy_advance(distort(logits[0, -1], self.fault), self.token, self.pos, self.plan)
         self.pad()
 
@@ -228,8 +230,8 @@ class Engine:
         ids = torch.tensor([prompt], dtype=torch.int64, device=self.device)
         positions = torch.arange(len(prompt), device=self.device)[None]
         layers = self.spec.hidden_layers if with_hidden else ()
-        logits, hidden = self.target(ids, positions, self.cache, Mode.PREFILL, self.plan, hidden_layers=layers,
-                                     fault=self.fault)
+        logits, hidden = self.forward(ids, Forward.consecutive(positions), self.cache, Mode.PREFILL, self.plan,
+                                      layers)
         self.token.copy_(distort(logits[0, -1], self.fault).argmax(-1))
         self.pos.fill_(len(prompt))
         return hidden

@@ -2,10 +2,13 @@
 
 Each one is a shortcut a speed-rewarded optimiser might take; none is ever a default. Engine-level
 faults change how the target's logits become tokens or how drafts are accepted; model-level ones
-change the target's forward (an argument of each forward call, so none outlives the generation that used it).
+change the target's function (`faulty`: a wrapper around its forward that the engine calls instead, so the model
+itself knows no fault and none outlives the engine that used it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -39,6 +42,47 @@ def distort(logits: torch.Tensor, fault: str) -> torch.Tensor:
         lift = torch.where(gap < NEAR_TIE, 2 * gap + 0.05, torch.zeros_like(gap))
         return logits.scatter_add(-1, top.indices[..., 1:], lift[..., None].to(logits.dtype))
     return logits
+
+
+def faulty(target, fault: str) -> Callable:
+    """The target's forward as a model-level fault changes it (the target itself for every other fault): called
+    as the target is, models/dense.DenseTarget.forward."""
+    return target if fault not in MODEL_FAULTS else FaultyForward(target, fault)
+
+
+class FaultyForward:
+    """A model-level fault around a target's forward:
+      low_head    the LM head one precision step below the model's (lower_head), made once per weight version;
+      skip_layer  the middle layer left out;
+      norm_eps    every RMSNorm at epsilon NORM_EPS instead of the config's;
+      kv_low      the K/V a pass wrote read back at a lower precision from then on (lower_state after the pass: a
+                  layer's rows have read their own K/V by then, as a cache that rounds on write would let them)."""
+
+    def __init__(self, target, fault: str):
+        self.target, self.fault = target, fault
+        self._head: tuple | None = None
+
+    def __call__(self, tokens, meta, cache, mode, plan=None, hidden_layers=(), **kw):
+        if self.fault == "low_head":
+            kw["head"] = self.low_head()
+        elif self.fault == "skip_layer":
+            n = len(self.target.layers)
+            kw["layers"] = [i for i in range(n) if i != n // 2]
+        elif self.fault == "norm_eps":
+            kw["eps"] = NORM_EPS
+        out = self.target(tokens, meta, cache, mode, plan, hidden_layers, **kw)
+        if self.fault == "kv_low":
+            for layer in cache.layers:
+                lower_state(layer.k, layer.v)
+        return out
+
+    def low_head(self) -> torch.Tensor:
+        """Converting the head on every forward cost more than the head itself on the CPU: once per version."""
+        w = self.target.head_weight
+        key = (w.data_ptr(), w.dtype, tuple(w.shape), w._version)
+        if self._head is None or self._head[0] != key:
+            self._head = (key, lower_head(w.detach()))
+        return self._head[1]
 
 
 def lower_head(w: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The speculative step as a pipeline: propose (proposal.py: the drafter's greedy chain over its lattice;
-trees next) -> verify (the target's pass over the proposal's rows) -> accept (accept.py: the verdict) ->
-commit (every cache keeps the accepted path), with the dataclasses that carry each stage's tensors in
-[batch, rows] shapes (step.py runs them; visibility.py says which slots a row sees)."""
+"""The speculative step as a pipeline: propose (proposal.py: the drafter's greedy chain over its lattice, or a
+tree builder's rows: tree.py) -> verify (the target's pass over the proposal's rows) -> accept (accept.py: the
+verdict) -> commit (every cache keeps the accepted path); step.py runs them. The tensors each stage hands the
+next are core/contracts.py's types, in [batch, rows] shapes."""

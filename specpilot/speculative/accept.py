@@ -9,24 +9,9 @@ graph. A sampling acceptor would take the same inputs plus the drafter's probabi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from specpilot.speculative.proposal import Proposal
-
-
-@dataclass
-class Verdict:
-    accepted: torch.Tensor  # [B] int64: drafted tokens accepted (0 .. P - 1)
-    path: torch.Tensor  # [B, P] int64: the accepted path's rows, the anchor first (entries past accepted: padding)
-    tokens: torch.Tensor  # [B, P] int64: the target's argmax along the path; 0..accepted are committed
-    # P: the longest path a proposal can hold (a chain's rows; a tree's depth + 1)
-
-    @property
-    def bonus(self) -> torch.Tensor:
-        """[B]: the last committed token (the target's own, after the accepted drafts)."""
-        return self.tokens.gather(1, self.accepted[:, None])[:, 0]
+from specpilot.core.contracts import Proposal, Verdict
 
 
 def accept_greedy(proposal: Proposal, logits: torch.Tensor) -> Verdict:

@@ -9,54 +9,15 @@ slots start + r but at positions start + depth, and see their ancestors (specula
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from specpilot.config.plan import KernelPlan
+from specpilot.core.contracts import Lattice, Proposal, Visibility, chain
+from specpilot.core.regions import region
 from specpilot.models.cache import Cache
 from specpilot.models.dflash import DFlashDrafter
-from specpilot.runtime.regions import region
-from specpilot.speculative.lattice import Lattice
 from specpilot.speculative.tree import TreeBuilder
-from specpilot.speculative.visibility import Visibility
 from specpilot.weights import DenseWeight
-
-
-@dataclass
-class Proposal:
-    tokens: torch.Tensor  # [B, R] int64: the anchor, then the drafted tokens
-    positions: torch.Tensor  # [B, R] int64
-    slots: torch.Tensor  # [B, R] int64: where each row's K/V is written
-    visibility: Visibility  # committed slots < cache_len for every row, new rows as `tree` says
-    parents: torch.Tensor  # [B, R] int64: each row's parent row (the anchor's: -1 in a chain, 0 in a tree)
-    index: torch.Tensor  # [R] int64: 0 .. R - 1 (made once per engine: a captured step allocates nothing)
-    chain: bool  # static: parents are r - 1 and slots are positions (accepted paths are prefixes, in place)
-    path_rows: int = 0  # static: the longest path (0: all R rows, a chain)
-
-    @property
-    def rows(self) -> int:
-        return self.tokens.shape[1]
-
-    @property
-    def longest(self) -> int:
-        return self.path_rows or self.rows
-
-    @property
-    def drafts(self) -> torch.Tensor:
-        """[B, R - 1]: the drafted tokens."""
-        return self.tokens[:, 1:]
-
-
-def chain(anchor: torch.Tensor, drafts: torch.Tensor, start: torch.Tensor, index: torch.Tensor,
-          parents: torch.Tensor) -> Proposal:
-    """The chain [anchor, drafts...] at positions start, start + 1, ...: anchor, start [B]; drafts [B, R - 1];
-    index arange(R) and parents index - 1 ([1, R]), made once by the caller."""
-    positions = start[:, None] + index
-    return Proposal(tokens=torch.cat([anchor[:, None], drafts], 1), positions=positions, slots=positions,
-                    visibility=Visibility(cache_len=start, start=start), parents=parents.expand_as(positions),
-                    index=index, chain=True)
-
 
 TOP_K = 16  # candidates per draft position when the drafter has no selector of its own
 

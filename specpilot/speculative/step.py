@@ -12,18 +12,20 @@ The step owns its persistent tensors (SpecState) so that a graph replays it as i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from specpilot.config.plan import KernelPlan
+from specpilot.core.contracts import Proposal, Verdict
+from specpilot.core.regions import region
 from specpilot.models.cache import Cache
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.faults import distort, force_first_draft
-from specpilot.runtime.regions import region
-from specpilot.speculative.accept import Verdict, accept_greedy
-from specpilot.speculative.proposal import ChainProposer, Proposal, TreeProposer
+from specpilot.speculative.accept import accept_greedy
+from specpilot.speculative.proposal import ChainProposer, TreeProposer
 from specpilot.speculative.tree import TreeBuilder
 
 
@@ -43,9 +45,12 @@ class SpecStep:
     """The stock speculative step of one target and drafter over their caches (see the module docstring)."""
 
     def __init__(self, target: DenseTarget, drafter: DFlashDrafter, cache: Cache, dcache: Cache, state: SpecState,
-                 block: int, plan: KernelPlan, fault: str = "none", builder: TreeBuilder | None = None):
-        """builder: a tree builder (None: stock's chain)."""
+                 block: int, plan: KernelPlan, fault: str = "none", builder: TreeBuilder | None = None,
+                 forward: Callable | None = None):
+        """builder: a tree builder (None: stock's chain); forward: what runs the target's pass (default the target
+        itself; a model-level fault's wrapper: runtime/faults.faulty)."""
         self.target, self.drafter, self.cache, self.dcache, self.state = target, drafter, cache, dcache, state
+        self.forward = forward or target
         self.plan, self.fault = plan, fault
         self.drafter_plan = plan.but(gemv=False)  # the drafter's block rows are never a few-row stream
         args = (drafter, target.embed, target.head, block, self.drafter_plan, target.device)
@@ -73,10 +78,10 @@ class SpecStep:
         slots = torch.where(rows < count[:, None], pos, self.trash)
         self.drafter.write_context(feats, pos, slots, self.dcache, self.drafter_plan)
 
-    def verify(self, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.target(proposal.tokens, proposal.positions, self.cache, Mode.VERIFY, self.plan,
-                           slots=proposal.slots, vis=proposal.visibility, hidden_layers=self.hidden_layers,
-                           fault=self.fault)
+    def verify(self, proposal: Proposal, view: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's pass over the proposal's rows (view: the weights it reads, core/contracts.VIEWS)."""
+        return self.forward(proposal.tokens, proposal.forward(view), self.cache, Mode.VERIFY, self.plan,
+                            self.hidden_layers)
 
     def accept(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
         verdict = accept_greedy(proposal, distort(logits, self.fault))

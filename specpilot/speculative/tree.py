@@ -19,42 +19,13 @@ Builders (the `tree` option; `nodes` = N):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from specpilot.config.plan import KernelPlan
+from specpilot.core.contracts import DraftTree, Lattice
 from specpilot.kernels import tree_build
-from specpilot.speculative.lattice import Lattice
 
 BUILDERS = ("chain", "ddtree", "best_first", "eagle2", "sequoia")
-
-
-@dataclass
-class Tree:
-    """N rows per sequence, [B, N] each (row 0 the root: parent 0, depth 0, candidate 0, the anchor token)."""
-
-    parents: torch.Tensor
-    depth: torch.Tensor
-    cand: torch.Tensor
-    tokens: torch.Tensor
-    seen: torch.Tensor | None = None  # the ancestor matrix where the builder made it (the kernels; Sequoia)
-
-    @property
-    def rows(self) -> int:
-        return self.parents.shape[1]
-
-    def ancestors(self, max_depth: int) -> torch.Tensor:
-        """[B, N, N] bool: row t sees row u iff u is t or one of its ancestors (the tree's visibility)."""
-        if self.seen is not None:
-            return self.seen
-        b, n = self.parents.shape
-        seen = torch.eye(n, dtype=torch.bool, device=self.parents.device).expand(b, n, n).clone()
-        step = torch.nn.functional.one_hot(self.parents, n).bool()  # [B, N, N]: each row's parent
-        for _ in range(max_depth):  # fold in one more generation per round (no host read of the depth)
-            seen |= step
-            step = step.gather(1, self.parents[..., None].expand(-1, -1, n))  # the parent's own parent row
-        return seen
 
 
 def child_scores(lattice: Lattice, builder: str) -> torch.Tensor:
@@ -65,7 +36,7 @@ def child_scores(lattice: Lattice, builder: str) -> torch.Tensor:
     return lattice.edge_logp().float() + mass[:, :, None, None]
 
 
-def best_paths(lattice: Lattice, scores: torch.Tensor, nodes: int, width: int = 0, fanout: int = 0) -> Tree:
+def best_paths(lattice: Lattice, scores: torch.Tensor, nodes: int, width: int = 0, fanout: int = 0) -> DraftTree:
     """The root and the N - 1 best lattice paths by summed `scores`, found depth by depth.
 
     width 0, fanout 0 (best_first, ddtree): each depth's beam keeps the N - 1 - d best nodes (every node of the
@@ -104,7 +75,7 @@ def best_paths(lattice: Lattice, scores: torch.Tensor, nodes: int, width: int = 
     return _select(lattice, pool, nodes)
 
 
-def _select(lattice: Lattice, pool: list, nodes: int) -> Tree:
+def _select(lattice: Lattice, pool: list, nodes: int) -> DraftTree:
     """Root + the best N - 1 pool entries, in score order (stable: the shallower first on ties)."""
     b, dev = lattice.anchor.shape[0], lattice.anchor.device
     zero = torch.zeros(b, 1, device=dev)
@@ -122,7 +93,7 @@ def _select(lattice: Lattice, pool: list, nodes: int) -> Tree:
     parent_rows = row_of.gather(1, parents.gather(1, sel))
     depth = depths.gather(1, sel)
     cand = cands.gather(1, sel)
-    return Tree(parents=parent_rows, depth=depth, cand=cand, tokens=_tokens(lattice, depth, cand))
+    return DraftTree(parents=parent_rows, depth=depth, cand=cand, tokens=_tokens(lattice, depth, cand))
 
 
 def _tokens(lattice: Lattice, depth: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
@@ -133,17 +104,17 @@ def _tokens(lattice: Lattice, depth: torch.Tensor, cand: torch.Tensor) -> torch.
     return torch.where(depth == 0, lattice.anchor[:, None], drafted)
 
 
-def chain_tree(lattice: Lattice, nodes: int) -> Tree:
+def chain_tree(lattice: Lattice, nodes: int) -> DraftTree:
     """Stock's greedy walk as a tree of min(N, D + 1) rows."""
     b, dev = lattice.anchor.shape[0], lattice.anchor.device
     n = min(nodes, lattice.depth + 1)
     index = torch.arange(n, device=dev).expand(b, -1)
     cand = torch.cat([torch.zeros_like(index[:, :1]), lattice.greedy_picks()[:, : n - 1]], 1)
-    return Tree(parents=(index - 1).clamp(min=0), depth=index, cand=cand, tokens=_tokens(lattice, index, cand))
+    return DraftTree(parents=(index - 1).clamp(min=0), depth=index, cand=cand, tokens=_tokens(lattice, index, cand))
 
 
 def static_tree(lattice: Lattice, scores: torch.Tensor, levels: list[tuple[int, int, torch.Tensor, torch.Tensor]],
-                parents: torch.Tensor, depths: torch.Tensor, seen: torch.Tensor) -> Tree:
+                parents: torch.Tensor, depths: torch.Tensor, seen: torch.Tensor) -> DraftTree:
     """A fixed shape: rows in depth order, row r > 0 its parent's ranks[r]-th best child by `scores`; levels: per
     depth (first row, end row, parent rows, ranks) as device tensors (made once: a captured step copies nothing
     from the host)."""
@@ -155,7 +126,7 @@ def static_tree(lattice: Lattice, scores: torch.Tensor, levels: list[tuple[int, 
         picks = order[:, d - 1].gather(1, parent_cand[:, :, None].expand(-1, -1, order.shape[-1]))
         cand[:, lo:hi] = picks.gather(2, rank.expand(b, -1)[:, :, None])[:, :, 0]
     depth, par_rows = depths.expand(b, -1), parents.expand(b, -1)
-    return Tree(parents=par_rows, depth=depth, cand=cand, tokens=_tokens(lattice, depth, cand),
+    return DraftTree(parents=par_rows, depth=depth, cand=cand, tokens=_tokens(lattice, depth, cand),
                 seen=seen.expand(b, -1, -1))
 
 
@@ -201,7 +172,7 @@ class TreeBuilder:
     def rows(self) -> int:
         return self.nodes
 
-    def __call__(self, lattice: Lattice) -> Tree:
+    def __call__(self, lattice: Lattice) -> DraftTree:
         if self.builder == "chain":
             return chain_tree(lattice, self.nodes)
         scores = child_scores(lattice, self.builder)
@@ -213,10 +184,10 @@ class TreeBuilder:
         if self.builder == "eagle2":
             pool = self.k + (self.depth - 1) * self.k * self.k
             if tree_build.applies(scores, self.nodes, self.plan, pool):
-                return Tree(*tree_build.eagle2_rows(scores, lattice.tokens, lattice.anchor, self.nodes, self.k))
+                return DraftTree(*tree_build.eagle2_rows(scores, lattice.tokens, lattice.anchor, self.nodes, self.k))
             return best_paths(lattice, scores, self.nodes, width=self.k, fanout=self.k)
         if tree_build.applies(scores, self.nodes, self.plan):
-            return Tree(*tree_build.best_first_rows(scores, lattice.tokens, lattice.anchor, self.nodes))
+            return DraftTree(*tree_build.best_first_rows(scores, lattice.tokens, lattice.anchor, self.nodes))
         return best_paths(lattice, scores, self.nodes)
 
 

@@ -2,8 +2,8 @@
 
   context  as in every step (speculative/step.py);
   propose  the first round (the step's proposer: a chain or a tree);
-  Q pass   the target over W12's 8-bit view (weights/dense.eight_bit_view; cheaper, inexact) and its greedy
-           walk: the row the first round would most likely be accepted to, and the token after it;
+  Q pass   the target over W12's 8-bit view (the pass's weight view, core/contracts.Forward; cheaper, inexact)
+           and its greedy walk: the row the first round would most likely be accepted to, and the token after it;
   propose  the drafter, given the Q pass's features of that path as tentative context, drafts a second round
            whose anchor is that token;
   verify   one exact pass over both rounds as one tree: the second round hangs below the Q path's last row;
@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.runtime.regions import region
-from specpilot.speculative.accept import Verdict, accept_greedy
-from specpilot.speculative.proposal import Proposal
+from specpilot.core.contracts import Proposal, Verdict, Visibility
+from specpilot.core.regions import region
+from specpilot.speculative.accept import accept_greedy
 from specpilot.speculative.step import SpecStep
-from specpilot.speculative.visibility import Visibility
-from specpilot.weights.dense import eight_bit_view
 
 
 class TwoLevelStep(SpecStep):
@@ -43,8 +41,7 @@ class TwoLevelStep(SpecStep):
         with region("drafter"):
             self.context(s)
         first = self.proposer.propose(s.token, s.pos, self.dcache)
-        with eight_bit_view():
-            q_logits, q_feats = self.verify(first)
+        q_logits, q_feats = self.verify(first, view="8bit")
         with region("tree"):
             q = accept_greedy(first, q_logits)
         with region("drafter"):

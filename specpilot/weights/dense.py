@@ -11,14 +11,12 @@ table a tied LM head shares). `reference` is the plain PyTorch the kernels are t
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specpilot.config.plan import KernelPlan
+from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.kernels import fewrow
 from specpilot.kernels.gemv import gemv_applies, stream_of
@@ -26,9 +24,6 @@ from specpilot.kernels.gemv.naive import gemv_naive
 from specpilot.kernels.norm import rms_norm
 from specpilot.kernels.qkv_rope import qkv_rope, qkv_rope_applies
 from specpilot.kernels.swiglu import silu_mul
-from specpilot.runtime.regions import region
-
-_VIEW8 = contextvars.ContextVar("view8", default=False)
 
 
 def _kernel_takes(x) -> bool:
@@ -59,17 +54,6 @@ def few_row_path(plan: KernelPlan, device: torch.device, dtype: torch.dtype, tlv
     if asked == ["verify=tlv"]:
         return "few-row kernel for verify=tlv's 8-bit pass (1..64 rows); the exact pass on the dense path (cuBLAS)"
     return "few-row kernel for 1..64 rows; the dense path (cuBLAS) past 64"
-
-
-@contextlib.contextmanager
-def eight_bit_view():
-    """Inside: projections that have a W12 form read its 8-bit view (two-level verification's cheap pass:
-    speculative/two_level.py); the others are unchanged. Lossy by design: nothing it computes is committed."""
-    token = _VIEW8.set(True)
-    try:
-        yield
-    finally:
-        _VIEW8.reset(token)
 
 
 class DenseWeight(nn.Module):
@@ -119,7 +103,7 @@ class DenseWeight(nn.Module):
         """[residual +] act(rms_norm?(x) W^T + b), act = silu(gate) * up when gate_up (W = [gate; up]). x and
         residual may be NormedStreams. next_norm: the weight of the norm that will read the result; a one-row
         streaming GEMV then returns a NormedStream for it (kernels/gemv), anything else a tensor."""
-        if _VIEW8.get() and self.w12 is not None and (_kernel_takes(x) or not stream_of(x).is_cuda):
+        if plan.view == "8bit" and self.w12 is not None and (_kernel_takes(x) or not stream_of(x).is_cuda):
             return self._project_view8(x, plan, norm_weight, eps, residual, gate_up)
         few = self.fewrow_weight(x, plan)
         if few is not None:
@@ -187,7 +171,7 @@ class DenseWeight(nn.Module):
 
     def qkv_rope_applies(self, x, plan: KernelPlan, qk_norm: bool, head_dim: int) -> bool:
         return (qkv_rope_applies(x, plan, qk_norm, head_dim) and self.fewrow_weight(x, plan) is None
-                and not (_VIEW8.get() and self.w12 is not None))
+                and not (plan.view == "8bit" and self.w12 is not None))
 
     def qkv_rope(self, x, plan: KernelPlan, norm_weight, eps, positions, rope, k_cache, v_cache, slots,
                  num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from specpilot.config.plan import KernelPlan
+from specpilot.core.regions import region
 from specpilot.kernels.attention.naive import attend_naive
 from specpilot.kernels.dispatch import use_triton
-from specpilot.runtime.regions import region
 
 if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
-    from specpilot.speculative.visibility import Visibility
+    from specpilot.core.contracts import Visibility
 
 __all__ = ["attend", "attend_naive"]
 

@@ -27,7 +27,7 @@ import torch
 from specpilot.kernels import nvrtc
 
 if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
-    from specpilot.speculative.visibility import Visibility
+    from specpilot.core.contracts import Visibility
 
 SOURCE = Path(__file__).with_name("cluster.cu")
 WARPS = 8

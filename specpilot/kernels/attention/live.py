@@ -19,7 +19,7 @@ import torch
 from specpilot.kernels.attention.naive import attention, fold_mask
 
 if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
-    from specpilot.speculative.visibility import Visibility
+    from specpilot.core.contracts import Visibility
 
 
 def live_slots(vis: Visibility, rows: int, length: int) -> int:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
-    from specpilot.speculative.visibility import Visibility
+    from specpilot.core.contracts import Visibility
 
 
 def fold_mask(mask: torch.Tensor, g: int) -> torch.Tensor:

@@ -53,7 +53,7 @@ from specpilot.kernels.dispatch import fix_triton_interpreter, pdl_on
 from specpilot.kernels.gemv import kv_eviction
 
 if TYPE_CHECKING:  # type hints only: Visibility is the step's type (speculative/, a layer up)
-    from specpilot.speculative.visibility import Visibility
+    from specpilot.core.contracts import Visibility
 
 fix_triton_interpreter()
 
