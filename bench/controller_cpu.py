@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from specpilot.bench.datasets import load_requests
 from specpilot.bench.harness import Runner
 from specpilot.config.env import parse
 from specpilot.controller.compare import REPO, Side, compare
+from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specpilot.bench.datasets import load_requests, round_robin
+from specpilot.datasets import load_requests, round_robin
 from specpilot.deployment import load_deployment
 from specpilot.forcing.judge import compare, tally
 from specpilot.forcing.outputs import read_kept

@@ -21,8 +21,8 @@ import contextlib
 import itertools
 import time
 
-from specpilot.bench.datasets import load_requests, round_robin
 from specpilot.bench.harness import Runner
+from specpilot.datasets import load_requests, round_robin
 from specpilot.deployment import load_deployment
 from specpilot.forcing.outputs import OutputStore, described
 from specpilot.forcing.parallel import pool_for

@@ -17,9 +17,9 @@ import subprocess
 import torch
 from rich.progress import track
 
-from specpilot.bench.datasets import load_requests
 from specpilot.bench.fidelity import forced_agreement, free_running
 from specpilot.config import parse_system
+from specpilot.datasets import load_requests
 from specpilot.models.loading import load_target
 from specpilot.models.smollm2 import fetch_smollm2
 from specpilot.models.tokenizer import HFTokenizer

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specpilot.bench.datasets import DATASETS
+from specpilot.datasets import DATASETS
 from specpilot.errors import UserError
 from specpilot.models.config import DenseConfig, DrafterConfig
 

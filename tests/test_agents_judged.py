@@ -11,10 +11,10 @@ from specpilot.agents.backends import Budget, backend
 from specpilot.agents.guards import Seal
 from specpilot.agents.session import AgentSetup, run_agent
 from specpilot.agents.worktree import checkout, freeze, remove
-from specpilot.bench.datasets import load_requests
 from specpilot.bench.harness import Runner
 from specpilot.controller.compare import REPO, Side
 from specpilot.controller.worker import code_hash
+from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.loop.gate import Gate, TreeGate
 from specpilot.models.pair import build_pair

@@ -9,8 +9,8 @@ import pytest
 from specpilot.ceiling.floors import CLASSES, Floor, StepShape, floors, layer_params
 from specpilot.ceiling.model import class_table, factors, node_curve, validation, what_if
 from specpilot.ceiling.profile import attribute, classify
+from specpilot.core import regions
 from specpilot.models.config import DenseConfig, DrafterConfig
-from specpilot.runtime import regions
 from tests.test_cli import assert_one_line_error, specpilot
 
 SMALL = DenseConfig(vocab_size=100, hidden_size=8, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=1,

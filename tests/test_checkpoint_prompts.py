@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specpilot.bench.datasets import fetch_data, find_data_dir
+from specpilot.datasets import fetch_data, find_data_dir
 from specpilot.errors import UserError
 from specpilot.training.data import read_records
 from specpilot.training.decontaminate import BenchmarkIndex

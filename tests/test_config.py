@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from specpilot.cli import app
 from specpilot.config import OPTIONS, KernelPlan, parse_system
 from specpilot.config.options import PLAN_GROUPS
+from specpilot.config.plan import NOT_OPTIONS
 from specpilot.errors import UserError
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specpilot"
@@ -66,7 +67,7 @@ def _variables_read(tree: ast.AST) -> set[str]:
 def test_the_package_reads_no_option_from_the_environment_but_the_override():
     """Outside config/env.py (SPECPILOT_OPTIONS, an override) the package reads only paths and provenance."""
     allowed = {"config/env.py": {"SPECPILOT_OPTIONS"}, "models/smollm2.py": {"SPECPILOT_MODELS"},
-               "bench/datasets.py": {"SPECPILOT_DATA_DIR"}, "results.py": {"SPECPILOT_COMMIT"},
+               "datasets.py": {"SPECPILOT_DATA_DIR"}, "results.py": {"SPECPILOT_COMMIT"},
                "controller/compare.py": set(),
                # the stand-in agents' switches (test fixtures: which cheat to play, where the sealed file lies)
                "fixtures/agents/clis.py": {"SPECPILOT_STANDIN"},
@@ -99,10 +100,10 @@ def test_options_json_lists_every_knob_the_kernels_and_the_engine_use():
     listed = {o["name"]: o for o in json.loads(result.output)["options"]}
     assert set(listed) == set(OPTIONS)
     assert all(listed[n]["default"] == OPTIONS[n].default and listed[n]["help"] for n in listed)
-    fields = {f.name for f in dataclasses.fields(KernelPlan)} - {"table"}
+    fields = {f.name for f in dataclasses.fields(KernelPlan)} - set(NOT_OPTIONS)
     assert fields == {o.name for o in OPTIONS.values() if o.group in PLAN_GROUPS}  # the plan is the options
     methods = {n for n in dir(KernelPlan) if not n.startswith("_")} - fields
-    read = _plan_attributes_read() - methods - {"table"}
+    read = _plan_attributes_read() - methods - set(NOT_OPTIONS)
     assert read <= fields and {"gemv", "ahead", "l2", "tune_rounds", "cluster"} <= read  # each is an option
     used = set()
     for path in _python_files(PACKAGE):

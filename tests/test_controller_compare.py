@@ -140,9 +140,9 @@ def test_each_request_counts_the_median_of_its_passes_and_an_unstable_output_is_
 def test_lockstep_answers_as_each_system_alone_and_paces_by_tokens(monkeypatch):
     """On a CPU both systems answer a request step by step together: each side's tokens are its own run's,
     and the side with fewer tokens always steps next (so both move through their outputs together)."""
-    from specpilot.bench.datasets import load_requests
     from specpilot.bench.harness import Runner, run_lockstep
     from specpilot.config.env import parse
+    from specpilot.datasets import load_requests
     from specpilot.deployment import load_deployment
     from specpilot.models.pair import build_pair
     from specpilot.runtime import engine as engine_mod
@@ -256,9 +256,9 @@ def _tiny_runner():
 def test_an_aa_run_times_two_engines_of_its_system_and_an_ab_run_one_of_each(monkeypatch):
     """The worker gives a system named twice a second engine (slot 1), built as the first (same system, plan,
     models), on the GPU's request-by-request path as on the CPU's lockstep; two systems keep one engine each."""
-    from specpilot.bench.datasets import load_requests
     from specpilot.config.env import parse
     from specpilot.controller.worker import serve, slots
+    from specpilot.datasets import load_requests
     from specpilot.runtime import engine as engine_mod
 
     used = []

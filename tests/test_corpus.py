@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.bench.datasets import _CODE_PREFIX, _MATH_SUFFIX, DATASETS, UserError, load_requests
+from specpilot.datasets import _CODE_PREFIX, _MATH_SUFFIX, DATASETS, UserError, load_requests
 from specpilot.training import corpus
 from specpilot.training.corpus import FAMILIES, MIX, distill_prompts, follow_ups, labelled_prompts
 from specpilot.training.self_instruct import (

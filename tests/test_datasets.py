@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.bench import datasets as ds
-from specpilot.bench.datasets import DATASETS, Request, find_data_dir, load_requests, split_of
+from specpilot import datasets as ds
+from specpilot.datasets import DATASETS, Request, find_data_dir, load_requests, split_of
 from specpilot.errors import UserError
 
 SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."

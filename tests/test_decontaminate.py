@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.bench import datasets as ds
-from specpilot.bench.datasets import benchmark_texts, load_requests
+from specpilot import datasets as ds
+from specpilot.datasets import benchmark_texts, load_requests
 from specpilot.errors import UserError
 from specpilot.training.decontaminate import BENCHMARKS, BenchmarkIndex, N, dedupe, normalize
 

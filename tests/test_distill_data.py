@@ -8,8 +8,9 @@ import torch
 
 from specpilot.bench.oracle import accept_lengths
 from specpilot.fixtures.random_models import random_target, tiny_target_config
+from specpilot.models.teacher import target_features
 from specpilot.training.data import DistilledData, Record, read_records
-from specpilot.training.distill import Dataset, Sampling, generate, greedy_batch, pick, target_features
+from specpilot.training.distill import Dataset, Sampling, generate, greedy_batch, pick
 from specpilot.training.train_drafter import (
     LENGTH_STEP,
     NAIVE,

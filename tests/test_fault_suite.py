@@ -5,8 +5,8 @@ shares a fault cannot vouch (CPU; float32, and bf16 where the fault is a loss at
 import pytest
 import torch
 
-from specpilot.bench.datasets import load_requests
 from specpilot.bench.harness import Runner
+from specpilot.datasets import load_requests
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.forcing.run import force
 from specpilot.models.tokenizer import ByteTokenizer

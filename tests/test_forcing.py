@@ -190,7 +190,7 @@ def test_new_faults_act_where_they_say():
 def test_round_robin_samples_every_dataset_first():
     from types import SimpleNamespace
 
-    from specpilot.bench.datasets import round_robin
+    from specpilot.datasets import round_robin
 
     reqs = [SimpleNamespace(dataset=d, id=f"{d}{i}") for d, n in (("a", 3), ("b", 1), ("c", 2)) for i in range(n)]
     assert [r.id for r in round_robin(reqs)] == ["a0", "b0", "c0", "a1", "c1", "a2"]
@@ -251,8 +251,8 @@ def test_kernel_changes_below_float32_are_judged_by_the_float32_target():
 def test_float32_ar_beside_the_verdict_answers_the_first_requests_only(monkeypatch):
     """In the FP32-reference mode AR of the float32 model runs here, one request at a time, uncaptured: on the
     first EXACT_AR_REQUESTS requests only (reported, it does not decide), compared with AR on the same ones."""
-    from specpilot.bench.datasets import load_requests
     from specpilot.bench.harness import Runner
+    from specpilot.datasets import load_requests
     from specpilot.deployment import load_deployment
     from specpilot.forcing import run
     from specpilot.models.pair import build_pair
@@ -272,8 +272,8 @@ def test_a_foreign_worker_s_records_are_scored_only_on_the_request_s_own_prompts
     """Forcing of another tree's outputs (forcing/run.checked): each turn's prompt must be the one this install
     builds from the request and the candidate's earlier answers; a worker that answered something else is refused,
     and its turns must be the request's."""
-    from specpilot.bench.datasets import Request
     from specpilot.bench.harness import Runner, TurnRecord
+    from specpilot.datasets import Request
     from specpilot.deployment import load_deployment
     from specpilot.errors import UserError
     from specpilot.forcing.run import checked
@@ -377,8 +377,8 @@ def test_few_tokens_cannot_pass_six_events_the_reference_lacks():
 def test_the_report_says_where_the_candidate_s_outputs_equal_the_reference_s():
     """force()'s agreement: a lossless candidate on a float32 deployment gives the reference's outputs on every
     request, a lossy one does not."""
-    from specpilot.bench.datasets import load_requests
     from specpilot.bench.harness import Runner
+    from specpilot.datasets import load_requests
     from specpilot.deployment import load_deployment
     from specpilot.forcing.run import force
     from specpilot.models.pair import build_pair

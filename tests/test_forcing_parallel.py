@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from specpilot.bench.datasets import load_requests
 from specpilot.bench.harness import Runner, TurnRecord
+from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.forcing import parallel
 from specpilot.forcing.outputs import OutputStore, described

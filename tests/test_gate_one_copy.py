@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import specpilot.loop.gate as gate_mod
-from specpilot.bench.datasets import load_requests
 from specpilot.config.env import parse
 from specpilot.controller import compare as compare_mod
 from specpilot.controller.compare import REPO, Side, WorkerDied, _flat, compare, measure
+from specpilot.datasets import load_requests
 from specpilot.errors import UserError
 from specpilot.loop.rounds import errors_of
 from tests.test_controller_compare import SPEC, _tiny_runner
@@ -321,7 +321,7 @@ def test_two_trees_on_one_gpu_are_timed_one_worker_at_a_time(monkeypatch):
 @pytest.mark.parametrize("gpu", [True, False])
 def test_the_tree_gate_times_one_worker_at_a_time_on_a_gpu(monkeypatch, gpu):
     import specpilot.loop.gate as gate_mod
-    from specpilot.bench.datasets import load_requests
+    from specpilot.datasets import load_requests
 
     specs = []
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from specpilot.bench.datasets import load_requests
+from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.forcing import logic
 from specpilot.forcing.logic import LogicCheck, float32_only_misses, precision_change

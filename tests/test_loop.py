@@ -238,8 +238,8 @@ def test_a_faster_but_lossy_candidate_is_rejected_by_forcing(monkeypatch):
     """The controller is made to call a logit-bias fault faster (promote); the gate's real token forcing on the
     tiny deployment's dev requests must still refuse it, and must pass the lossless chain."""
     import specpilot.loop.gate as gate_mod
-    from specpilot.bench.datasets import load_requests
     from specpilot.bench.harness import Runner
+    from specpilot.datasets import load_requests
     from specpilot.models.pair import build_pair
 
     card = {"decision": {"verdict": "promote", "reason": "planted", "gain": 1.5, "lower": 1.4, "upper": 1.6,
@@ -804,7 +804,7 @@ def test_an_inconclusive_forcing_promotes_a_logic_change_the_float32_check_passe
 
 def test_a_change_of_arithmetic_is_forced_on_the_pool_from_the_gate_s_requests_up(monkeypatch):
     import specpilot.loop.gate as gate_mod
-    from specpilot.bench.datasets import Request
+    from specpilot.datasets import Request
 
     seen = {}
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specpilot.bench.datasets import load_requests
+from specpilot.datasets import load_requests
 from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, tiny_drafter_config
 from specpilot.models.loading import load_target

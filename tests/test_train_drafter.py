@@ -6,13 +6,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specpilot.bench.datasets import DATASETS, UserError, load_requests
+from specpilot.datasets import DATASETS, UserError, load_requests
 from specpilot.deployment import load_deployment
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
 from specpilot.models.loading import load_drafter, save_drafter
+from specpilot.models.teacher import target_features
 from specpilot.runtime.engine import Engine
 from specpilot.training.corpus import distill_prompts
-from specpilot.training.distill import Dataset, greedy_batch, target_features
+from specpilot.training.distill import Dataset, greedy_batch
 from specpilot.training.train_drafter import (
     NAIVE,
     TrainConfig,

@@ -6,9 +6,9 @@ import time
 
 import torch
 
-from specpilot.bench.datasets import load_requests
 from specpilot.bench.harness import Runner
 from specpilot.config.env import parse
+from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.forcing.run import ExactTargets
 from specpilot.forcing.score import score_output

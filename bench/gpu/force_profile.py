@@ -11,8 +11,8 @@ import pstats
 import sys
 import time
 
-from specpilot.bench.datasets import load_requests
 from specpilot.bench.harness import Runner
+from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.forcing.run import ExactTargets, force
 from specpilot.models.pair import build_pair

@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from specpilot.bench.datasets import load_requests
 from specpilot.config.options import FAULTS
+from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.loop.gate import forcing_refusal, forcing_summary
 from specpilot.loop.main import LoopArgs, build_loop

@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from specpilot.bench.datasets import load_requests
+from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.forcing.logic import LogicCheck
 

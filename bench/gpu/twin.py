@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from bench.gpu.engine_core import bandwidth, step_weight_bytes, verify_ms
-from specpilot.bench.datasets import load_requests
 from specpilot.bench.fidelity import forced_agreement, free_running
 from specpilot.config import parse_system
+from specpilot.datasets import load_requests
 from specpilot.fixtures.random_models import random_target
 from specpilot.models.loading import load_drafter, load_target
 from specpilot.models.smollm2 import models_dir

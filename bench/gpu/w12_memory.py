@@ -36,8 +36,8 @@ def allocated(device) -> int | None:
 
 def one(preset: str, system: str, limit: int, max_new: int) -> dict:
     """One system, measured in this process."""
-    from specpilot.bench.datasets import load_requests
     from specpilot.config import parse_system
+    from specpilot.datasets import load_requests
     from specpilot.deployment import load_deployment
     from specpilot.models.pair import build_pair
     from specpilot.results import system_record

@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from specpilot.bench.datasets import Request
 from specpilot.config import KernelPlan, System
+from specpilot.datasets import Request
 from specpilot.errors import UserError
 from specpilot.runtime.engine import Engine
 

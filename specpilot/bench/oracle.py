@@ -13,8 +13,7 @@ import torch
 
 from specpilot.models.dense import DenseTarget
 from specpilot.models.dflash import DFlashDrafter
-from specpilot.training.distill import Dataset, target_features
-from specpilot.training.train_drafter import NAIVE, block_batch, draft_hidden, walk
+from specpilot.models.teacher import NAIVE, block_inputs, draft_hidden, target_features, walk
 
 
 @torch.inference_mode()
@@ -26,10 +25,10 @@ def accept_lengths(target: DenseTarget, drafter: DFlashDrafter, prompt: list[int
     anchors = list(range(len(prompt), len(sequence) - 1))
     if not anchors:
         return [], []
-    feats = target_features(target, [sequence], tuple(drafter.cfg.target_layer_ids))[0]
-    ds = Dataset([sequence], [len(prompt)], [feats])
-    feats_b, tokens, anchor_t, labels = block_batch(ds, [(0, anchors)], block, drafter.cfg.mask_token_id,
-                                               target.embed.weight.device)
+    device = target.embed.weight.device
+    feats = target_features(target, [sequence], tuple(drafter.cfg.target_layer_ids))
+    feats_b = torch.nn.functional.pad(feats.float(), (0, 0, 0, block))  # room for the last anchor's block
+    tokens, anchor_t, labels = block_inputs([(sequence, anchors)], block, drafter.cfg.mask_token_id, device)
     hidden = draft_hidden(drafter, target.embed, feats_b.to(target.embed.weight.dtype), tokens, anchor_t,
                           len(anchors))
     lattice = drafter.lattice(hidden, target.head, tokens[:, 0], top_k, NAIVE)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specpilot.bench.datasets import Request, data_file, load_requests
 from specpilot.bench.harness import Runner, TurnRecord, run_request_major
 from specpilot.bench.metrics import summarize
 from specpilot.config import System
 from specpilot.config.env import parse
+from specpilot.datasets import Request, data_file, load_requests
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
 from specpilot.pypi import sha256_file

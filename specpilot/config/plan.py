@@ -52,6 +52,9 @@ class TuningTable:
         return {repr(key): cfg for key, cfg in self.chosen.items()}
 
 
+NOT_OPTIONS = ("table", "view")  # a plan's fields that no option sets: what its runs learn, and each pass's own
+
+
 @dataclass(frozen=True)
 class KernelPlan:
     gemv: bool
@@ -90,7 +93,7 @@ class KernelPlan:
 
     def features(self) -> dict[str, Any]:
         """The options, without the tuning table: equal features, equal kernels."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("table", "view")}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in NOT_OPTIONS}
 
     def but(self, **changes: Any) -> KernelPlan:
         """The same plan with some options changed, sharing this plan's tuning table (the drafter runs the

@@ -79,7 +79,7 @@ def main() -> None:
 def requests_of(spec: dict) -> dict:
     """Request id -> request: given by the controller (a tree under judgement never reads the data files), or read
     from the spec's datasets."""
-    from specpilot.bench.datasets import Request, load_requests
+    from specpilot.datasets import Request, load_requests
 
     if "requests" in spec:
         return {r["id"]: Request(r["id"], r["dataset"], tuple(r["turns"]), r["split"]) for r in spec["requests"]}

@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.config.env import parse
 from specpilot.config.system import with_options
+from specpilot.datasets import Request
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
 from specpilot.forcing.judge import first_divergence

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from specpilot.bench.datasets import Request
 from specpilot.bench.harness import TurnRecord
 from specpilot.controller.compare import Side, Worker
 from specpilot.controller.worker import code_hash
+from specpilot.datasets import Request
 from specpilot.errors import UserError
 
 TIMEOUT = 3600.0  # seconds a worker may take over one chunk

@@ -21,9 +21,9 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.config.env import parse
+from specpilot.datasets import Request
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
 from specpilot.forcing.judge import calibrate_delta, compare, first_divergence, tally, verdict

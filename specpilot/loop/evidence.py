@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner
 from specpilot.ceiling.run import step_seconds
 from specpilot.config import System
 from specpilot.config.env import parse
 from specpilot.config.options import OPTIONS
 from specpilot.config.system import with_options
+from specpilot.datasets import Request
 from specpilot.errors import UserError
 from specpilot.replay.record import TurnLattices
 from specpilot.replay.walk import replay

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 
-from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, TurnRecord
 from specpilot.config.env import parse
 from specpilot.controller.compare import REPO, Side, Worker, WorkerDied, compare
 from specpilot.controller.gate import ALPHA, decided_at, sequential_confidence
+from specpilot.datasets import Request
 from specpilot.errors import UserError
 from specpilot.forcing import POWER_BOUND
 from specpilot.forcing.logic import LogicCheck, precision_change

@@ -14,10 +14,10 @@ from specpilot.agents.backends import Budget, backend
 from specpilot.agents.guards import Seal
 from specpilot.agents.session import AgentSetup
 from specpilot.agents.worktree import freeze, git
-from specpilot.bench.datasets import data_file, load_requests
 from specpilot.bench.harness import Runner
 from specpilot.controller.compare import REPO
 from specpilot.controller.worker import code_hash
+from specpilot.datasets import data_file, load_requests
 from specpilot.deployment import Deployment
 from specpilot.errors import UserError
 from specpilot.forcing import TOLERANCE

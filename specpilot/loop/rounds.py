@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner, free_gpu
 from specpilot.ceiling.report import compute
 from specpilot.ceiling.run import CeilingPlan, load, measure, save
@@ -25,6 +24,7 @@ from specpilot.config import System
 from specpilot.config.env import parse
 from specpilot.config.system import parse_system
 from specpilot.controller.compare import WorkerDied
+from specpilot.datasets import Request
 from specpilot.deployment import Deployment
 from specpilot.loop.agent import BuiltinAgent, Direction
 from specpilot.loop.coding import CodingAgent, Halted, submissions

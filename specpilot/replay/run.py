@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specpilot.bench.datasets import Request
 from specpilot.bench.harness import Runner
 from specpilot.config import System
+from specpilot.datasets import Request
 from specpilot.errors import UserError
 from specpilot.replay.record import Recorder, TurnLattices
 from specpilot.speculative.tree import BUILDERS

@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from specpilot.bench.datasets import DATASETS, benchmark_texts
+from specpilot.datasets import DATASETS, benchmark_texts
 from specpilot.errors import UserError
 
 # Run length for near-duplicates. 13 (GPT-3's decontamination) leaves 493 of the 3544 benchmark texts (14%,

@@ -198,7 +198,7 @@ class Job:
 
     # 4. dev ----------------------------------------------------------------------------------------------
     def dev(self) -> None:
-        from specpilot.bench.datasets import load_requests
+        from specpilot.datasets import load_requests
         from specpilot.errors import UserError
 
         began, tokens, requests = time.monotonic(), 0, []

@@ -15,7 +15,7 @@ import re
 import zlib
 from collections import Counter
 
-from specpilot.bench.datasets import _MATH_SUFFIX
+from specpilot.datasets import _MATH_SUFFIX
 from specpilot.training.corpus import (
     AUDIENCES,
     FORMS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from specpilot.bench.datasets import _MATH_SUFFIX
+from specpilot.datasets import _MATH_SUFFIX
 from specpilot.training.corpus.common import _PRONOUNS, PEOPLE, WEEKDAYS, _distinct, _fill
 
 # --- math: the first family, templated arithmetic ---------------------------------------------------------------

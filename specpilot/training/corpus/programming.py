@@ -12,7 +12,7 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-from specpilot.bench.datasets import _CODE_PREFIX
+from specpilot.datasets import _CODE_PREFIX
 from specpilot.training.corpus.common import _distinct, _skip
 from specpilot.training.corpus.tasks import (
     TASKS,
