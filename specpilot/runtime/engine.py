@@ -97,6 +97,7 @@ class Engine:
             self._need_w12_forms()
         self.kernel_record = None if path is None else self._kernel_record(path)
         self.lookahead = self.system.get("lookahead")
+        # seam[options]: the engine's options are read
         self.pad = Pad(self.system.get("pad_us"), self.device)
         self.recorder = None  # replay/record.Recorder: each speculative step's lattice (steps run one by one)
         self.tuning: dict = {}  # the step tuning's report (kernels/tuning/descent.py), once it ran
@@ -233,6 +234,7 @@ class Engine:
         logits, hidden = self.forward(ids, Forward.consecutive(positions), self.cache, Mode.PREFILL, self.plan,
                                       layers)
         self.token.copy_(distort(logits[0, -1], self.fault).argmax(-1))
+        # seam[first-token]: the prefill's token is in self.token (its logits in `logits`)
         self.pos.fill_(len(prompt))
         return hidden
 
@@ -318,6 +320,7 @@ class Engine:
                  base: str | None = None) -> Generation:
         """One request. base: `ar` runs greedy decoding on this engine's caches and plan (AR is every
         system's reference), `stock` the speculative step; default: the system's own."""
+        # seam[request]: a request (prompt, max_new_tokens, stop_ids, base) begins
         steps = self.steps(prompt, max_new_tokens, stop_ids, base)
         _sync(self.device)
         t0 = time.perf_counter()
@@ -329,6 +332,7 @@ class Engine:
         t2 = time.perf_counter()
         _sync(self.device)
         gen.prefill_s, gen.decode_s = t1 - t0, t2 - t1
+        # seam[generated]: the request's Generation `gen`, timed
         return gen
 
     @torch.inference_mode()
@@ -396,8 +400,12 @@ class Engine:
             out.extend(new)
             if stops.intersection(new):
                 break
+            # seam[step]: a step's tokens are read (`out`, k steps; `step`/`result` run the next, `spec` says which)
             yield len(out)
         return out, accepted
+
+
+# seam[module]: module-level names
 
 
 def drain(steps: Generator[int, None, Generation]) -> Generation:
