@@ -49,8 +49,8 @@ class RecordingEngine(Engine):
         self.drafted = []
         proposer, own = self.spec.proposer, self.spec.proposer.drafts
 
-        def drafts(anchor, start, cache):
-            out = own(anchor, start, cache)
+        def drafts(anchor, start):
+            out = own(anchor, start)
             self.drafted.append((int(start), out[0].tolist()))
             return out
 

@@ -60,7 +60,7 @@ class OracleProposer(ChainProposer):
         self.corrupt_rate = corrupt_rate
         self.corrupted = 0
 
-    def drafts(self, anchor: torch.Tensor, start: torch.Tensor, cache) -> torch.Tensor:
+    def drafts(self, anchor: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         block = self.index.numel()
         index = start[:, None] + torch.arange(1, block, device=start.device)
         drafts = self.sequence[index].clone()

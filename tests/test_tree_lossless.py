@@ -62,7 +62,7 @@ class OracleLattice:
         self.sequence = sequence + [0] * (CONTEXT + 64)
         self.width, self.rng = width, random.Random(seed)
 
-    def __call__(self, anchor: torch.Tensor, start: torch.Tensor, cache) -> Lattice:
+    def __call__(self, anchor: torch.Tensor, start: torch.Tensor) -> Lattice:
         depth, k, s = self.depth, self.width, int(start[0])
         tokens = torch.zeros(1, depth, k, dtype=torch.int64)
         for d in range(depth):
@@ -80,17 +80,17 @@ class OracleLattice:
 
 def _oracle_engine(target, drafter, system: str, sequence: list[int], seed: int) -> Engine:
     engine = Engine(target, drafter, parse_system(system), context=CONTEXT)
-    proposer = engine.spec.proposer
+    draft = engine.draft
     oracle = OracleLattice(sequence, 4, seed)
     oracle.depth = engine.block - 1
-    plain = proposer.lattice
+    plain = draft.lattice
 
-    def lattice(anchor, start, cache):
-        plain(anchor, start, cache)  # the drafter still runs (its cache, its kernels)
-        proposer.last = oracle(anchor, start, cache)
-        return proposer.last
+    def lattice(anchor, start):
+        plain(anchor, start)  # the drafter still runs (its cache, its kernels)
+        draft.last = oracle(anchor, start)
+        return draft.last
 
-    proposer.lattice = lattice
+    draft.lattice = lattice
     return engine
 
 

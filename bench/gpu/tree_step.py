@@ -55,9 +55,9 @@ def main() -> None:
     with torch.inference_mode():
         gen = engine.generate(prompt, 64, ())  # real context in both caches
         start = engine.pos.clone()
-        lattice = engine.spec.proposer.lattice(engine.token, start, engine.dcache)
+        lattice = engine.spec.proposer.lattice(engine.token, start)
         rows = {"ar_step_ms": timed(engine._ar_step, device), "lattice_ms": timed(
-            lambda: engine.spec.proposer.lattice(engine.token, start, engine.dcache), device)}
+            lambda: engine.spec.proposer.lattice(engine.token, start), device)}
         depth, width = lattice.depth, lattice.width
         checks, builders, verify = [], {}, {}
         for n in [int(x) for x in args.nodes.split(",")]:

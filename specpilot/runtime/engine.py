@@ -29,7 +29,7 @@ from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.faults import distort, faulty
 from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
 from specpilot.runtime.padding import Pad
-from specpilot.speculative.proposal import TOP_K
+from specpilot.speculative.drafter import DFlash
 from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
 from specpilot.speculative.tree import TreeBuilder
@@ -140,29 +140,21 @@ class Engine:
         return {"path": path, "dense_path": off_kernel(self.target, self.plan, kept)}
 
     def _init_spec(self, drafter: DFlashDrafter, block_size: int) -> None:
-        own = drafter.cfg.block_size
-        if block_size and not 2 <= block_size <= own:
-            raise UserError(f"block_size={block_size} is outside 2..{own} (the drafter's own block size)")
-        self.block = block_size or own
-        self.width = min(drafter.selector.top_k if drafter.selector is not None else TOP_K,
-                         self.target.cfg.vocab_size)
-        if drafter.rope.length < self.context + 1:
-            drafter.set_rope_length(self.context + 1, device=self.device)
-        # One extra slot at the end absorbs the K/V of context rows that are not valid this step.
-        self.dcache = drafter.new_cache(1, self.context + 1)
+        self.draft = DFlash(drafter, self.target.embed, self.target.head, self.context, block_size, self.plan,
+                            self.target.cfg.vocab_size)
+        self.block, self.width = self.draft.block, self.draft.width
         self.builder = self._builder()
         rows = self.builder.rows if self.builder is not None else self.block  # one round's rows
         tlv = self.system.get("verify") == "tlv"
         paths = 2 * self.block if tlv else self.block  # the longest committed path (two rounds' with tlv)
-        feats = len(drafter.cfg.target_layer_ids) * self.target.cfg.hidden_size
-        dev, dtype = self.device, self.dcache[0].k.dtype
+        feats = len(self.draft.taps) * self.target.cfg.hidden_size
+        dev, dtype = self.device, self.draft.dtype
         self.state = SpecState(token=self.token, pos=self.pos,
                                ctx_feats=torch.zeros(1, paths, feats, dtype=dtype, device=dev),
                                ctx_count=torch.zeros(1, dtype=torch.int64, device=dev),
                                out=torch.zeros(1, 1 + paths, dtype=torch.int64, device=dev))
         self.rows = 2 * rows if tlv else rows  # slots a step writes past pos
-        args = (self.target, drafter, self.cache, self.dcache, self.state, self.block, self.plan, self.fault,
-                self.builder, self.forward)
+        args = (self.target, self.draft, self.cache, self.state, self.plan, self.fault, self.builder, self.forward)
         self.spec = TwoLevelStep(*args, rows=rows, path=self.block) if tlv else SpecStep(*args)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
         # results record what ran: the drafter's block, not "0"
@@ -212,7 +204,7 @@ class Engine:
     def _live(self) -> list[torch.Tensor]:
         """What a step reads besides the caches below pos: the caches there stay as the request left them until
         the next request begins, and a step writes (the same values, from the same state) only at and past pos."""
-        spec = [self.state.ctx_feats, self.state.ctx_count, self.state.out] if self.block else []
+        spec = [self.state.ctx_feats, self.state.ctx_count, self.state.out, *self.draft.live()] if self.block else []
         return [self.pos, self.token, *spec]
 
     def snapshot(self) -> tuple[int, list[torch.Tensor]]:
@@ -355,10 +347,7 @@ class Engine:
         with region("prefill"):
             hidden = self._prefill(prompt, with_hidden=spec)
             if spec:
-                n = len(prompt)
-                pos = torch.arange(n, device=self.device)[None]
-                self.drafter.write_context(hidden.to(self.dcache[0].k.dtype), pos, pos, self.dcache,
-                                           self.spec.drafter_plan)
+                self.draft.prefill(hidden)
                 self.state.ctx_count.zero_()
         first = int(self.token.item())
         yield 1

@@ -22,9 +22,9 @@ from specpilot.core.contracts import Proposal, Verdict
 from specpilot.core.regions import region
 from specpilot.models.cache import Cache
 from specpilot.models.dense import DenseTarget, Mode
-from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.faults import distort, force_first_draft
 from specpilot.speculative.accept import accept_greedy
+from specpilot.speculative.drafter import Drafter
 from specpilot.speculative.proposal import ChainProposer, TreeProposer
 from specpilot.speculative.tree import TreeBuilder
 
@@ -44,39 +44,31 @@ class SpecState:
 class SpecStep:
     """The stock speculative step of one target and drafter over their caches (see the module docstring)."""
 
-    def __init__(self, target: DenseTarget, drafter: DFlashDrafter, cache: Cache, dcache: Cache, state: SpecState,
-                 block: int, plan: KernelPlan, fault: str = "none", builder: TreeBuilder | None = None,
-                 forward: Callable | None = None):
-        """builder: a tree builder (None: stock's chain); forward: what runs the target's pass (default the target
-        itself; a model-level fault's wrapper: runtime/faults.faulty)."""
-        self.target, self.drafter, self.cache, self.dcache, self.state = target, drafter, cache, dcache, state
+    def __init__(self, target: DenseTarget, drafter: Drafter, cache: Cache, state: SpecState, plan: KernelPlan,
+                 fault: str = "none", builder: TreeBuilder | None = None, forward: Callable | None = None):
+        """drafter: what proposes (speculative/drafter.py; it keeps its own cache); builder: a tree builder (None:
+        stock's chain); forward: what runs the target's pass (default the target itself; a model-level fault's
+        wrapper: runtime/faults.faulty)."""
+        self.target, self.drafter, self.cache, self.state = target, drafter, cache, state
         self.forward = forward or target
         self.plan, self.fault = plan, fault
-        self.drafter_plan = plan.but(gemv=False)  # the drafter's block rows are never a few-row stream
-        args = (drafter, target.embed, target.head, block, self.drafter_plan, target.device)
-        self.proposer = ChainProposer(*args) if builder is None else TreeProposer(*args, builder=builder)
-        self.hidden_layers = tuple(drafter.cfg.target_layer_ids)
-        self.trash = dcache.length - 1  # the drafter cache's last slot absorbs context rows not valid this step
+        device = target.device
+        self.proposer = ChainProposer(drafter, device) if builder is None else TreeProposer(drafter, device, builder)
+        self.hidden_layers = drafter.taps
         self.ctx_rows = self.proposer.index  # the rows of the state's ctx_feats
 
     def __call__(self) -> None:
         s = self.state
         with region("drafter"):
             self.context(s)
-        proposal = self.proposer.propose(s.token, s.pos, self.dcache)
+        proposal = self.proposer.propose(s.token, s.pos)
         logits, feats = self.verify(proposal)
         with region("tree"):  # accept and commit (a tree's build is inside propose)
             self.commit(proposal, self.accept(proposal, logits), feats)
 
     def context(self, s: SpecState) -> None:
-        """The previous verify's rows 0..count-1 are committed: their features become draft context."""
-        self.write_context(s.ctx_feats, s.pos - s.ctx_count, s.ctx_count, self.ctx_rows)
-
-    def write_context(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor):
-        """feats [B, len(rows), F] at positions first + rows, the first `count` of them; the rest to the trash."""
-        pos = (first[:, None] + rows).clamp(min=0)
-        slots = torch.where(rows < count[:, None], pos, self.trash)
-        self.drafter.write_context(feats, pos, slots, self.dcache, self.drafter_plan)
+        """The previous verify's rows 0..count-1 are committed: the drafter is told (their features)."""
+        self.drafter.commit(s.ctx_feats, s.pos - s.ctx_count, s.ctx_count, self.ctx_rows)
 
     def verify(self, proposal: Proposal, view: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
         """The target's pass over the proposal's rows (view: the weights it reads, core/contracts.VIEWS)."""

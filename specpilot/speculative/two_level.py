@@ -40,13 +40,13 @@ class TwoLevelStep(SpecStep):
         s = self.state
         with region("drafter"):
             self.context(s)
-        first = self.proposer.propose(s.token, s.pos, self.dcache)
+        first = self.proposer.propose(s.token, s.pos)
         q_logits, q_feats = self.verify(first, view="8bit")
         with region("tree"):
             q = accept_greedy(first, q_logits)
         with region("drafter"):
             self.tentative_context(q, q_feats)
-        second = self.proposer.propose(q.bonus, s.pos + q.accepted + 1, self.dcache)
+        second = self.proposer.propose(q.bonus, s.pos + q.accepted + 1)
         with region("tree"):
             both = self.join(first, q, second)
         logits, feats = self.verify(both)
@@ -56,7 +56,7 @@ class TwoLevelStep(SpecStep):
     def tentative_context(self, q: Verdict, q_feats: torch.Tensor) -> None:
         """The Q pass's features along its path (anchor included) as draft context for the second round."""
         feats = q_feats.gather(1, q.path[..., None].expand(-1, -1, q_feats.shape[2]))
-        self.write_context(feats, self.state.pos, q.accepted + 1, self.path_index)
+        self.drafter.commit(feats, self.state.pos, q.accepted + 1, self.path_index)
 
     def seen(self, p: Proposal) -> torch.Tensor:
         return p.visibility.tree if p.visibility.tree is not None else self.chain_seen.expand(p.tokens.shape[0], -1, -1)
