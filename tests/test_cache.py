@@ -29,7 +29,7 @@ def test_commit_moves_the_accepted_path_behind_the_committed_slots(data):
              for _ in range(batch)]
     width = max(len(p) for p in paths)
     path = torch.tensor([p + [p[-1]] * (width - len(p)) for p in paths])  # padded with the last row
-    state.commit(path, start)
+    state.commit(path, torch.tensor([len(p) - 1 for p in paths]), start)
     for b, p in enumerate(paths):
         s = int(start[b])
         for i, row in enumerate(p):
@@ -38,7 +38,7 @@ def test_commit_moves_the_accepted_path_behind_the_committed_slots(data):
         assert torch.equal(state.k[b, :, :s], before_k[b, :, :s])  # committed slots untouched
         assert torch.equal(state.k[b, :, s + width:], before_k[b, :, s + width:])  # and every slot past the path
     after = state.k.clone()
-    state.commit(None, start)  # a chain's path is in place: nothing moves
+    state.commit(path, torch.zeros(batch, dtype=torch.int64), start, in_place=True)  # a chain's: nothing moves
     assert torch.equal(state.k, after)
 
 
@@ -46,9 +46,10 @@ def test_chain_commit_changes_nothing():
     state = AttentionState(1, 8, 1, 2, torch.float32, "cpu")
     state.k.normal_()
     k = state.k.clone()
-    state.commit(None, torch.tensor([3]))
+    path, accepted = torch.arange(4)[None], torch.tensor([3])
+    state.commit(path, accepted, torch.tensor([3]), in_place=True)
     assert torch.equal(state.k, k)
-    state.commit(torch.arange(4)[None], torch.tensor([3]))  # the identity path moves nothing either
+    state.commit(path, accepted, torch.tensor([3]))  # the identity path moves nothing either
     assert torch.equal(state.k, k)
 
 

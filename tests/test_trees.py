@@ -298,7 +298,7 @@ def test_commit_moves_the_path_into_consecutive_slots(stacked):
     before = [(s.k.clone(), s.v.clone()) for s in cache.layers]
     start = torch.tensor([3, 10])
     rows = torch.tensor([[0, 2, 5, 7], [0, 1, 4, 0]])
-    cache.commit(rows, start)
+    cache.commit(rows, torch.tensor([3, 3]), start)
     for (k0, v0), state in zip(before, cache.layers, strict=True):
         for s in range(2):
             for i in range(4):

@@ -123,7 +123,7 @@ def verify_times(engine: Engine, lattice, start: torch.Tensor, n: int, device) -
 
     def walk_commit():
         verdict = accept_tree(proposal, logits)
-        cache.commit(verdict.path, start)
+        cache.commit(verdict.path, verdict.accepted, start)
 
     out = {"chain_ms": timed(chain, device), "tree_ms": timed(as_tree, device),
            "walk_commit_ms": timed(walk_commit, device),

@@ -2,8 +2,9 @@
 
 Attention layers keep K/V over a static cache of `length` slots ([B, Hkv, L, D] each, the layout the
 attention kernels read without a copy); a row's slot is where its K/V live. A step writes the K/V of every
-row it verifies (the kernels write in place), then `commit` keeps the accepted path. A recurrent layer's
-state (Gated DeltaNet) is another kind with the same two duties.
+row it verifies (the kernels write in place), then `commit` keeps the accepted path: every state is told every
+step, chains included (an attention layer's chain prefix is in place already; a recurrent layer's state, Gated
+DeltaNet's, must still move to the accepted row's).
 """
 
 from __future__ import annotations
@@ -48,13 +49,13 @@ class AttentionState:
         """A state around K/V tensors [B, Hkv, L, D] that exist already."""
         return cls(0, 0, 0, 0, k.dtype, k.device, (k[None], v[None], 0))
 
-    def commit(self, rows: torch.Tensor | None, start: torch.Tensor) -> None:
-        """Keep the accepted path: `rows` [B, P] are the verified rows (slot start + r) of the path in order,
-        to sit at slots start, start + 1, ... ; None: the path is already in place (a chain accepts a prefix of
-        its rows, and row r sits at slot start + r), so nothing moves. Rows past the path are overwritten by
-        the next step."""
-        if rows is not None:
-            move_rows((self.k[None], self.v[None]), rows, start)
+    def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False) -> None:
+        """Keep the accepted path: `path` [B, P] are the verified rows (slot start + r) of the path in order, the
+        first accepted [B] + 1 of them kept, to sit at slots start, start + 1, ...; in_place: the path is there
+        already (a chain accepts a prefix of its rows, and row r sits at slot start + r), so nothing moves. Rows
+        past the path are overwritten by the next step."""
+        if not in_place:
+            move_rows((self.k[None], self.v[None]), path, start)
 
 
 def move_rows(tensors: tuple[torch.Tensor, ...], rows: torch.Tensor, start: torch.Tensor) -> None:
@@ -104,17 +105,15 @@ class Cache:
     def rows(self, first: int, last: int) -> Cache:
         return Cache([s.rows(first, last) for s in self.layers])
 
-    def commit(self, rows: torch.Tensor | None, start: torch.Tensor) -> None:
-        """Every layer keeps the accepted path (AttentionState.commit); the layers of one stacked tensor in one
-        gather and one scatter each for K and V, not one per layer."""
-        if rows is None:
-            return
-        stacked = self._stack()
+    def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False) -> None:
+        """Every layer keeps the accepted path (AttentionState.commit), every step; the attention layers of one
+        stacked tensor in one gather and one scatter each for K and V, not one per layer."""
+        stacked = None if in_place else self._stack()
         if stacked is not None:
-            move_rows(stacked, rows, start)
+            move_rows(stacked, path, start)
             return
         for state in self.layers:
-            state.commit(rows, start)
+            state.commit(path, accepted, start, in_place)
 
     def _stack(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(K, V) [layers, B, Hkv, L, D] when every layer is a view of one stacked tensor, in order."""

@@ -87,8 +87,8 @@ class SpecStep:
         consecutive slots); the committed rows' features become the drafter's next context; the bonus token and
         the position move on."""
         s = self.state
+        self.cache.commit(verdict.path, verdict.accepted, s.pos, in_place=proposal.chain)
         path = None if proposal.chain else verdict.path
-        self.cache.commit(path, s.pos)
         s.out[:, 0] = verdict.accepted
         s.out[:, 1:] = verdict.tokens
         s.ctx_feats.copy_(feats if path is None else feats.gather(1, path[..., None].expand(-1, -1, feats.shape[2])))
