@@ -61,10 +61,14 @@ class SpecStep:
         s = self.state
         with region("drafter"):
             self.context(s)
-        proposal = self.proposer.propose(s.token, s.pos)
+        proposal = self.propose(s)
         logits, feats = self.verify(proposal)
         with region("tree"):  # accept and commit (a tree's build is inside propose)
             self.commit(proposal, self.accept(proposal, logits), feats)
+
+    def propose(self, s: SpecState) -> Proposal:
+        """The rows to verify after the state's token (two-level verification proposes two rounds here)."""
+        return self.proposer.propose(s.token, s.pos)
 
     def context(self, s: SpecState) -> None:
         """The previous verify's rows 0..count-1 are committed: the drafter is told (their features)."""

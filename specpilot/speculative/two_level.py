@@ -36,11 +36,10 @@ class TwoLevelStep(SpecStep):
         self.tail = torch.arange(rows, device=dev)  # the second round's rows, numbered within it
         self.chain_seen = self.tail[:, None] >= self.tail[None, :]  # a chain's rows see themselves and before
 
-    def __call__(self) -> None:
-        s = self.state
-        with region("drafter"):
-            self.context(s)
-        first = self.proposer.propose(s.token, s.pos)
+    def propose(self, s) -> Proposal:
+        """The step's pipeline (SpecStep.__call__) with two rounds proposed as one tree: the first round, the Q
+        pass's walk of it, the second round drafted from where that walk ends."""
+        first = super().propose(s)
         q_logits, q_feats = self.verify(first, view="8bit")
         with region("tree"):
             q = accept_greedy(first, q_logits)
@@ -48,10 +47,7 @@ class TwoLevelStep(SpecStep):
             self.tentative_context(q, q_feats)
         second = self.proposer.propose(q.bonus, s.pos + q.accepted + 1)
         with region("tree"):
-            both = self.join(first, q, second)
-        logits, feats = self.verify(both)
-        with region("tree"):
-            self.commit(both, self.accept(both, logits), feats)
+            return self.join(first, q, second)
 
     def tentative_context(self, q: Verdict, q_feats: torch.Tensor) -> None:
         """The Q pass's features along its path (anchor included) as draft context for the second round."""
