@@ -44,7 +44,7 @@ def main() -> None:
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         target = load_target(folder, dtype, dev, rope_length=context + 1)
         engine = Engine(target, None, parse_system("ar"), context=context)
-        outputs[name] = (target, [engine.generate(p, args.max_new, tok.eos_ids).tokens
+        outputs[name] = (target, [engine.generate_one(p, args.max_new, tok.eos_ids).tokens
                                   for p in track(prompts, description=f"greedy {name}")])
     (exact, ref), (rounded, out) = outputs["float32"], outputs["bfloat16"]
     report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

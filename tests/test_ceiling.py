@@ -255,7 +255,7 @@ def test_repeated_step_timings_start_from_the_same_state_without_a_new_prefill(s
     runner, sys_ = Runner(target, drafter, tok, dep.context), parse(system)
     engine = runner.engine(sys_)
     prompt = [5, 17, 3, 250, 9, 41]
-    engine.generate(prompt, 3)
+    engine.generate_one(prompt, 3)
     snap = engine.snapshot()
     step = engine._spec if sys_.speculative else engine._ar
 
@@ -272,7 +272,7 @@ def test_repeated_step_timings_start_from_the_same_state_without_a_new_prefill(s
     begun = engine.requests
     step_seconds(runner, sys_, prompt, 3, reps=2)
     assert engine.requests == begun  # the second timing restored, it did not generate
-    engine.generate(prompt, 2)
+    engine.generate_one(prompt, 2)
     assert not engine.restore(snap)
 
 

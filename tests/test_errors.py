@@ -162,20 +162,20 @@ def engine(checkpoint) -> Engine:
 
 @pytest.mark.parametrize("s", ["ar", "stock"])
 def test_request_errors(engine, s):
-    _raises(lambda: engine.generate([], 4, (), s), "empty prompt")
+    _raises(lambda: engine.generate_one([], 4, (), s), "empty prompt")
     for n in (0, -3):
-        _raises(lambda n=n: engine.generate([1, 2], n, (), s), "max_new_tokens", str(n))
-    _raises(lambda: engine.generate([1] * 40, 8, (), s), "context", "40")
-    _raises(lambda: engine.generate([1] * 48, 1, (), s), "context")
-    _raises(lambda: engine.generate([1, VOCAB], 4, (), s), "vocabulary", str(VOCAB - 1))
-    _raises(lambda: engine.generate([-1, 2], 4, (), s), "vocabulary")
+        _raises(lambda n=n: engine.generate_one([1, 2], n, (), s), "max_new_tokens", str(n))
+    _raises(lambda: engine.generate_one([1] * 40, 8, (), s), "context", "40")
+    _raises(lambda: engine.generate_one([1] * 48, 1, (), s), "context")
+    _raises(lambda: engine.generate_one([1, VOCAB], 4, (), s), "vocabulary", str(VOCAB - 1))
+    _raises(lambda: engine.generate_one([-1, 2], 4, (), s), "vocabulary")
     # A valid request still works after the errors.
-    assert len(engine.generate([1, 2, 3], 4, (), s).tokens) == 4
+    assert len(engine.generate_one([1, 2, 3], 4, (), s).tokens) == 4
 
 
 def test_stock_needs_a_drafter(engine):
     ar_only = Engine(engine.target, None, context=48)
-    _raises(lambda: ar_only.generate([1, 2], 4, (), "stock"), "stock", "drafter")
+    _raises(lambda: ar_only.generate_one([1, 2], 4, (), "stock"), "stock", "drafter")
 
 
 @pytest.mark.parametrize("block_size", [1, 5, 100])

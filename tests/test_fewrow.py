@@ -207,7 +207,7 @@ def test_weights_w12_in_the_engine_on_the_cpu():
     assert record["w12"]["held_bytes"] == report["held_bytes"] and record["w12"]["saved"] is None
     assert record["kernel"] == {"path": "torch on the cpu (the dense weights; no few-row kernel there)"}
     assert "kernel" not in system_record(ar)
-    assert ar.generate([1, 2, 3, 4], 12).tokens == w12.generate([1, 2, 3, 4], 12).tokens
+    assert ar.generate_one([1, 2, 3, 4], 12).tokens == w12.generate_one([1, 2, 3, 4], 12).tokens
     assert attach(target)["held_bytes"] == report["held_bytes"]  # attaching again keeps the forms made once
 
 
@@ -236,7 +236,7 @@ def test_w12_dense_drop_frees_the_layers_copies_and_keeps_the_tokens():
         dw = dict(got)[name]
         assert dw.shape == before[name].shape and torch.equal(bits_of(dw.weight), bits_of(before[name])), seed
     ar = Engine(kept, None, parse_system("ar"), context=96)
-    assert ar.generate([1, 2, 3, 4], 12).tokens == engine.generate([1, 2, 3, 4], 12).tokens, seed
+    assert ar.generate_one([1, 2, 3, 4], 12).tokens == engine.generate_one([1, 2, 3, 4], 12).tokens, seed
     assert system_record(engine)["w12"]["saved"] == report["saved"]
 
 

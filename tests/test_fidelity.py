@@ -22,7 +22,7 @@ def test_free_running_counts_equal_tokens_and_first_divergence():
 
 def _greedy(target, batch):
     engine = Engine(target, None, context=96)
-    return [engine.generate(p, 24, (), "ar").tokens for p in batch]
+    return [engine.generate_one(p, 24, (), "ar").tokens for p in batch]
 
 
 def test_forced_argmax_reproduces_the_models_own_greedy_output():

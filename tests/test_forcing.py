@@ -35,7 +35,7 @@ def biased_greedy(prompt: list[int], n: int, bias: float) -> list[int]:
 
 
 def ar(prompt, n=24):
-    return Engine(TARGET, None, context=64).generate(prompt, n, (), "ar").tokens
+    return Engine(TARGET, None, context=64).generate_one(prompt, n, (), "ar").tokens
 
 
 def test_greedy_output_scores_as_all_argmax():
@@ -159,7 +159,7 @@ def test_no_fault_outlives_its_generation():
     before = ar(prompt)
     changed = 0
     for fault in MODEL_FAULTS:
-        faulty = Engine(TARGET, None, parse_system(f"ar:fault={fault}"), context=64).generate(prompt, 24, ())
+        faulty = Engine(TARGET, None, parse_system(f"ar:fault={fault}"), context=64).generate_one(prompt, 24, ())
         changed += faulty.tokens != before
         assert ar(prompt) == before, fault
     assert changed  # the faults did act on those generations

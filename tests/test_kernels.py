@@ -471,9 +471,9 @@ def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
     monkeypatch.setattr(embed, "embed_handoff", lambda *a, **k: calls.append("embed") or real_embed(*a, **k))
     target = random_target(tiny_target_config(num_layers=2), seed=3, device=device)  # two: a hand-over between layers
     prompt = list(range(5, 20))
-    plain = Engine(target, None, system(), context=64).generate(prompt, 4).tokens
+    plain = Engine(target, None, system(), context=64).generate_one(prompt, 4).tokens
     assert not calls and not any(handed)
-    fused = Engine(target, None, system("gemv=true"), context=64).generate(prompt, 4).tokens
+    fused = Engine(target, None, system("gemv=true"), context=64).generate_one(prompt, 4).tokens
     assert calls and any(handed) and fused == plain
     embeds = [i for i, c in enumerate(calls) if c == "embed"]
     assert embeds and all(calls[i + 1] is True for i in embeds)
@@ -481,7 +481,7 @@ def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
         calls.clear()  # (the embedding kernel's included)
         handed.clear()
         engine = Engine(target, None, system("gemv=true", f"{switch}=false"), context=64)
-        assert engine.generate(prompt, 2).tokens == plain[:2]
+        assert engine.generate_one(prompt, 2).tokens == plain[:2]
         assert calls and "embed" not in calls and (switch == "embed_kernel" or not any(handed))
 
 

@@ -100,14 +100,14 @@ def test_stock_equals_ar(setup):
     name, _, _, engine = setup
     for seed in range(3):
         prompt = _prompt(seed, length=5 + 4 * seed)
-        ar = engine.generate(prompt, N, (), "ar")
+        ar = engine.generate_one(prompt, N, (), "ar")
         assert len(ar.tokens) == N and ar.accepted == [1] * (N - 1)
         assert len(set(ar.tokens)) > 3  # not a degenerate constant output
-        stock = engine.generate(prompt, N, (), "stock")
+        stock = engine.generate_one(prompt, N, (), "stock")
         assert stock.tokens == ar.tokens, (name, seed)
         _check_accounting(stock, engine.block)
         # The engine's caches are reused: AR again after stock gives the same tokens.
-        assert engine.generate(prompt, N, (), "ar").tokens == ar.tokens
+        assert engine.generate_one(prompt, N, (), "ar").tokens == ar.tokens
 
 
 @torch.no_grad()
@@ -116,9 +116,9 @@ def test_oracle_drafter_full_and_partial_acceptance(setup):
     block = drafter.cfg.block_size
     for seed in range(2):
         prompt = _prompt(100 + seed)
-        ar = engine.generate(prompt, N, (), "ar").tokens
+        ar = engine.generate_one(prompt, N, (), "ar").tokens
         oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=seed)
-        gen = oracle.generate(prompt, N, (), "stock")
+        gen = oracle.generate_one(prompt, N, (), "stock")
         assert gen.tokens == ar, (name, seed)
         _check_accounting(gen, block)
         assert block in gen.accepted[:-1]  # some step accepted every draft
@@ -134,10 +134,10 @@ def test_oracle_without_corruption_accepts_whole_blocks(setup):
     _, target, drafter, engine = setup
     block = drafter.cfg.block_size
     prompt = _prompt(7)
-    ar = engine.generate(prompt, N, (), "ar").tokens
+    ar = engine.generate_one(prompt, N, (), "ar").tokens
     oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=0,
                           corrupt_rate=0.0)
-    gen = oracle.generate(prompt, N, (), "stock")
+    gen = oracle.generate_one(prompt, N, (), "stock")
     assert gen.tokens == ar
     assert gen.accepted[:-1] == [block] * (len(gen.accepted) - 1)
     assert sum(gen.accepted) == N - 1
@@ -147,10 +147,10 @@ def test_oracle_without_corruption_accepts_whole_blocks(setup):
 def test_oracle_always_wrong_accepts_nothing(setup):
     _, target, drafter, engine = setup
     prompt = _prompt(8)
-    ar = engine.generate(prompt, 12, (), "ar").tokens
+    ar = engine.generate_one(prompt, 12, (), "ar").tokens
     wrong = prompt + [(t + 1) % VOCAB for t in ar]
     oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=wrong, corrupt_seed=0, corrupt_rate=0.0)
-    gen = oracle.generate(prompt, 12, (), "stock")
+    gen = oracle.generate_one(prompt, 12, (), "stock")
     assert gen.tokens == ar
     assert gen.accepted == [1] * 11
 
@@ -159,25 +159,25 @@ def test_oracle_always_wrong_accepts_nothing(setup):
 def test_stop_token(setup):
     _, target, drafter, engine = setup
     prompt = _prompt(3)
-    ar = engine.generate(prompt, N, (), "ar").tokens
+    ar = engine.generate_one(prompt, N, (), "ar").tokens
     # A token whose first occurrence is well inside the output.
     firsts = [j for j in range(2, N - 1) if ar[j] not in ar[:j]]
     assert firsts
     for j in (firsts[0], firsts[-1]):
         stop = ar[j]
         for base in ("ar", "stock"):
-            gen = engine.generate(prompt, N, (stop, VOCAB + 5), base)
+            gen = engine.generate_one(prompt, N, (stop, VOCAB + 5), base)
             assert gen.tokens == ar[: j + 1], (base, j)
             assert sum(gen.accepted) == len(gen.tokens) - 1
         # With an oracle, the stop is committed in the middle of an accepted block and the rest is cut.
         oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=j,
                               corrupt_rate=0.0)
-        gen = oracle.generate(prompt, N, [stop], "stock")
+        gen = oracle.generate_one(prompt, N, [stop], "stock")
         assert gen.tokens == ar[: j + 1]
         assert sum(gen.accepted) == j
     # A stop equal to the very first token ends the request after prefill.
     for base in ("ar", "stock"):
-        gen = engine.generate(prompt, N, (ar[0],), base)
+        gen = engine.generate_one(prompt, N, (ar[0],), base)
         assert gen.tokens == [ar[0]] and gen.accepted == []
 
 
@@ -185,11 +185,11 @@ def test_stop_token(setup):
 def test_max_new_tokens_cut(setup):
     _, target, drafter, engine = setup
     prompt = _prompt(4)
-    ar = engine.generate(prompt, N, (), "ar").tokens
+    ar = engine.generate_one(prompt, N, (), "ar").tokens
     oracle = OracleEngine(target, drafter, context=CONTEXT, sequence=prompt + ar, corrupt_seed=1)
     for n in (1, 2, 3, 5, 8, 9, 17):
         for eng, base in ((engine, "ar"), (engine, "stock"), (oracle, "stock")):
-            gen = eng.generate(prompt, n, (), base)
+            gen = eng.generate_one(prompt, n, (), base)
             assert gen.tokens == ar[:n], (base, n)
             assert gen.decode_tokens == n - 1
             assert sum(gen.accepted) == n - 1
@@ -204,13 +204,13 @@ def test_block_size_option_stays_lossless(block_size):
     engine = Engine(target, drafter, system, context=CONTEXT)
     assert engine.block == block_size
     prompt = _prompt(9)
-    ar = engine.generate(prompt, N, (), "ar").tokens
-    stock = engine.generate(prompt, N, (), "stock")
+    ar = engine.generate_one(prompt, N, (), "ar").tokens
+    stock = engine.generate_one(prompt, N, (), "stock")
     assert stock.tokens == ar
     _check_accounting(stock, block_size)
     oracle = OracleEngine(target, drafter, system, context=CONTEXT, sequence=prompt + ar,
                           corrupt_seed=block_size)
-    gen = oracle.generate(prompt, N, (), "stock")
+    gen = oracle.generate_one(prompt, N, (), "stock")
     assert gen.tokens == ar
     _check_accounting(gen, block_size)
     assert block_size in gen.accepted[:-1]
@@ -222,8 +222,8 @@ def test_prompt_at_the_context_limit():
     engine = Engine(target, drafter, context=40)
     prompt = _prompt(5, length=40 - 10 - engine.block)
     with torch.no_grad():
-        ar = engine.generate(prompt, 10, (), "ar")
-        stock = engine.generate(prompt, 10, (), "stock")
+        ar = engine.generate_one(prompt, 10, (), "ar")
+        stock = engine.generate_one(prompt, 10, (), "stock")
     assert stock.tokens == ar.tokens and len(ar.tokens) == 10
 
 
@@ -233,8 +233,8 @@ def test_pad_option_slows_each_step_and_changes_nothing(base):
     plain = Engine(target, drafter, parse_system(base), context=CONTEXT)
     padded = Engine(target, drafter, parse_system(f"{base}:pad_us=3000"), context=CONTEXT)
     prompt = _prompt(4)
-    fast = plain.generate(prompt, N, ())
-    slow = padded.generate(prompt, N, ())
+    fast = plain.generate_one(prompt, N, ())
+    slow = padded.generate_one(prompt, N, ())
     assert slow.tokens == fast.tokens
     steps = len(slow.accepted)
     assert steps > 0
@@ -252,13 +252,13 @@ def test_lookahead_reads_change_nothing(setup, depth):
     ahead = Engine(target, drafter, system, context=CONTEXT)
     ahead.use_graphs = True  # the step graphs themselves stay eager on the CPU
     prompt = _prompt(5)
-    ar = engine.generate(prompt, N, (), "ar").tokens
+    ar = engine.generate_one(prompt, N, (), "ar").tokens
     stop = next(t for j, t in enumerate(ar) if j > 3 and t not in ar[:j])
     oracle = OracleEngine(target, drafter, system, context=CONTEXT, sequence=prompt + ar, corrupt_seed=2)
     oracle.use_graphs = True
     for eng, base in ((ahead, "ar"), (ahead, "stock"), (oracle, "stock")):
         for n, stops in ((N, ()), (N, (stop,)), (1, ()), (2, ()), (7, ())):
-            gen = eng.generate(prompt, n, stops, base)
+            gen = eng.generate_one(prompt, n, stops, base)
             want = ar[: ar.index(stop) + 1] if stops else ar[:n]
             assert gen.tokens == want, (base, n, stops)
             assert sum(gen.accepted) == len(gen.tokens) - 1

@@ -16,8 +16,8 @@ def test_replayed_chain_equals_the_engine_and_the_oracle_bounds_it(looping_targe
     engine = Engine(looping_target, drafter, context=96)
     seen_long_step = False
     for prompt in prompts(4, seed=2):  # prompts the drafter was trained on: it drafts them well
-        ar = engine.generate(prompt, 30, (), "ar").tokens
-        stock = engine.generate(prompt, 30, (), "stock")
+        ar = engine.generate_one(prompt, 30, (), "ar").tokens
+        stock = engine.generate_one(prompt, 30, (), "stock")
         chain, oracle = accept_lengths(looping_target, drafter, prompt, ar, tc.block_size)
         assert all(1 <= c <= o <= tc.block_size for c, o in zip(chain, oracle, strict=True))
         replayed = walk(chain)

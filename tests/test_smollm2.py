@@ -31,8 +31,8 @@ def test_stock_equals_ar_on_smollm2(smol):
     target, drafter, tok, prompts = smol
     engine = Engine(target, drafter, context=512)
     for prompt in prompts[:2]:  # a random drafter: every draft rejected (the trained drafter's tests follow)
-        ar = engine.generate(prompt, 16, tok.eos_ids, "ar")
-        stock = engine.generate(prompt, 16, tok.eos_ids, "stock")
+        ar = engine.generate_one(prompt, 16, tok.eos_ids, "ar")
+        stock = engine.generate_one(prompt, 16, tok.eos_ids, "stock")
         assert stock.tokens == ar.tokens
         assert len(tok.decode(ar.tokens).split()) >= 3  # a real model writes words
 
@@ -40,9 +40,9 @@ def test_stock_equals_ar_on_smollm2(smol):
 def test_oracle_drafts_on_smollm2_stay_lossless(smol):
     """Drafts that are mostly right (so whole and partial blocks are accepted) on a real model."""
     target, drafter, tok, prompts = smol
-    ar = Engine(target, None, context=512).generate(prompts[0], 32, (), "ar").tokens
+    ar = Engine(target, None, context=512).generate_one(prompts[0], 32, (), "ar").tokens
     engine = OracleEngine(target, drafter, context=512, sequence=prompts[0] + ar, corrupt_seed=1)
-    gen = engine.generate(prompts[0], 32, (), "stock")
+    gen = engine.generate_one(prompts[0], 32, (), "stock")
     assert gen.tokens == ar
     assert max(gen.accepted) == 8 and min(gen.accepted) < 8
 
@@ -58,8 +58,8 @@ def test_committed_drafter_through_the_preset(smol):
     assert drafter.cfg.block_size == 16 and target.cfg.vocab_size == drafter.cfg.layer.vocab_size
     engine = Engine(target, drafter, context=512)
     prompt = tok.chat_prompt([{"role": "user", "content": "What is 12 times 7? Explain step by step."}])
-    ar = engine.generate(prompt, 48, tok.eos_ids, "ar")
-    stock = engine.generate(prompt, 48, tok.eos_ids, "stock")
+    ar = engine.generate_one(prompt, 48, tok.eos_ids, "ar")
+    stock = engine.generate_one(prompt, 48, tok.eos_ids, "stock")
     assert stock.tokens == ar.tokens
     assert max(stock.accepted) >= 3 and len(stock.accepted) < len(ar.tokens) - 1
 
@@ -91,11 +91,11 @@ def test_every_tree_builder_on_the_real_pair(smol):
 
     target, drafter, tok = build_pair(load_deployment("smollm2", None), with_drafter=True)
     prompt = tok.chat_prompt([{"role": "user", "content": "Write a Python function that reverses a list."}])
-    ar = Engine(target, None, context=512).generate(prompt, 20, tok.eos_ids, "ar").tokens
+    ar = Engine(target, None, context=512).generate_one(prompt, 20, tok.eos_ids, "ar").tokens
     taus = {}
     for system in ("stock", "stock:tree=best_first,nodes=8", "stock:tree=best_first,nodes=24",
                    "stock:tree=ddtree,nodes=24", "stock:tree=eagle2,nodes=24", "stock:tree=sequoia,nodes=24"):
-        gen = Engine(target, drafter, parse_system(system), context=512).generate(prompt, 20, tok.eos_ids)
+        gen = Engine(target, drafter, parse_system(system), context=512).generate_one(prompt, 20, tok.eos_ids)
         assert gen.tokens == ar, system
         taus[system] = (len(gen.tokens) - 1) / len(gen.accepted)
     assert taus["stock:tree=best_first,nodes=24"] >= taus["stock"]

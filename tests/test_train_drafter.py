@@ -36,7 +36,7 @@ def test_greedy_batch_equals_single_request_ar(target):
     answers = greedy_batch(target, batch, 20, ())
     engine = Engine(target, None, context=64)
     for prompt, answer in zip(batch, answers, strict=True):
-        assert answer == engine.generate(prompt, 20, (), "ar").tokens
+        assert answer == engine.generate_one(prompt, 20, (), "ar").tokens
 
 
 def test_greedy_batch_stops_rows_at_their_stop_token(target):
@@ -67,7 +67,7 @@ def test_training_path_drafts_what_the_engine_drafts(target):
     engine = RecordingEngine(target, drafter, context=96)
     taps = tuple(drafter.cfg.target_layer_ids)
     for prompt in prompts(3, seed=4):
-        gen = engine.generate(prompt, 30, (), "stock")
+        gen = engine.generate_one(prompt, 30, (), "stock")
         sequence = prompt + gen.tokens
         feats = target_features(target, [sequence], taps)[0]
         ds = Dataset([sequence], [len(prompt)], [feats])

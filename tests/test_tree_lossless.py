@@ -44,12 +44,12 @@ def test_every_builder_equals_ar(models):
     block, width = drafter.cfg.block_size, drafter.cfg.selector_top_k if drafter.cfg.selector_rank else 16
     ar_engine = Engine(target, None, context=CONTEXT)
     prompts = [_prompt(seed, 6 + 3 * seed) for seed in range(2)]
-    ars = [ar_engine.generate(p, N_NEW, (), "ar").tokens for p in prompts]
+    ars = [ar_engine.generate_one(p, N_NEW, (), "ar").tokens for p in prompts]
     for name in BUILDERS:
         for nodes in _budgets(block, name, min(width, VOCAB)):
             engine = Engine(target, drafter, parse_system(_system(name, nodes)), context=CONTEXT)
             for prompt, ar in zip(prompts, ars, strict=True):
-                gen = engine.generate(prompt, N_NEW, ())
+                gen = engine.generate_one(prompt, N_NEW, ())
                 assert gen.tokens == ar, (name, nodes)
                 assert sum(gen.accepted) == len(gen.tokens) - 1
 
@@ -98,7 +98,7 @@ def _oracle_engine(target, drafter, system: str, sequence: list[int], seed: int)
 def oracle_setup():
     target, drafter = _models("llama-b8-2layers")  # block 8
     prompt = _prompt(7, 9)
-    ar = Engine(target, None, context=CONTEXT).generate(prompt, 40, (), "ar").tokens
+    ar = Engine(target, None, context=CONTEXT).generate_one(prompt, 40, (), "ar").tokens
     return target, drafter, prompt, ar
 
 
@@ -110,7 +110,7 @@ def test_trees_accept_off_the_greedy_chain_and_stay_lossless(oracle_setup, name,
     engine = _oracle_engine(target, drafter, _system(name, nodes), prompt + ar, seed=nodes)
     recorder = Recorder()
     engine.recorder = recorder
-    gen = engine.generate(prompt, 40, ())
+    gen = engine.generate_one(prompt, 40, ())
     recorder.finish("r", "test", prompt, gen.tokens, gen.accepted)
     assert gen.tokens == ar
     assert len(gen.accepted) < len(ar) - 1  # drafts were accepted
@@ -136,7 +136,7 @@ def test_bad_tree_systems_are_user_errors():
         with pytest.raises(UserError, match=words):
             Engine(target, drafter, parse_system(text), context=CONTEXT)
     with pytest.raises(UserError, match="draft slots"):  # a tree's rows need room in the context
-        Engine(target, drafter, parse_system("stock:tree=best_first,nodes=60"), context=CONTEXT).generate(
+        Engine(target, drafter, parse_system("stock:tree=best_first,nodes=60"), context=CONTEXT).generate_one(
             [1] * 60, CONTEXT - 70, ())
 
 

@@ -63,7 +63,7 @@ def test_widened_pair_drafts_and_decodes_like_the_small_pair(extra):
     for prompt in prompts(3, seed=5):
         prompt = [t % 200 for t in prompt]
         ea, eb = RecordingEngine(small_t, small_d, context=80), RecordingEngine(twin_t, twin_d, context=80)
-        a, b = ea.generate(prompt, 30, (), "stock"), eb.generate(prompt, 30, (), "stock")
+        a, b = ea.generate_one(prompt, 30, (), "stock"), eb.generate_one(prompt, 30, (), "stock")
         assert a.tokens == b.tokens and a.accepted == b.accepted
         assert len(ea.drafted) == len(a.accepted) and ea.drafted == eb.drafted  # rejected drafts too
 
@@ -76,7 +76,7 @@ def test_widened_trained_drafter_keeps_its_drafts(trained, looping_target):
     accepted = []
     for prompt in prompts(3, seed=2):
         ea, eb = RecordingEngine(looping_target, drafter, context=80), RecordingEngine(twin_t, twin_d, context=80)
-        a, b = ea.generate(prompt, 30, (), "stock"), eb.generate(prompt, 30, (), "stock")
+        a, b = ea.generate_one(prompt, 30, (), "stock"), eb.generate_one(prompt, 30, (), "stock")
         assert a.tokens == b.tokens and a.accepted == b.accepted and ea.drafted == eb.drafted
         accepted += a.accepted
     assert max(accepted) > 1
@@ -113,9 +113,9 @@ def test_deployment_twin_section_serves_the_widened_pair(tmp_path):
     small_t, small_d, _ = build_pair(load_deployment(path=tmp_path / "small.toml"))
     assert wide_t.cfg.hidden_size == 64 and wide_d.cfg.layer.hidden_size == 64
     prompt = [5, 9, 33, 2, 71]
-    ar = Engine(small_t, None, context=128).generate(prompt, 24, (), "ar").tokens
+    ar = Engine(small_t, None, context=128).generate_one(prompt, 24, (), "ar").tokens
     es, ew = RecordingEngine(small_t, small_d, context=128), RecordingEngine(wide_t, wide_d, context=128)
-    small, wide = es.generate(prompt, 24, (), "stock"), ew.generate(prompt, 24, (), "stock")
+    small, wide = es.generate_one(prompt, 24, (), "stock"), ew.generate_one(prompt, 24, (), "stock")
     assert wide.tokens == ar == small.tokens
     assert es.drafted and ew.drafted == es.drafted  # the widened drafter drafts what the small one does
 

@@ -28,7 +28,7 @@ def pair():
 
 
 def run(target, drafter, system: str, new: int = 40):
-    return Engine(target, drafter, parse_system(system), context=256).generate(PROMPT, new)
+    return Engine(target, drafter, parse_system(system), context=256).generate_one(PROMPT, new)
 
 
 @pytest.mark.parametrize("tree", ["", ",tree=best_first,nodes=12", ",tree=ddtree,nodes=6"])
@@ -66,7 +66,7 @@ def test_tlv_with_bf16_exact_weights(pair):
     target, drafter = pair
     engine = Engine(target, drafter, parse_system("stock:verify=tlv"), context=256)
     assert engine.w12_report is not None and engine.plan.weights == "bf16"
-    assert engine.generate(PROMPT, 40).tokens == run(target, drafter, "ar").tokens
+    assert engine.generate_one(PROMPT, 40).tokens == run(target, drafter, "ar").tokens
 
 
 def test_the_second_round_hangs_below_the_q_path(pair):

@@ -123,7 +123,7 @@ def step_weight_bytes(target) -> int:
 def decode_ms(eng: Engine, prompt: list[int], runs: int = RUNS) -> tuple:
     """The request (PROMPT tokens in, NEW out) `runs` times: (the first generation, the median ms per decoded
     token, every run's)."""
-    gens = [eng.generate(prompt, NEW) for _ in range(runs)]
+    gens = [eng.generate_one(prompt, NEW) for _ in range(runs)]
     per = [1000 * g.decode_s / g.decode_tokens for g in gens]
     return gens[0], statistics.median(per), per
 
@@ -151,9 +151,9 @@ def check_tiny() -> dict:
     eng = Engine(t, d, STOCK, context=256)
     eager = Engine(t, d, parse_system("stock:graphs=false"), context=256)
     prompt = list(range(3, 40))
-    ar = eng.generate(prompt, 64, (), "ar").tokens
-    st = eng.generate(prompt, 64, (), "stock").tokens
-    st_eager = eager.generate(prompt, 64, (), "stock").tokens
+    ar = eng.generate_one(prompt, 64, (), "ar").tokens
+    st = eng.generate_one(prompt, 64, (), "stock").tokens
+    st_eager = eager.generate_one(prompt, 64, (), "stock").tokens
     ok = ar == st == st_eager
     print(f"[check] tiny fp32 cuda: stock==ar {ar == st}, graph==eager {st == st_eager}")
     return {"stock_equals_ar": ar == st, "graph_equals_eager": st == st_eager, "ok": ok}
@@ -278,7 +278,7 @@ def bench_model(name: str, cfg: DenseConfig, bw: dict, parts: set[str], variants
     ar = Engine(target, None, AR, context=CONTEXT)
     ar.warmup()
     gen, ar_ms, ar_runs = decode_ms(ar, prompt)
-    eager = Engine(target, None, AR_EAGER, context=CONTEXT).generate(prompt, 32)
+    eager = Engine(target, None, AR_EAGER, context=CONTEXT).generate_one(prompt, 32)
     same = eager.tokens == gen.tokens[:32]
     rep = replays(ar)
     replay_ms = rep["ar_graph_replay_ms"]
@@ -331,7 +331,7 @@ def stock_step(target, cfg: DenseConfig, prompt: list[int], reference: list[int]
     drafter = random_drafter(dcfg, seed=1, dtype=torch.bfloat16, device="cuda", rope_length=CONTEXT + 1)
     spec = Engine(target, drafter, STOCK, context=CONTEXT)
     spec.warmup()
-    sgen = spec.generate(prompt, NEW)
+    sgen = spec.generate_one(prompt, NEW)
     step_ms = 1000 * sgen.decode_s / len(sgen.accepted)
     print(f"[{name}] stock step (block 16, 5-layer drafter) {step_ms:.3f} ms = {step_ms / ar_ms:.2f} x AR step; "
           f"mismatch vs AR {sum(a != b for a, b in zip(sgen.tokens, reference, strict=False))}/{len(reference)}")

@@ -53,7 +53,7 @@ def main() -> None:
     engine = Engine(target, drafter, parse_system("stock"), context=dep.context)
     prompt = tok.chat_prompt([{"role": "user", "content": PROMPT}])
     with torch.inference_mode():
-        gen = engine.generate(prompt, 64, ())  # real context in both caches
+        gen = engine.generate_one(prompt, 64, ())  # real context in both caches
         start = engine.pos.clone()
         lattice = engine.spec.proposer.lattice(engine.token, start)
         rows = {"ar_step_ms": timed(engine._ar_step, device), "lattice_ms": timed(

@@ -51,7 +51,7 @@ def first_turn_prompts(tok, limit: int) -> tuple[list[str], list[list[int]]]:
 
 def run(engine: Engine, prompts, max_new: int, eos) -> list:
     engine.warmup()
-    return [engine.generate(p, max_new, eos) for p in prompts]
+    return [engine.generate_one(p, max_new, eos) for p in prompts]
 
 
 def tau(gens) -> float:

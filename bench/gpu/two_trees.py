@@ -124,10 +124,10 @@ class Tree:
     def generate(self, name: str):
         engine = self.engines[name]
         if self.new:
-            return engine.generate(self.prompt, NEW)
+            return engine.generate_one(self.prompt, NEW)
         from specpilot.runtime.options import parse_system
 
-        return engine.generate(self.prompt, NEW, (), parse_system("stock" if name == "stock" else "ar"))
+        return engine.generate_one(self.prompt, NEW, (), parse_system("stock" if name == "stock" else "ar"))
 
 
 def _tree_has(subpackage: str) -> bool:

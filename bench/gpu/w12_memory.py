@@ -55,12 +55,12 @@ def one(preset: str, system: str, limit: int, max_new: int) -> dict:
     requests = [r for d in DATASETS for r in load_requests(d, "dev", limit=limit)]
     prompts = [tok.chat_prompt([{"role": "user", "content": r.turns[0]}]) for r in requests]
     for p in prompts:  # untimed: the first prefill of each length compiles kernels (JIT, cached on disk after)
-        engine.generate(p, 2, tok.eos_ids)
+        engine.generate_one(p, 2, tok.eos_ids)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     runs = []
     for r, prompt in zip(requests, prompts, strict=True):
-        g = engine.generate(prompt, max_new, tok.eos_ids)
+        g = engine.generate_one(prompt, max_new, tok.eos_ids)
         runs.append({"id": r.id, "prompt_tokens": len(prompt), "tokens": g.tokens, "prefill_s": g.prefill_s,
                      "decode_s": g.decode_s})
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specpilot.config import KernelPlan, System
+from specpilot.core.contracts import Prompted
 from specpilot.datasets import Request
 from specpilot.errors import UserError
 from specpilot.runtime.engine import Engine
@@ -123,7 +124,7 @@ class Runner:
             prompt = self.tokenizer.chat_prompt(messages)
             rid = request.id if len(request.turns) == 1 else f"{request.id}#turn{k + 1}"
             try:
-                gen = engine.generate(prompt, max_new_tokens, self.tokenizer.eos_ids)
+                gen = engine.generate([Prompted(prompt, max_new_tokens, tuple(self.tokenizer.eos_ids))])[0]
             except UserError as exc:  # which request, for a message about its length
                 raise UserError(f"request {rid}: {exc}") from None
             messages.append({"role": "assistant", "content": self.tokenizer.decode(gen.tokens)})

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from specpilot.core.contracts import Prompted
 from specpilot.core.regions import PREFIX, labelled
 
 STAGES = ("drafter", "tree")  # regions that name where in the step a kernel runs (else: the target)
@@ -170,8 +171,8 @@ def profile_generations(engine, prompts: list[list[int]], max_new_tokens: int, s
     cuda = engine.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     steps = 0
-    for prompt in prompts:
-        engine.generate(prompt, max_new_tokens, stop_ids)
+    requests = [Prompted(prompt, max_new_tokens, tuple(stop_ids)) for prompt in prompts]
+    engine.generate(requests)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*clears events.*")  # one cycle is all it records here
         prof = profile(activities=activities)
@@ -179,8 +180,7 @@ def profile_generations(engine, prompts: list[list[int]], max_new_tokens: int, s
             prof.start()
         try:
             with labelled():
-                for prompt in prompts:
-                    steps += max(len(engine.generate(prompt, max_new_tokens, stop_ids).accepted), 1)
+                steps += sum(max(len(gen.accepted), 1) for gen in engine.generate(requests))
                 if cuda:
                     torch.cuda.synchronize(engine.device)
         finally:

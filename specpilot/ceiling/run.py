@@ -25,6 +25,7 @@ from specpilot.ceiling.floors import StepShape, floors, to_json
 from specpilot.ceiling.profile import profile_generations
 from specpilot.config import KernelPlan, System
 from specpilot.config.system import with_options
+from specpilot.core.contracts import Prompted
 from specpilot.datasets import Request
 from specpilot.errors import UserError
 from specpilot.replay.record import TurnLattices
@@ -115,7 +116,7 @@ def step_seconds(runner: Runner, sys_: System, prompt: list[int], tokens: int, r
     # a repeated timing from the same request starts from the same state, kept on the engine: no new prefill
     kept = engine.timing_state
     if kept is None or kept[0] != (tuple(prompt), tokens) or not engine.restore(kept[1]):
-        engine.generate(prompt, tokens, ())
+        engine.generate([Prompted(prompt, tokens)])
         engine.timing_state = ((tuple(prompt), tokens), engine.snapshot())
     step = engine._spec if sys_.speculative else engine._ar
     if int(engine.pos) + (reps + 2) * max(engine.rows, 1) > engine.context:

@@ -29,6 +29,7 @@ from specpilot.cli.common import (
     read_prompt,
     system_help,
 )
+from specpilot.core.contracts import Prompted
 from specpilot.errors import UserError
 
 
@@ -133,7 +134,8 @@ def generate(
         target, drafter, tok = build_pair(dep, with_drafter=sys_.speculative)
         engine = Engine(target, drafter, sys_, context=dep.context)
         engine.warmup()
-        gen = engine.generate(tok.chat_prompt([{"role": "user", "content": prompt}]), budget, tok.eos_ids)
+        asked = Prompted(tok.chat_prompt([{"role": "user", "content": prompt}]), budget, tuple(tok.eos_ids))
+        gen = engine.generate([asked])[0]
     sys.stdout.write(tok.decode(gen.tokens) + "\n")  # as decoded: no wrapping, no markup
     sys.stdout.flush()
     tau = sum(gen.accepted) / len(gen.accepted) if gen.accepted else float("nan")

@@ -7,7 +7,9 @@ what verification decides. Tensors and static sizes only; no module, no kernel, 
   Lattice      a drafter's top-K candidates per draft position, their scores and edge scores;
   DraftTree    N rows per sequence over a lattice (row 0 the anchor), each after its parent;
   Proposal     the rows a step asks the target to verify (a chain or a tree), with their slots and visibility;
-  Verdict      what acceptance kept: the accepted count, the path's rows and the tokens to commit.
+  Verdict      what acceptance kept: the accepted count, the path's rows and the tokens to commit;
+  Prompted     one request to an engine: its prompt tokens, its token budget and stop tokens;
+  Generation   what the engine made of it: the output tokens, times, tokens committed per target pass.
 """
 
 from __future__ import annotations
@@ -205,3 +207,25 @@ class Verdict:
     def bonus(self) -> torch.Tensor:
         """[B]: the last committed token (the target's own, after the accepted drafts)."""
         return self.tokens.gather(1, self.accepted[:, None])[:, 0]
+
+
+@dataclass(frozen=True)
+class Prompted:
+    """One request to an engine (Engine.generate takes a list): greedy decoding of up to max_new_tokens after
+    prompt, cut after the first stop token."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # output tokens (the prompt excluded), cut at a stop token or max_new_tokens
+    prefill_s: float
+    decode_s: float  # from the first token (given by prefill) to the last
+    accepted: list[int] = field(default_factory=list)  # tokens committed by each decode target pass
+
+    @property
+    def decode_tokens(self) -> int:
+        return max(len(self.tokens) - 1, 0)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
 
 import torch
 
 from specpilot.config import System, parse_system
 from specpilot.config.plan import KernelPlan
-from specpilot.core.contracts import Forward
+from specpilot.core.contracts import Forward, Generation, Prompted
 from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.kernels.dispatch import fix_triton_interpreter, interpreting
@@ -36,18 +35,6 @@ from specpilot.speculative.tree import TreeBuilder
 from specpilot.speculative.two_level import TwoLevelStep
 from specpilot.w12.attach import attach, claim, off_kernel
 from specpilot.weights.dense import few_row_path
-
-
-@dataclass
-class Generation:
-    tokens: list[int]  # output tokens (the prompt excluded), cut at a stop token or max_new_tokens
-    prefill_s: float
-    decode_s: float  # from the first token (given by prefill) to the last
-    accepted: list[int] = field(default_factory=list)  # tokens committed by each decode target pass
-
-    @property
-    def decode_tokens(self) -> int:
-        return max(len(self.tokens) - 1, 0)
 
 
 def _sync(device: torch.device) -> None:
@@ -259,10 +246,10 @@ class Engine:
             raise UserError(f"system {self.system.name!r}: {self.rows} draft slots a step leave no room in the "
                             f"context of {self.context} (raise the deployment's `context`, or verify fewer rows "
                             f"a step: {self._rows_option()})")
-        self.generate([0] * 4, new)
+        self.generate_one([0] * 4, new)
         if self.plan.gemv and self.use_graphs and not self.tuning:
             self.tuning = self._tune_gemv()
-            self.generate([0] * 4, new)
+            self.generate_one([0] * 4, new)
 
     def _tune_gemv(self) -> dict:
         from specpilot.kernels.tuning.descent import tune_step
@@ -308,10 +295,19 @@ class Engine:
             return None
         return {"store": str(tuning_store.ROOT / name), "keys": len(keys)}
 
-    def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),
-                 base: str | None = None) -> Generation:
-        """One request. base: `ar` runs greedy decoding on this engine's caches and plan (AR is every
-        system's reference), `stock` the speculative step; default: the system's own."""
+    def generate(self, requests: list[Prompted], base: str | None = None) -> list[Generation]:
+        """The engine's one call: each request's Generation, timed. base: `ar` runs greedy decoding on this
+        engine's caches and plan (AR is every system's reference), `stock` the speculative step; default: the
+        system's own. One request at a time (regime single): each is timed alone."""
+        return [self._generate(r.prompt, r.max_new_tokens, r.stop_ids, base) for r in requests]
+
+    def generate_one(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),
+                     base: str | None = None) -> Generation:
+        """generate() of one request (scripts and tests)."""
+        return self.generate([Prompted(prompt, max_new_tokens, tuple(stop_ids))], base)[0]
+
+    def _generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...],
+                  base: str | None) -> Generation:
         # seam[request]: a request (prompt, max_new_tokens, stop_ids, base) begins
         steps = self.steps(prompt, max_new_tokens, stop_ids, base)
         _sync(self.device)
