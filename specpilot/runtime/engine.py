@@ -46,10 +46,11 @@ class Engine:
     """One system's caches, plan and step graphs for one target (+ drafter) and one context size.
 
     system: the configuration (default: stock with a drafter, else AR); plan: a kernel plan to use instead of
-    a fresh one from the system's options (engines whose plans agree may share one, and so its tuning)."""
+    a fresh one from the system's options (engines whose plans agree may share one, and so its tuning); slots:
+    requests in flight (a cache row each; past 1, generate() batches them: runtime/batch.py)."""
 
     def __init__(self, target: DenseTarget, drafter: DFlashDrafter | None = None, system: System | None = None, *,
-                 context: int, plan: KernelPlan | None = None):
+                 context: int, plan: KernelPlan | None = None, slots: int = 1):
         self.system = system or parse_system("stock" if drafter is not None else "ar")
         if self.system.speculative and drafter is None:
             raise UserError(f"system {self.system.name!r} needs a drafter in the deployment")
@@ -91,9 +92,14 @@ class Engine:
         self._ahead: dict[int, Lookahead] = {}  # pinned read-back buffers by step output (CUDA graphs)
         if target.rope.length < context + 1:
             target.set_rope_length(context + 1, device=self.device)
-        self.cache = target.new_cache(1, context)
-        self.pos = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self.token = torch.zeros(1, dtype=torch.int64, device=self.device)
+        if slots < 1:
+            raise UserError(f"slots must be at least 1, got {slots}")
+        self.slots = slots
+        self.cache = target.new_cache(slots, context)
+        self.pos = torch.zeros(slots, dtype=torch.int64, device=self.device)
+        self.token = torch.zeros(slots, dtype=torch.int64, device=self.device)
+        # which slots hold a decoding request (batches only: a parked slot's position and context stay put)
+        self.live = torch.zeros(slots, dtype=torch.int64, device=self.device) if slots > 1 else None
         self._ar = StepGraph(self._ar_step, self.use_graphs)
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
@@ -128,7 +134,7 @@ class Engine:
 
     def _init_spec(self, drafter: DFlashDrafter, block_size: int) -> None:
         self.draft = DFlash(drafter, self.target.embed, self.target.head, self.context, block_size, self.plan,
-                            self.target.cfg.vocab_size)
+                            self.target.cfg.vocab_size, self.slots)
         self.block, self.width = self.draft.block, self.draft.width
         self.builder = self._builder()
         rows = self.builder.rows if self.builder is not None else self.block  # one round's rows
@@ -136,10 +142,11 @@ class Engine:
         paths = 2 * self.block if tlv else self.block  # the longest committed path (two rounds' with tlv)
         feats = len(self.draft.taps) * self.target.cfg.hidden_size
         dev, dtype = self.device, self.draft.dtype
+        n = self.slots
         self.state = SpecState(token=self.token, pos=self.pos,
-                               ctx_feats=torch.zeros(1, paths, feats, dtype=dtype, device=dev),
-                               ctx_count=torch.zeros(1, dtype=torch.int64, device=dev),
-                               out=torch.zeros(1, 1 + paths, dtype=torch.int64, device=dev))
+                               ctx_feats=torch.zeros(n, paths, feats, dtype=dtype, device=dev),
+                               ctx_count=torch.zeros(n, dtype=torch.int64, device=dev),
+                               out=torch.zeros(n, 1 + paths, dtype=torch.int64, device=dev), live=self.live)
         self.rows = 2 * rows if tlv else rows  # slots a step writes past pos
         args = (self.target, self.draft, self.cache, self.state, self.plan, self.fault, self.builder, self.forward)
         self.spec = TwoLevelStep(*args, rows=rows, path=self.block) if tlv else SpecStep(*args)
@@ -182,6 +189,14 @@ class Engine:
                                  self.plan)
         greedy_advance(distort(logits[0, -1], self.fault), self.token, self.pos, self.plan)
         self.pad()
+
+    def _ar_rows(self) -> None:
+        """The AR step of every slot at once (batches): each row at its own position; parked rows keep their token
+        and position."""
+        logits, _ = self.forward(self.token[:, None], Forward.consecutive(self.pos[:, None]), self.cache,
+                                 Mode.DECODE, self.plan)
+        self.token.copy_(torch.where(self.live.bool(), distort(logits[:, -1], self.fault).argmax(-1), self.token))
+        self.pos.add_(self.live)
 
     def _spec_step(self) -> None:
         self.spec()
@@ -295,10 +310,16 @@ class Engine:
             return None
         return {"store": str(tuning_store.ROOT / name), "keys": len(keys)}
 
-    def generate(self, requests: list[Prompted], base: str | None = None) -> list[Generation]:
+    def generate(self, requests: list[Prompted], base: str | None = None, arrivals: list[int] | None = None
+                 ) -> list[Generation]:
         """The engine's one call: each request's Generation, timed. base: `ar` runs greedy decoding on this
         engine's caches and plan (AR is every system's reference), `stock` the speculative step; default: the
-        system's own. One request at a time (regime single): each is timed alone."""
+        system's own. One slot: one request at a time, each timed alone. More: continuous batching
+        (runtime/batch.py), `arrivals` the step at which each request may start (default: all at once)."""
+        if self.slots > 1:
+            from specpilot.runtime.batch import run_batch
+
+            return run_batch(self, requests, base, arrivals)
         return [self._generate(r.prompt, r.max_new_tokens, r.stop_ids, base) for r in requests]
 
     def generate_one(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),
@@ -349,7 +370,7 @@ class Engine:
         yield 1
         with region("decode"):  # every decode kernel inside a range: the profile links each launch to one
             out, accepted = yield from self._decode(first, spec, max_new_tokens, set(stop_ids))
-        out = _cut(out, set(stop_ids), max_new_tokens)
+        out = cut_output(out, set(stop_ids), max_new_tokens)
         if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
             accepted[-1] = len(out) - 1 - sum(accepted[:-1])
         return Generation(tokens=out, prefill_s=0.0, decode_s=0.0, accepted=accepted)
@@ -402,7 +423,8 @@ def drain(steps: Generator[int, None, Generation]) -> Generation:
             return done.value
 
 
-def _cut(tokens: list[int], stops: set[int], limit: int) -> list[int]:
+def cut_output(tokens: list[int], stops: set[int], limit: int) -> list[int]:
+    """tokens up to and including the first stop token, at most limit."""
     for i, t in enumerate(tokens[:limit]):
         if t in stops:
             return tokens[: i + 1]

@@ -34,8 +34,9 @@ class Drafter(Protocol):
     plan: KernelPlan
     last: Lattice | None
 
-    def prefill(self, hidden: torch.Tensor) -> None:
-        """A request begins: the target's taps over its prompt [1, n, F]."""
+    def prefill(self, hidden: torch.Tensor, first: int = 0, slot: int = 0) -> None:
+        """A request's prompt, or its chunk at prompt positions first..: the target's taps over it [1, n, F], for
+        the request in cache row `slot`."""
 
     def commit(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor) -> None:
         """Rows at positions first + rows [B, len(rows)] with their taps feats [B, len(rows), F]: the first count
@@ -54,7 +55,7 @@ class DFlash:
     step), then its lattice: top-K per position, with edge scores from its selector when it has one (DFlash2)."""
 
     def __init__(self, model: DFlashDrafter, embed: DenseWeight, head: DenseWeight, context: int, block: int,
-                 plan: KernelPlan, vocab: int):
+                 plan: KernelPlan, vocab: int, slots: int = 1):
         own = model.cfg.block_size
         if block and not 2 <= block <= own:
             raise UserError(f"block_size={block} is outside 2..{own} (the drafter's own block size)")
@@ -66,7 +67,7 @@ class DFlash:
         device = embed.weight.device
         if model.rope.length < context + 1:
             model.set_rope_length(context + 1, device=device)
-        self.cache = model.new_cache(1, context + 1)
+        self.cache = model.new_cache(slots, context + 1)
         self.trash = context  # the cache's last slot
         self.masks = torch.full((1, self.block - 1), model.cfg.mask_token_id, dtype=torch.int64, device=device)
         self.last: Lattice | None = None
@@ -75,9 +76,10 @@ class DFlash:
     def dtype(self) -> torch.dtype:
         return self.cache[0].k.dtype
 
-    def prefill(self, hidden: torch.Tensor) -> None:
-        pos = torch.arange(hidden.shape[1], device=hidden.device)[None]
-        self.model.write_context(hidden.to(self.dtype), pos, pos, self.cache, self.plan)
+    def prefill(self, hidden: torch.Tensor, first: int = 0, slot: int = 0) -> None:
+        pos = first + torch.arange(hidden.shape[1], device=hidden.device)[None]
+        cache = self.cache if self.cache[0].k.shape[0] == 1 else self.cache.rows(slot, slot + 1)
+        self.model.write_context(hidden.to(self.dtype), pos, pos, cache, self.plan)
 
     def commit(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor) -> None:
         pos = (first[:, None] + rows).clamp(min=0)

@@ -39,6 +39,7 @@ class SpecState:
     ctx_feats: torch.Tensor
     ctx_count: torch.Tensor
     out: torch.Tensor
+    live: torch.Tensor | None = None  # [B] 1 where a request decodes (batches): a parked row stays where it is
 
 
 class SpecStep:
@@ -96,6 +97,10 @@ class SpecStep:
         s.out[:, 0] = verdict.accepted
         s.out[:, 1:] = verdict.tokens
         s.ctx_feats.copy_(feats if path is None else feats.gather(1, path[..., None].expand(-1, -1, feats.shape[2])))
-        s.ctx_count.copy_(verdict.accepted + 1)
-        s.token.copy_(verdict.bonus)
-        s.pos.add_(verdict.accepted + 1)
+        if s.live is None:
+            moved, bonus = verdict.accepted + 1, verdict.bonus
+        else:  # a parked row keeps its token (a request whose prefill just ended holds its first one there)
+            moved, bonus = (verdict.accepted + 1) * s.live, torch.where(s.live.bool(), verdict.bonus, s.token)
+        s.ctx_count.copy_(moved)
+        s.token.copy_(bonus)
+        s.pos.add_(moved)

@@ -1,0 +1,126 @@
+"""Continuous batching on one engine of several slots (Engine(slots=S)): every request holds a cache row from its
+admission to its end; each step prefills prompt chunks (each chunk its own pass on its row) and then runs one
+decode step of every slot at once, AR or speculative, each row at its own position with its own chain or tree.
+
+A slot without a decoding request is parked: it runs the step on whatever it holds, but its position and its
+drafter context do not move (the step's `live` mask), and what it writes lies at or past the position it is
+parked at. A free slot parks at 0; from its admission until its prefill is done it parks at its request's prompt
+length, so the junk of the steps in between lands past the prompt, where the request writes before it reads.
+Outputs are greedy and per row, so each request's tokens are those it gets alone (tests/test_batch.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specpilot.core.contracts import Forward, Generation, Prompted
+from specpilot.core.regions import region
+from specpilot.errors import UserError
+from specpilot.models.dense import Mode
+from specpilot.runtime.engine import cut_output
+from specpilot.runtime.faults import distort
+from specpilot.runtime.scheduler import Scheduler
+
+CHUNK = 256  # prompt tokens prefilled a step, over all slots
+
+
+class _Live:
+    """One request's progress: its output, tokens per target pass, and clock."""
+
+    def __init__(self, request: Prompted):
+        self.request, self.out, self.accepted = request, [], []
+        self.admitted = self.first = self.last = 0.0
+
+    def take(self, new: list[int]) -> bool:
+        """Appends a pass's tokens; True when the request is done (a stop token, its budget)."""
+        self.out.extend(new)
+        self.last = time.perf_counter()
+        return bool(set(self.request.stop_ids).intersection(new)) or len(self.out) >= self.request.max_new_tokens
+
+    def generation(self) -> Generation:
+        out = cut_output(self.out, set(self.request.stop_ids), self.request.max_new_tokens)
+        accepted = list(self.accepted)
+        if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
+            accepted[-1] = len(out) - 1 - sum(accepted[:-1])
+        return Generation(tokens=out, prefill_s=self.first - self.admitted, decode_s=self.last - self.first,
+                          accepted=accepted)
+
+
+@torch.inference_mode()
+def run_batch(engine, requests: list[Prompted], base: str | None = None, arrivals: list[int] | None = None,
+              chunk: int = CHUNK) -> list[Generation]:
+    """Each request's Generation (in order); prefill_s runs from its admission to its first token."""
+    spec = (base or engine.system.base) == "stock"
+    if spec and engine.drafter is None:
+        raise UserError("system 'stock' needs a drafter in the deployment")
+    if arrivals is not None and len(arrivals) != len(requests):
+        raise ValueError("one arrival step per request")
+    for r in requests:
+        engine.check_request(r.prompt, r.max_new_tokens)
+    engine.requests += 1
+    sched = Scheduler(engine.slots, chunk)
+    for rid, r in enumerate(requests):
+        sched.submit(rid, len(r.prompt), arrivals[rid] if arrivals else 0)
+    live = [_Live(r) for r in requests]
+    if spec:
+        engine.state.ctx_count.zero_()
+    while not sched.finished:
+        plan = sched.plan()
+        for rid in plan.admitted:
+            slot = sched.requests[rid].slot
+            engine.pos[slot] = len(requests[rid].prompt)  # parked past its prompt until the prefill is done
+            live[rid].admitted = time.perf_counter()
+        for slot, rid, first, end in plan.prefill:
+            if _prefill(engine, slot, requests[rid].prompt, first, end, spec):
+                live[rid].first = time.perf_counter()
+                if live[rid].take([int(engine.token[slot])]):
+                    _free(engine, sched, slot, rid)
+        if plan.decode:
+            _decode(engine, sched, plan.decode, live, spec)
+    return [r.generation() for r in live]
+
+
+def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: bool) -> bool:
+    """Prompt tokens first..end of the request in `slot`, on its cache row; True when that was the last chunk
+    (its first token is then in engine.token[slot] and its position at the prompt's end)."""
+    device = engine.device
+    ids = torch.tensor([prompt[first:end]], dtype=torch.int64, device=device)
+    positions = torch.arange(first, end, device=device)[None]
+    taps = engine.spec.hidden_layers if spec else ()
+    with region("prefill"):
+        logits, hidden = engine.forward(ids, Forward.consecutive(positions), engine.cache.rows(slot, slot + 1),
+                                        Mode.PREFILL, engine.plan, taps)
+        if spec:
+            engine.draft.prefill(hidden, first, slot)
+    if end < len(prompt):
+        return False
+    engine.token[slot] = distort(logits[0, -1], engine.fault).argmax(-1)
+    engine.pos[slot] = len(prompt)
+    if spec:
+        engine.state.ctx_count[slot] = 0
+    return True
+
+
+def _decode(engine, sched: Scheduler, rows: dict[int, int], live: list[_Live], spec: bool) -> None:
+    """One step of every slot; the decoding ones (only they move) take their tokens."""
+    mask = torch.zeros(engine.slots, dtype=torch.int64)
+    mask[list(rows)] = 1
+    engine.live.copy_(mask)
+    with region("decode"):
+        (engine.spec if spec else engine._ar_rows)()
+        values = (engine.state.out if spec else engine.token).tolist()
+    for slot, rid in rows.items():
+        new = values[slot][1 : values[slot][0] + 2] if spec else [values[slot]]
+        live[rid].accepted.append(len(new))
+        if live[rid].take(new):
+            _free(engine, sched, slot, rid)
+
+
+def _free(engine, sched: Scheduler, slot: int, rid: int) -> None:
+    """The request is done: its slot parks at position 0 (a finished request may have committed past its budget;
+    the junk a free slot writes stays in the first rows a step writes, inside any context)."""
+    sched.finish(rid)
+    engine.pos[slot] = 0
+
