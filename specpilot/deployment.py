@@ -20,7 +20,7 @@ from specpilot.errors import UserError
 from specpilot.models.config import DenseConfig, DrafterConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
-REGIMES = ("single",)
+REGIMES = ("single", "batch")  # batch: `in_flight` requests at once (continuous batching, runtime/batch.py)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -38,6 +38,7 @@ class Deployment:
     drafter: ModelSpec | None
     tokenizer: str = "target"  # "target" (the target folder's own), "bytes", or a folder
     regime: str = "single"
+    in_flight: int = 1  # requests in flight under regime batch (its engines' slots); 1 under single
     device: str = "auto"
     dtype: str = "auto"
     context: int = 4096
@@ -207,7 +208,7 @@ def _resolve(path: str, base: Path) -> Path:
 
 
 def _parse(raw: dict[str, Any], file: Path) -> Deployment:
-    known = {"name", "target", "drafter", "tokenizer", "regime", "device", "dtype", "context", "datasets",
+    known = {"name", "target", "drafter", "tokenizer", "regime", "in_flight", "device", "dtype", "context", "datasets",
              "split", "budgets", "enable_thinking", "twin", "system"}
     unknown = set(raw) - known
     if unknown:
@@ -225,6 +226,7 @@ def _parse(raw: dict[str, Any], file: Path) -> Deployment:
         drafter=_model_spec(raw["drafter"], "drafter", file.parent, file) if "drafter" in raw else None,
         tokenizer=tokenizer if tokenizer in ("target", "bytes") else str(_resolve(tokenizer, file.parent)),
         regime=_get(raw, "regime", "str", "single", where),
+        in_flight=_get(raw, "in_flight", "int", 1, where),
         device=_get(raw, "device", "str", "auto", where),
         dtype=_get(raw, "dtype", "str", "auto", where),
         context=_get(raw, "context", "int", 4096, where),
@@ -248,6 +250,9 @@ def _parse(raw: dict[str, Any], file: Path) -> Deployment:
         raise UserError(f"{file}: tokenizer folder not found: {dep.tokenizer}")
     if dep.regime not in REGIMES:
         raise UserError(f"{file}: regime {dep.regime!r} is not supported yet (supported: {', '.join(REGIMES)})")
+    if dep.in_flight < 1 or (dep.regime == "single" and dep.in_flight != 1):
+        raise UserError(f"{file}: in_flight must be 1 under regime single and at least 1 under regime batch, got "
+                        f"{dep.in_flight}")
     if dep.dtype != "auto" and dep.dtype not in DTYPES:
         raise UserError(f"{file}: dtype {dep.dtype!r} (known: auto, {', '.join(DTYPES)})")
     for d in dep.datasets:

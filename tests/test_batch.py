@@ -4,6 +4,7 @@ prefilled in chunks beside decoding rows, and more requests than slots (slots ar
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -85,3 +86,34 @@ def test_no_request_sees_another_rows_cache(pair):
             state.k[1:].fill_(1e4)
             state.v[1:].fill_(-1e4)
     assert engine.generate([req])[0].tokens == alone.tokens
+
+
+def test_bench_in_flight_reports_throughput_and_matches_single_outputs(tmp_path):
+    from tests.test_cli import specpilot
+
+    out = tmp_path / "b.json"
+    proc = specpilot("bench", "--preset", "tiny", "-s", "stock", "--limit", "2", "--max-new-tokens", "16",
+                     "--in-flight", "3", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["deployment"]["regime"] == "batch" and report["deployment"]["in_flight"] == 3
+    for name in ("ar", "stock"):
+        b = report["systems"][name]["batch"]
+        assert b["in_flight"] == 3 and b["output_tokens_per_s"] > 0 and b["seconds"] > 0
+    assert report["systems"]["ar"]["batch"]["speedup_over_batched_ar"] == 1.0
+    assert report["systems"]["stock"]["mismatch_vs_ar"] == 0  # batched stock answers as batched AR does
+    single = tmp_path / "s.json"
+    assert specpilot("bench", "--preset", "tiny", "-s", "stock", "--limit", "2", "--max-new-tokens", "16",
+                     "--json", str(single)).returncode == 0
+    alone = json.loads(single.read_text())
+    tokens = lambda r: [row["tokens"] for row in r["systems"]["stock"]["requests"]]  # noqa: E731
+    assert tokens(report) == tokens(alone)
+
+
+def test_in_flight_below_one_is_one_line(tmp_path):
+    from tests.test_cli import assert_one_line_error, specpilot
+
+    assert_one_line_error(specpilot("bench", "--preset", "tiny", "--in-flight", "0"), "--in-flight")
+    bad = tmp_path / "d.toml"
+    bad.write_text('regime = "single"\nin_flight = 4\n[target]\nrandom = {}\n')
+    assert_one_line_error(specpilot("bench", "--deployment", str(bad)), "in_flight")

@@ -44,8 +44,10 @@ class TurnRecord:
 class Runner:
     """Holds one engine per system (engines whose kernel plans agree share one plan, and so its step tuning)."""
 
-    def __init__(self, target, drafter, tokenizer, context: int, max_engines: int | None = None):
+    def __init__(self, target, drafter, tokenizer, context: int, max_engines: int | None = None, slots: int = 1):
+        """slots: requests in flight on each engine (a deployment's `in_flight` under regime batch)."""
         self.target, self.drafter, self.tokenizer, self.context = target, drafter, tokenizer, context
+        self.slots = slots
         self._engines: dict[str, Engine] = {}  # least recently used first
         self._plans: dict[tuple, KernelPlan] = {}
         self._warm: set[str] = set()
@@ -66,7 +68,8 @@ class Runner:
             self._evict()
             plan = self.shared_plan(system.plan())
             drafter = self.drafter if system.speculative else None
-            self._engines[key] = Engine(self.target, drafter, system, context=self.context, plan=plan)
+            self._engines[key] = Engine(self.target, drafter, system, context=self.context, plan=plan,
+                                        slots=self.slots)
         return self._engines[key]
 
     def shared_plan(self, plan: KernelPlan) -> KernelPlan:
@@ -196,3 +199,36 @@ def run_request_major(runner: Runner, systems: dict[str, System], requests: list
         for key, system in systems.items():
             records[key].extend(runner.run(system, request, max_new_tokens, progress))
     return records
+
+
+def run_batched(runner: Runner, systems: dict[str, System], requests: list[Request], max_new_tokens: int,
+                progress: Callable[[], None] | None = None) -> tuple[dict[str, list[TurnRecord]], dict[str, float]]:
+    """Regime batch, closed loop: each system's engine holds `runner.slots` requests in flight; every request's
+    first turn is submitted at once, then every second turn (each on its own first answer), and so on. Returns
+    the records (each turn's prefill_s from its admission) and each system's wall seconds over all its turns."""
+    for system in systems.values():
+        runner.warmup(system)
+    records: dict[str, list[TurnRecord]] = {key: [] for key in systems}
+    seconds: dict[str, float] = {}
+    eos = tuple(runner.tokenizer.eos_ids)
+    for key, system in systems.items():
+        engine = runner.engine(system)
+        chats: list[list[dict[str, str]]] = [[] for _ in requests]
+        t0 = time.perf_counter()
+        for k in range(max(len(r.turns) for r in requests)):
+            live = [i for i, r in enumerate(requests) if k < len(r.turns)]
+            prompts = []
+            for i in live:
+                chats[i].append({"role": "user", "content": requests[i].turns[k]})
+                prompts.append(runner.tokenizer.chat_prompt(chats[i]))
+            gens = engine.generate([Prompted(p, max_new_tokens, eos) for p in prompts])
+            for i, prompt, gen in zip(live, prompts, gens, strict=True):
+                chats[i].append({"role": "assistant", "content": runner.tokenizer.decode(gen.tokens)})
+                r = requests[i]
+                rid = r.id if len(r.turns) == 1 else f"{r.id}#turn{k + 1}"
+                records[key].append(TurnRecord(rid, r.dataset, k + 1, prompt, gen.tokens, gen.prefill_s,
+                                               gen.decode_s, gen.accepted))
+        seconds[key] = time.perf_counter() - t0
+        if progress:
+            progress()
+    return records, seconds

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specpilot.bench.harness import Runner, TurnRecord, run_request_major
+from specpilot.bench.harness import Runner, TurnRecord, run_batched, run_request_major
 from specpilot.bench.metrics import summarize
 from specpilot.config import System
 from specpilot.config.env import parse
@@ -46,9 +46,19 @@ def collect_requests(plan: BenchPlan) -> list[Request]:
 
 
 def run_bench(plan: BenchPlan, runner: Runner, requests: list[Request], progress=None) -> dict:
-    records = run_request_major(runner, {s.name: s for s in plan.systems}, requests, plan.max_new_tokens, progress)
+    systems = {s.name: s for s in plan.systems}
     ar = plan.systems[0].name  # plan_systems puts plain AR first
+    if plan.deployment.regime == "batch":
+        records, seconds = run_batched(runner, systems, requests, plan.max_new_tokens, progress)
+    else:
+        records, seconds = run_request_major(runner, systems, requests, plan.max_new_tokens, progress), None
     summaries = {name: summarize(recs, records[ar]) for name, recs in records.items()}
+    if seconds is not None:  # throughput: every output token over the wall time of all of a system's turns
+        rate = {name: sum(len(r.tokens) for r in recs) / seconds[name] for name, recs in records.items()}
+        for name in records:
+            summaries[name]["batch"] = {"in_flight": runner.slots, "seconds": seconds[name],
+                                        "output_tokens_per_s": rate[name],
+                                        "speedup_over_batched_ar": rate[name] / rate[ar]}
     for system in plan.systems:  # the complete configuration each system ran under, tuning table included
         summaries[system.name]["config"] = system_record(runner.engine(system))
     if plan.oracle and runner.drafter is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -48,6 +49,17 @@ def _table(summaries: dict) -> Table:
     return t
 
 
+def _batch_table(summaries: dict, in_flight: int) -> Table:
+    t = Table(title=f"throughput, {in_flight} requests in flight")
+    for col in ("system", "output tok/s", "speedup vs batched AR", "seconds"):
+        t.add_column(col, justify="left" if col == "system" else "right")
+    for name, s in summaries.items():
+        b = s["batch"]
+        t.add_row(name, fmt(b["output_tokens_per_s"], ".1f"), fmt(b["speedup_over_batched_ar"], ".3f") + "x",
+                  fmt(b["seconds"], ".2f"))
+    return t
+
+
 @app.command()
 def bench(
     preset: Preset = None,
@@ -64,6 +76,10 @@ def bench(
                          ] = None,
     oracle: Annotated[bool, typer.Option(help="Also replay the drafter's lattices along AR's output: the chain's "
                                          "tau and the top-16 oracle tau (the lattice's ceiling).")] = False,
+    in_flight: Annotated[int | None, typer.Option(
+        "--in-flight", help="Serve this many requests at once (regime batch: continuous batching, closed loop; "
+                            "each system's output tokens/s and speedup over batched AR). Default: the deployment's "
+                            "regime.")] = None,
 ) -> None:
     """Run systems on a deployment's requests and report tau, speedup over AR, decode rate and mismatch."""
     from specpilot.bench.harness import Runner
@@ -72,6 +88,10 @@ def bench(
     from specpilot.results import write_json_atomic
 
     dep = load_named(preset, deployment)
+    if in_flight is not None:
+        if in_flight < 1:
+            raise UserError(f"--in-flight must be at least 1, got {in_flight}")
+        dep = dataclasses.replace(dep, regime="batch", in_flight=in_flight)
     plan = BenchPlan(dep, plan_systems(system or ([dep.system] if dep.system else [])), dataset or dep.datasets,
                      split or dep.split,
                      limit if limit is not None else dep.limit,
@@ -85,8 +105,9 @@ def bench(
         raise UserError(f"deployment {dep.name} has no drafter, so it cannot run {plan.systems[-1].name}")
     err.print(f"[dim]deployment {dep.name}: loading models on {dep.torch_device()} ({dep.torch_dtype()})[/dim]")
     target, drafter, tok = build_pair(dep, with_drafter=needs_drafter)
-    runner = Runner(target, drafter, tok, dep.context)
-    turns = sum(len(r.turns) for r in requests) * len(plan.systems)
+    runner = Runner(target, drafter, tok, dep.context, slots=dep.in_flight)
+    # progress: a turn at a time, or under regime batch a system at a time (all its requests together)
+    turns = len(plan.systems) if dep.regime == "batch" else sum(len(r.turns) for r in requests) * len(plan.systems)
     kept = "nothing was written" + (f" ({json_path} was not touched)" if json_path else "")
     with interruptible(f"bench interrupted before its summary: {kept}"), \
             progress_bar(err, f"{len(requests)} requests x {len(plan.systems)} systems", turns) as advance:
@@ -95,6 +116,8 @@ def bench(
     if json_path is not None:
         write_json_atomic(json_path, report)
     console.print(_table(summaries))
+    if dep.regime == "batch":
+        console.print(_batch_table(summaries, dep.in_flight))
     for name, s in summaries.items():
         hist = " ".join(f"{k}:{v}" for k, v in s["tau_histogram"].items())
         console.print(f"[dim]{name} tokens per target pass (count): {hist}[/dim]")
