@@ -218,6 +218,14 @@ class Prompted:
     max_new_tokens: int
     stop_ids: tuple[int, ...] = ()
 
+    def cut(self, tokens: list[int]) -> list[int]:
+        """tokens up to and including the first stop token, at most max_new_tokens (a step may commit past
+        either)."""
+        for i, t in enumerate(tokens[: self.max_new_tokens]):
+            if t in self.stop_ids:
+                return tokens[: i + 1]
+        return tokens[: self.max_new_tokens]
+
 
 @dataclass
 class Generation:

@@ -19,7 +19,6 @@ from specpilot.core.contracts import Forward, Generation, Prompted
 from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.models.dense import Mode
-from specpilot.runtime.engine import cut_output
 from specpilot.runtime.faults import distort
 from specpilot.runtime.scheduler import Scheduler
 
@@ -40,7 +39,7 @@ class _Live:
         return bool(set(self.request.stop_ids).intersection(new)) or len(self.out) >= self.request.max_new_tokens
 
     def generation(self) -> Generation:
-        out = cut_output(self.out, set(self.request.stop_ids), self.request.max_new_tokens)
+        out = self.request.cut(self.out)
         accepted = list(self.accepted)
         if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
             accepted[-1] = len(out) - 1 - sum(accepted[:-1])
@@ -67,18 +66,18 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
     if spec:
         engine.state.ctx_count.zero_()
     while not sched.finished:
-        plan = sched.plan()
-        for rid in plan.admitted:
+        work = sched.plan()
+        for rid in work.admitted:
             slot = sched.requests[rid].slot
             engine.pos[slot] = len(requests[rid].prompt)  # parked past its prompt until the prefill is done
             live[rid].admitted = time.perf_counter()
-        for slot, rid, first, end in plan.prefill:
+        for slot, rid, first, end in work.prefill:
             if _prefill(engine, slot, requests[rid].prompt, first, end, spec):
                 live[rid].first = time.perf_counter()
                 if live[rid].take([int(engine.token[slot])]):
                     _free(engine, sched, slot, rid)
-        if plan.decode:
-            _decode(engine, sched, plan.decode, live, spec)
+        if work.decode:
+            _decode(engine, sched, work.decode, live, spec)
     return [r.generation() for r in live]
 
 

@@ -370,7 +370,7 @@ class Engine:
         yield 1
         with region("decode"):  # every decode kernel inside a range: the profile links each launch to one
             out, accepted = yield from self._decode(first, spec, max_new_tokens, set(stop_ids))
-        out = cut_output(out, set(stop_ids), max_new_tokens)
+        out = Prompted(prompt, max_new_tokens, tuple(stop_ids)).cut(out)
         if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
             accepted[-1] = len(out) - 1 - sum(accepted[:-1])
         return Generation(tokens=out, prefill_s=0.0, decode_s=0.0, accepted=accepted)
@@ -421,11 +421,3 @@ def drain(steps: Generator[int, None, Generation]) -> Generation:
             next(steps)
         except StopIteration as done:
             return done.value
-
-
-def cut_output(tokens: list[int], stops: set[int], limit: int) -> list[int]:
-    """tokens up to and including the first stop token, at most limit."""
-    for i, t in enumerate(tokens[:limit]):
-        if t in stops:
-            return tokens[: i + 1]
-    return tokens[:limit]
