@@ -252,7 +252,7 @@ def test_tree_acceptance_walks_the_targets_argmax(lattice, name, nodes, seed):
                         slots=start[:, None] + torch.arange(n),
                         visibility=Visibility(start, start, tree.ancestors(lattice.depth)), parents=tree.parents,
                         index=torch.arange(n), chain=False, path_rows=lattice.depth + 1)
-    verdict = accept_tree(proposal, logits)
+    verdict = accept_tree(proposal, logits.argmax(-1))
     for s in range(b):
         row, path = 0, [0]
         while True:

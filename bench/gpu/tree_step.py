@@ -122,7 +122,7 @@ def verify_times(engine: Engine, lattice, start: torch.Tensor, n: int, device) -
     saved_k, saved_v = cache[0]._k.clone(), cache[0]._v.clone()
 
     def walk_commit():
-        verdict = accept_tree(proposal, logits)
+        verdict = accept_tree(proposal, logits.argmax(-1))
         cache.commit(verdict.path, verdict.accepted, start)
 
     out = {"chain_ms": timed(chain, device), "tree_ms": timed(as_tree, device),

@@ -8,7 +8,8 @@ what verification decides. Tensors and static sizes only; no module, no kernel, 
   DraftTree    N rows per sequence over a lattice (row 0 the anchor), each after its parent;
   Proposal     the rows a step asks the target to verify (a chain or a tree), with their slots and visibility;
   Verdict      what acceptance kept: the accepted count, the path's rows and the tokens to commit;
-  Prompted     one request to an engine: its prompt tokens, its token budget and stop tokens;
+  Sampling     how a request's tokens are drawn (temperature, top_p, top_k, seed);
+  Prompted     one request to an engine: its prompt tokens, its token budget, stop tokens and sampling;
   Generation   what the engine made of it: the output tokens, times, tokens committed per target pass.
 """
 
@@ -210,6 +211,31 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How a request's tokens are drawn (kernels/sample): temperature 0 is greedy; top_k 0 keeps every token;
+    top_p 1 keeps the whole distribution; the seed fixes the draws (the same seed, the same output)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be at least 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be at least 0, got {self.top_k}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in 0..2**32 - 1, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
 class Prompted:
     """One request to an engine (Engine.generate takes a list): greedy decoding of up to max_new_tokens after
     prompt, cut after the first stop token."""
@@ -217,6 +243,11 @@ class Prompted:
     prompt: list[int]
     max_new_tokens: int
     stop_ids: tuple[int, ...] = ()
+    sampling: Sampling | None = None  # None: greedy
+
+    @property
+    def samples(self) -> bool:
+        return self.sampling is not None and not self.sampling.greedy
 
     def cut(self, tokens: list[int]) -> list[int]:
         """tokens up to and including the first stop token, at most max_new_tokens (a step may commit past

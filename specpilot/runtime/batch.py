@@ -19,7 +19,6 @@ from specpilot.core.contracts import Forward, Generation, Prompted
 from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.models.dense import Mode
-from specpilot.runtime.faults import distort
 from specpilot.runtime.scheduler import Scheduler
 
 CHUNK = 256  # prompt tokens prefilled a step, over all slots
@@ -63,6 +62,7 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
     for rid, r in enumerate(requests):
         sched.submit(rid, len(r.prompt), arrivals[rid] if arrivals else 0)
     live = [_Live(r) for r in requests]
+    engine.sample_as(requests)
     if spec:
         engine.state.ctx_count.zero_()
     while not sched.finished:
@@ -70,6 +70,8 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
         for rid in work.admitted:
             slot = sched.requests[rid].slot
             engine.pos[slot] = len(requests[rid].prompt)  # parked past its prompt until the prefill is done
+            s = requests[rid].sampling if requests[rid].samples else None
+            engine.sampler.set(slot, *((s.temperature, s.top_p, s.top_k, s.seed) if s else (0.0, 1.0, 0, 0)))
             live[rid].admitted = time.perf_counter()
         for slot, rid, first, end in work.prefill:
             if _prefill(engine, slot, requests[rid].prompt, first, end, spec):
@@ -95,7 +97,7 @@ def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: b
             engine.draft.prefill(hidden, first, slot)
     if end < len(prompt):
         return False
-    engine.token[slot] = distort(logits[0, -1], engine.fault).argmax(-1)
+    engine.token[slot] = engine._first_token(logits, len(prompt), slot)
     engine.pos[slot] = len(prompt)
     if spec:
         engine.state.ctx_count[slot] = 0

@@ -17,11 +17,12 @@ import torch
 
 from specpilot.config import System, parse_system
 from specpilot.config.plan import KernelPlan
-from specpilot.core.contracts import Forward, Generation, Prompted
+from specpilot.core.contracts import Forward, Generation, Prompted, Sampling
 from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.kernels.dispatch import fix_triton_interpreter, interpreting
 from specpilot.kernels.greedy import greedy_advance
+from specpilot.kernels.sample import SamplerRows, pick
 from specpilot.kernels.tuning import store as tuning_store
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
@@ -100,6 +101,8 @@ class Engine:
         self.token = torch.zeros(slots, dtype=torch.int64, device=self.device)
         # which slots hold a decoding request (batches only: a parked slot's position and context stay put)
         self.live = torch.zeros(slots, dtype=torch.int64, device=self.device) if slots > 1 else None
+        self.sampler = SamplerRows.zeros(slots, self.device)  # each slot's sampling (its request's)
+        self.sampling = False  # whether the steps sample (sample_as)
         self._ar = StepGraph(self._ar_step, self.use_graphs)
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
@@ -146,7 +149,8 @@ class Engine:
         self.state = SpecState(token=self.token, pos=self.pos,
                                ctx_feats=torch.zeros(n, paths, feats, dtype=dtype, device=dev),
                                ctx_count=torch.zeros(n, dtype=torch.int64, device=dev),
-                               out=torch.zeros(n, 1 + paths, dtype=torch.int64, device=dev), live=self.live)
+                               out=torch.zeros(n, 1 + paths, dtype=torch.int64, device=dev), live=self.live,
+                               sampler=self.sampler)
         self.rows = 2 * rows if tlv else rows  # slots a step writes past pos
         args = (self.target, self.draft, self.cache, self.state, self.plan, self.fault, self.builder, self.forward)
         self.spec = TwoLevelStep(*args, rows=rows, path=self.block) if tlv else SpecStep(*args)
@@ -187,7 +191,11 @@ class Engine:
     def _ar_step(self) -> None:
         logits, _ = self.forward(self.token[None], Forward.consecutive(self.pos[None]), self.cache, Mode.DECODE,
                                  self.plan)
-        greedy_advance(distort(logits[0, -1], self.fault), self.token, self.pos, self.plan)
+        if self.sampling:  # the next token sits one past the row's position
+            self.token.copy_(pick(distort(logits[:, -1:], self.fault), self.pos[:, None] + 1, self.sampler)[:, 0])
+            self.pos.add_(1)
+        else:
+            greedy_advance(distort(logits[0, -1], self.fault), self.token, self.pos, self.plan)
         self.pad()
 
     def _ar_rows(self) -> None:
@@ -195,7 +203,9 @@ class Engine:
         and position."""
         logits, _ = self.forward(self.token[:, None], Forward.consecutive(self.pos[:, None]), self.cache,
                                  Mode.DECODE, self.plan)
-        self.token.copy_(torch.where(self.live.bool(), distort(logits[:, -1], self.fault).argmax(-1), self.token))
+        logits = distort(logits[:, -1:], self.fault)
+        nxt = pick(logits, self.pos[:, None] + 1, self.sampler)[:, 0] if self.sampling else logits[:, 0].argmax(-1)
+        self.token.copy_(torch.where(self.live.bool(), nxt, self.token))
         self.pos.add_(self.live)
 
     def _spec_step(self) -> None:
@@ -227,10 +237,31 @@ class Engine:
         layers = self.spec.hidden_layers if with_hidden else ()
         logits, hidden = self.forward(ids, Forward.consecutive(positions), self.cache, Mode.PREFILL, self.plan,
                                       layers)
-        self.token.copy_(distort(logits[0, -1], self.fault).argmax(-1))
+        self.token.copy_(self._first_token(logits, len(prompt)))
         # seam[first-token]: the prefill's token is in self.token (its logits in `logits`)
         self.pos.fill_(len(prompt))
         return hidden
+
+    def _first_token(self, logits: torch.Tensor, n: int, row: int = 0) -> torch.Tensor:
+        """The token after a prompt of n tokens, from its prefill's last logits (row: the request's slot)."""
+        last = distort(logits[:, -1:], self.fault)
+        if not self.sampling:
+            return last[0, 0].argmax(-1)
+        one = SamplerRows(*(t[row : row + 1] for t in (self.sampler.temperature, self.sampler.top_p,
+                                                       self.sampler.top_k, self.sampler.seed)))
+        return pick(last, torch.full((1, 1), n, dtype=torch.int64, device=last.device), one)[0, 0]
+
+    def sample_as(self, requests: list[Prompted]) -> None:
+        """Steps that sample where any request samples, that take the argmax where none does (static: a change
+        recaptures the step graphs)."""
+        on = any(r.samples for r in requests)
+        if on != self.sampling:
+            self.sampling = on
+            if self.block:
+                self.spec.sampling = on
+            for graph in (self._ar, getattr(self, "_spec", None)):
+                if isinstance(graph, StepGraph):
+                    graph.graph = None
 
     def _lookahead(self, result: torch.Tensor) -> Lookahead:
         key = id(result)
@@ -320,12 +351,19 @@ class Engine:
             from specpilot.runtime.batch import run_batch
 
             return run_batch(self, requests, base, arrivals)
-        return [self._generate(r.prompt, r.max_new_tokens, r.stop_ids, base) for r in requests]
+        gens = []
+        for r in requests:
+            self.sample_as([r])
+            if r.samples:
+                s = r.sampling
+                self.sampler.set(0, s.temperature, s.top_p, s.top_k, s.seed)
+            gens.append(self._generate(r.prompt, r.max_new_tokens, r.stop_ids, base))
+        return gens
 
     def generate_one(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),
-                     base: str | None = None) -> Generation:
+                     base: str | None = None, sampling: Sampling | None = None) -> Generation:
         """generate() of one request (scripts and tests)."""
-        return self.generate([Prompted(prompt, max_new_tokens, tuple(stop_ids))], base)[0]
+        return self.generate([Prompted(prompt, max_new_tokens, tuple(stop_ids), sampling)], base)[0]
 
     def _generate(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...],
                   base: str | None) -> Generation:

@@ -1,10 +1,11 @@
 """Acceptance of a verified proposal: the verdict.
 
-Greedy: accept the longest path of drafts that equals the target's argmax, plus one bonus token. On a chain
-the path is a prefix; in a tree, a node is accepted when its token is the target's argmax at its parent and
-its parent is accepted (siblings never share a token, so the accepted nodes form one path from the root).
-Everything stays on the device (no host sync), so a step can run inside a CUDA
-graph. A sampling acceptor would take the same inputs plus the drafter's probabilities and return a Verdict.
+Accept the longest path of drafts that equals the target's predicted tokens, plus one bonus token: its argmax
+(greedy), or its sampled token (kernels/sample: the draws AR would make at the same positions, so that a sampled
+run is AR's sampled run). On a chain the path is a prefix; in a tree, a node is accepted when its token is the
+target's predicted token at its parent and its parent is accepted (siblings never share a token, so the
+accepted nodes form one path from the root). Everything stays on the device (no host sync), so a step can run
+inside a CUDA graph.
 """
 
 from __future__ import annotations
@@ -15,19 +16,23 @@ from specpilot.core.contracts import Proposal, Verdict
 
 
 def accept_greedy(proposal: Proposal, logits: torch.Tensor) -> Verdict:
-    """logits [B, R, V] of the proposal's rows. On a chain the accepted drafts equal the target's argmax by
-    definition, so the committed tokens are the argmax of rows 0..accepted (the last is the bonus)."""
+    """logits [B, R, V] of the proposal's rows: the walk along the target's argmax."""
+    return accept_predicted(proposal, logits.argmax(-1))
+
+
+def accept_predicted(proposal: Proposal, predicted: torch.Tensor) -> Verdict:
+    """predicted [B, R]: the target's token after each row (its argmax, or its sample: kernels/sample). On a
+    chain the accepted drafts equal the predicted tokens by definition, so the committed tokens are those of rows
+    0..accepted (the last is the bonus)."""
     if not proposal.chain:
-        return accept_tree(proposal, logits)
-    predicted = logits.argmax(-1)  # [B, R]
+        return accept_tree(proposal, predicted)
     matches = (proposal.drafts == predicted[:, :-1]).to(torch.int64)
     return Verdict(accepted=matches.cumprod(1).sum(1), path=proposal.index.expand_as(predicted), tokens=predicted)
 
 
-def accept_tree(proposal: Proposal, logits: torch.Tensor) -> Verdict:
-    """The walk from the root along the target's argmax, as tensor ops over all rows at once: a row is on the
-    accepted path iff every row it sees (itself and its ancestors) drafted its parent's argmax."""
-    predicted = logits.argmax(-1)  # [B, R]
+def accept_tree(proposal: Proposal, predicted: torch.Tensor) -> Verdict:
+    """The walk from the root along the predicted tokens, as tensor ops over all rows at once: a row is on the
+    accepted path iff every row it sees (itself and its ancestors) drafted its parent's predicted token."""
     drafted_right = proposal.tokens == predicted.gather(1, proposal.parents.clamp(min=0))
     drafted_right[:, 0] = True  # the root is committed already
     seen = proposal.visibility.tree  # [B, R, R]: ancestors and self

@@ -20,10 +20,11 @@ import torch
 from specpilot.config.plan import KernelPlan
 from specpilot.core.contracts import Proposal, Verdict
 from specpilot.core.regions import region
+from specpilot.kernels.sample import SamplerRows, pick
 from specpilot.models.cache import Cache
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.runtime.faults import distort, force_first_draft
-from specpilot.speculative.accept import accept_greedy
+from specpilot.speculative.accept import accept_greedy, accept_predicted
 from specpilot.speculative.drafter import Drafter
 from specpilot.speculative.proposal import ChainProposer, TreeProposer
 from specpilot.speculative.tree import TreeBuilder
@@ -40,6 +41,7 @@ class SpecState:
     ctx_count: torch.Tensor
     out: torch.Tensor
     live: torch.Tensor | None = None  # [B] 1 where a request decodes (batches): a parked row stays where it is
+    sampler: SamplerRows | None = None  # each row's sampling (read where the step samples: SpecStep.sampling)
 
 
 class SpecStep:
@@ -56,6 +58,7 @@ class SpecStep:
         device = target.device
         self.proposer = ChainProposer(drafter, device) if builder is None else TreeProposer(drafter, device, builder)
         self.hidden_layers = drafter.taps
+        self.sampling = False  # static (a captured step either samples or takes the argmax): the engine sets it
         self.ctx_rows = self.proposer.index  # the rows of the state's ctx_feats
 
     def __call__(self) -> None:
@@ -81,7 +84,11 @@ class SpecStep:
                             self.hidden_layers)
 
     def accept(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
-        verdict = accept_greedy(proposal, distort(logits, self.fault))
+        logits = distort(logits, self.fault)
+        if self.sampling:  # each row's next token sits one position past the row
+            verdict = accept_predicted(proposal, pick(logits, proposal.positions + 1, self.state.sampler))
+        else:
+            verdict = accept_greedy(proposal, logits)
         if self.fault in ("unverified_accept", "rare_unverified"):
             verdict = force_first_draft(verdict, proposal.drafts, self.state.pos if self.fault == "rare_unverified"
                                         else None)
