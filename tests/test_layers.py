@@ -54,6 +54,7 @@ LAYERS = {
     "agents": 4,
     # 5: the `specpilot` command
     "cli": 5,
+    "api": 5,  # the Python API (`from specpilot.api import load`): a deployment loaded, chats answered
 }
 
 # (importing module, imported module) -> why it is not fixed yet

@@ -384,37 +384,39 @@ class Engine:
 
     @torch.inference_mode()
     def steps(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | list[int] = (),
-              base: str | None = None) -> Generator[int, None, Generation]:
+              base: str | None = None, tokens: bool = False) -> Generator[int | list[int], None, Generation]:
         """generate() one step at a time, untimed: the request is checked and the step prepared (graphs
-        captured) now; the generator yields the tokens produced so far after the prefill and after every
-        decode step's host read, and returns the Generation (times 0). Two engines' requests can so advance
-        in lockstep (the controller's timing on a CPU whose speed drifts)."""
+        captured) now; the generator yields the number of tokens produced so far (tokens: the tokens) after the
+        prefill and after every decode step's host read, and returns the Generation (times 0). Two engines'
+        requests can so advance in lockstep (the controller's timing on a CPU whose speed drifts); an answer can
+        be streamed."""
         self.check_request(prompt, max_new_tokens)
         self.requests += 1
         spec = (base or self.system.base) == "stock"
         if spec and self.drafter is None:
             raise UserError("system 'stock' needs a drafter in the deployment")
         self._prepare(self._spec if spec else self._ar)
-        return self._steps(prompt, max_new_tokens, stop_ids, spec)
+        return self._steps(prompt, max_new_tokens, stop_ids, spec, tokens)
 
     @torch.inference_mode()
-    def _steps(self, prompt: list[int], max_new_tokens: int, stop_ids, spec: bool) -> Generator[int, None, Generation]:
+    def _steps(self, prompt: list[int], max_new_tokens: int, stop_ids, spec: bool, tokens: bool = False
+               ) -> Generator[int | list[int], None, Generation]:
         with region("prefill"):
             hidden = self._prefill(prompt, with_hidden=spec)
             if spec:
                 self.draft.prefill(hidden)
                 self.state.ctx_count.zero_()
         first = int(self.token.item())
-        yield 1
+        yield [first] if tokens else 1
         with region("decode"):  # every decode kernel inside a range: the profile links each launch to one
-            out, accepted = yield from self._decode(first, spec, max_new_tokens, set(stop_ids))
+            out, accepted = yield from self._decode(first, spec, max_new_tokens, set(stop_ids), tokens)
         out = Prompted(prompt, max_new_tokens, tuple(stop_ids)).cut(out)
         if accepted:  # the last pass may have committed past a stop or the budget: count what was kept
             accepted[-1] = len(out) - 1 - sum(accepted[:-1])
         return Generation(tokens=out, prefill_s=0.0, decode_s=0.0, accepted=accepted)
 
-    def _decode(self, first: int, spec: bool, max_new_tokens: int, stops: set[int]
-                ) -> Generator[int, None, tuple[list[int], list[int]]]:
+    def _decode(self, first: int, spec: bool, max_new_tokens: int, stops: set[int], tokens: bool = False
+                ) -> Generator[int | list[int], None, tuple[list[int], list[int]]]:
         """The decode loop: one step (graph replay) and one host read per step, `lookahead` steps in flight;
         yields the tokens produced after each read."""
         out, accepted = [first], []
@@ -445,7 +447,7 @@ class Engine:
             if stops.intersection(new):
                 break
             # seam[step]: a step's tokens are read (`out`, k steps; `step`/`result` run the next, `spec` says which)
-            yield len(out)
+            yield list(out) if tokens else len(out)
         return out, accepted
 
 
