@@ -63,6 +63,10 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
         sched.submit(rid, len(r.prompt), arrivals[rid] if arrivals else 0)
     live = [_Live(r) for r in requests]
     engine.sample_as(requests)
+    step = engine._spec if spec else engine._ar_batch
+    engine.live.zero_()  # every slot parked at 0 while the step is captured (its warm-up runs then move nothing)
+    engine.pos.zero_()
+    step.prepare()
     if spec:
         engine.state.ctx_count.zero_()
     while not sched.finished:
@@ -79,7 +83,7 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
                 if live[rid].take([int(engine.token[slot])]):
                     _free(engine, sched, slot, rid)
         if work.decode:
-            _decode(engine, sched, work.decode, live, spec)
+            _decode(engine, step, sched, work.decode, live, spec)
     return [r.generation() for r in live]
 
 
@@ -104,13 +108,14 @@ def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: b
     return True
 
 
-def _decode(engine, sched: Scheduler, rows: dict[int, int], live: list[_Live], spec: bool) -> None:
-    """One step of every slot; the decoding ones (only they move) take their tokens."""
+def _decode(engine, step, sched: Scheduler, rows: dict[int, int], live: list[_Live], spec: bool) -> None:
+    """One step of every slot (a graph replay on CUDA: one graph of all the slots); the decoding ones (only they
+    move) take their tokens."""
     mask = torch.zeros(engine.slots, dtype=torch.int64)
     mask[list(rows)] = 1
     engine.live.copy_(mask)
     with region("decode"):
-        (engine.spec if spec else engine._ar_rows)()
+        step()
         values = (engine.state.out if spec else engine.token).tolist()
     for slot, rid in rows.items():
         new = values[slot][1 : values[slot][0] + 2] if spec else [values[slot]]

@@ -104,6 +104,7 @@ class Engine:
         self.sampler = SamplerRows.zeros(slots, self.device)  # each slot's sampling (its request's)
         self.sampling = False  # whether the steps sample (sample_as)
         self._ar = StepGraph(self._ar_step, self.use_graphs)
+        self._ar_batch = StepGraph(self._ar_rows, self.use_graphs) if slots > 1 else None  # every slot's AR step
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
         self.block = self.rows = self.width = 0  # width: the drafter's lattice candidates per position
@@ -259,7 +260,7 @@ class Engine:
             self.sampling = on
             if self.block:
                 self.spec.sampling = on
-            for graph in (self._ar, getattr(self, "_spec", None)):
+            for graph in (self._ar, self._ar_batch, getattr(self, "_spec", None)):
                 if isinstance(graph, StepGraph):
                     graph.graph = None
 
