@@ -1,0 +1,93 @@
+"""Issue 56's GPU Must: batched AR, stock and best_first at several requests in flight, on the pair or the twin.
+
+    python3 bench/gpu/batch_sweep.py smollm2 [1,8,16,24,32]      (PRESET, the in-flight counts)
+    python3 bench/gpu/batch_sweep.py smollm2-twin 1,8,16
+
+Correctness first: at each count past 1, every system's batched outputs are compared token for token with the
+same system's single-request outputs on the first requests (bf16: a mismatch is reported with its first
+divergence, not hidden). Then the closed loop of `specpilot bench --in-flight N` (bench/harness.run_batched) over
+LIMIT requests per benchmark: each system's output tokens/s and speedup over batched AR. The twin serves a shorter
+context (CONTEXT, default 1024) so that 32 slots of its K/V fit beside its 56 GB on an 80 GB card. Writes
+$OUT/batch_sweep_<preset>.json after every count (a timeout keeps what was measured)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from specpilot.bench.harness import Runner
+from specpilot.bench.run import BenchPlan, bench_report, collect_requests, plan_systems, run_bench
+from specpilot.core.contracts import Prompted
+from specpilot.deployment import load_deployment
+from specpilot.models.pair import build_pair
+
+SYSTEMS = ["stock", "stock:tree=best_first,nodes=32"]
+
+
+def main() -> None:
+    preset = sys.argv[1] if len(sys.argv) > 1 else "smollm2"
+    counts = [int(c) for c in (sys.argv[2] if len(sys.argv) > 2 else "1,8,16,24,32").split(",")]
+    out = Path(os.environ.get("OUT", "/tmp")) / f"batch_sweep_{preset}.json"
+    dep = load_deployment(preset, None)
+    if dep.twin_width > 1:
+        dep = dataclasses.replace(dep, context=int(os.environ.get("CONTEXT", "1024")))
+    limit, max_new = int(os.environ.get("LIMIT", "8")), int(os.environ.get("MAX_NEW", "256"))
+    target, drafter, tok = build_pair(dep)
+    head = {"preset": preset, "context": dep.context, "limit": limit, "max_new_tokens": max_new,
+            "commit": os.environ.get("SPECPILOT_COMMIT"), "rows": []}
+    for n in counts:
+        t0 = time.time()
+        served = dataclasses.replace(dep, regime="batch" if n > 1 else "single", in_flight=n)
+        plan = BenchPlan(served, plan_systems(SYSTEMS), dep.datasets, dep.split, limit, max_new)
+        requests = [r for r in collect_requests(plan)
+                    if len(tok.chat_prompt([{"role": "user", "content": r.turns[0]}])) + max_new + 64 < dep.context]
+        runner = Runner(target, drafter, tok, dep.context, max_engines=3, slots=n)
+        check = _check(runner, plan, requests[: min(n, 8)], max_new) if n > 1 else {}
+        summaries = run_bench(plan, runner, requests)
+        report = bench_report(plan, summaries)
+        row = {"in_flight": n, "requests": len(requests), "seconds": time.time() - t0, "check": check,
+               "systems": {name: {"batch": s.get("batch"), "tau": s["tau"], "mismatch_vs_ar": s["mismatch_vs_ar"],
+                                  "decode_tokens_per_s": s["decode_tokens_per_s"]} for name, s in summaries.items()},
+               "environment": {k: report[k] for k in ("date", "device", "commit", "dirty") if k in report}}
+        head["rows"].append(row)
+        out.write_text(json.dumps(head, indent=1))
+        print(_line(row), flush=True)
+        runner.close()
+
+
+def _check(runner: Runner, plan: BenchPlan, requests, max_new: int) -> dict:
+    """Each system's batched outputs against its single-request outputs on `requests` (first turns)."""
+    from specpilot.runtime.engine import Engine
+
+    eos = tuple(runner.tokenizer.eos_ids)
+    asks = [Prompted(runner.tokenizer.chat_prompt([{"role": "user", "content": r.turns[0]}]), max_new, eos)
+            for r in requests]
+    out = {}
+    for system in plan.systems:
+        batched = runner.engine(system).generate(asks)
+        alone = Engine(runner.target, runner.drafter if system.speculative else None, system,
+                       context=runner.context).generate(asks)
+        diverge = [next((i for i, (a, b) in enumerate(zip(x.tokens, y.tokens, strict=False)) if a != b),
+                        None if len(x.tokens) == len(y.tokens) else min(len(x.tokens), len(y.tokens)))
+                   for x, y in zip(batched, alone, strict=True)]
+        out[system.name] = {"equal": sum(d is None for d in diverge), "of": len(asks),
+                            "first_divergence": [d for d in diverge if d is not None]}
+    return out
+
+
+def _line(row: dict) -> str:
+    parts = [f"{row['in_flight']:>3} in flight ({row['requests']} requests, {row['seconds']:.0f} s):"]
+    for name, s in row["systems"].items():
+        b = s["batch"] or {}
+        rate = b.get("output_tokens_per_s", s["decode_tokens_per_s"])
+        parts.append(f"{name} {rate:.0f} tok/s" + (f" {b['speedup_over_batched_ar']:.2f}x" if b else ""))
+    check = "; ".join(f"{k} {v['equal']}/{v['of']} equal" for k, v in row["check"].items())
+    return " | ".join(parts) + (f" | check: {check}" if check else "")
+
+
+if __name__ == "__main__":
+    main()
