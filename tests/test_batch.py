@@ -73,6 +73,8 @@ def test_a_request_that_does_not_fit_is_refused_before_any_work(pair):
         engine.generate([Prompted([1, 2, 3], 10), Prompted([1] * 90, 10)])
     with pytest.raises(UserError, match="slots"):
         Engine(target, drafter, parse_system("stock"), context=CONTEXT, slots=0)
+    with pytest.raises(UserError, match="generate"):  # the one-request stepping is a single slot's
+        engine.steps([1, 2, 3], 4)
 
 
 def test_no_request_sees_another_rows_cache(pair):

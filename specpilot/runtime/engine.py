@@ -391,6 +391,8 @@ class Engine:
         prefill and after every decode step's host read, and returns the Generation (times 0). Two engines'
         requests can so advance in lockstep (the controller's timing on a CPU whose speed drifts); an answer can
         be streamed."""
+        if self.slots > 1:
+            raise UserError(f"an engine of {self.slots} slots serves its requests together: use generate()")
         self.check_request(prompt, max_new_tokens)
         self.requests += 1
         spec = (base or self.system.base) == "stock"
