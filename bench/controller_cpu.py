@@ -15,8 +15,8 @@ from specpilot.config.env import parse
 from specpilot.controller.compare import REPO, Side, compare
 from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
-from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic
+from specpilot.runtime.pair import build_pair
 
 REPS = 5  # passes per compare, as `specpilot compare` defaults to on a CPU
 

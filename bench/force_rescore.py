@@ -26,8 +26,8 @@ from specpilot.deployment import load_deployment
 from specpilot.forcing.judge import compare, tally
 from specpilot.forcing.outputs import read_kept
 from specpilot.forcing.score import score_output
-from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic
+from specpilot.runtime.pair import build_pair
 
 
 def kept(folder: Path, system: str, max_new: int) -> tuple[dict, dict]:

@@ -27,9 +27,9 @@ from specpilot.deployment import load_deployment
 from specpilot.forcing.outputs import OutputStore, described
 from specpilot.forcing.parallel import pool_for
 from specpilot.forcing.run import EXACT_MODES, ExactTargets, force
-from specpilot.models.pair import build_pair
 from specpilot.results import environment, write_json_atomic
 from specpilot.runtime.faults import FAULTS
+from specpilot.runtime.pair import build_pair
 
 LOSSLESS = ["stock:block_size=2", "stock:block_size=4", "stock:block_size=8", "stock:graphs=false", "stock:gemv=true",
             "stock:tree=best_first,nodes=32", "stock:tree=eagle2,nodes=16", "stock:tree=ddtree,nodes=24",

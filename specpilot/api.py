@@ -34,8 +34,8 @@ class LLM:
     """A deployment's target (+ drafter), tokenizer and one engine of its system."""
 
     def __init__(self, dep: Deployment, system: str | None = None, in_flight: int | None = None):
-        from specpilot.models.pair import build_pair
         from specpilot.runtime.engine import Engine
+        from specpilot.runtime.pair import build_pair
 
         self.deployment = dep
         name = system or dep.system or ("stock" if dep.drafter is not None else "ar")

@@ -66,7 +66,7 @@ class Deployment:
 
     @property
     def twin(self) -> bool:
-        """Whether the models served are the widened twin of the ones named (models/pair.py)."""
+        """Whether the models served are the widened twin of the ones named (runtime/pair.py)."""
         return self.twin_width > 1 or self.twin_depth is not None
 
     def tokenizer_folder(self) -> Path | None:

@@ -17,7 +17,7 @@ from specpilot.controller.worker import code_hash
 from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.loop.gate import Gate, TreeGate
-from specpilot.models.pair import build_pair
+from specpilot.runtime.pair import build_pair
 from tests.test_agents_gallery import drop_ref
 
 pytestmark = pytest.mark.slow

@@ -248,7 +248,7 @@ def test_repeated_step_timings_start_from_the_same_state_without_a_new_prefill(s
     from specpilot.ceiling.run import step_seconds
     from specpilot.config.env import parse
     from specpilot.deployment import load_deployment
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     dep = load_deployment("tiny")
     target, drafter, tok = build_pair(dep)

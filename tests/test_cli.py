@@ -15,8 +15,8 @@ from specpilot.deployment import load_deployment
 from specpilot.errors import UserError
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.models.loading import save_drafter, save_target
-from specpilot.models.pair import build_pair
 from specpilot.results import write_json_atomic
+from specpilot.runtime.pair import build_pair
 
 
 def specpilot(*args, cwd=None):

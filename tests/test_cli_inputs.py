@@ -64,7 +64,7 @@ def test_a_deployment_field_of_the_wrong_type_is_named(tmp_path, body, needle):
 def test_random_model_fields_are_typed(tmp_path):
     path = tmp_path / "dep.toml"
     path.write_text(TINY + '[drafter]\nrandom = { layers = "x" }\n')
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     with pytest.raises(UserError, match="random drafter field layers must be an integer"):
         build_pair(load_deployment(None, path))
@@ -223,7 +223,7 @@ OUTPUT_FOLDERS = {  # commands that write a folder at the end of their work, "{o
 def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch, command, where,
                                                                            needle):
     import specpilot.loop.main as loop_main
-    import specpilot.models.pair as pair
+    import specpilot.runtime.pair as pair
 
     def work(*args, **kwargs):
         raise AssertionError("the work started")

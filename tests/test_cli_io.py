@@ -149,7 +149,7 @@ def test_a_plot_is_written_through_a_symlink(tmp_path):
 
 
 def _no_models(monkeypatch):
-    import specpilot.models.pair as pair
+    import specpilot.runtime.pair as pair
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model loaded before the prompt was checked")

@@ -144,8 +144,8 @@ def test_lockstep_answers_as_each_system_alone_and_paces_by_tokens(monkeypatch):
     from specpilot.config.env import parse
     from specpilot.datasets import load_requests
     from specpilot.deployment import load_deployment
-    from specpilot.models.pair import build_pair
     from specpilot.runtime import engine as engine_mod
+    from specpilot.runtime.pair import build_pair
 
     dep = load_deployment("tiny")
     runner = Runner(*build_pair(dep), dep.context)
@@ -247,7 +247,7 @@ def test_tamper_checks_hold_b_to_a_s_own_share_and_repeats():
 def _tiny_runner():
     from specpilot.bench.harness import Runner
     from specpilot.deployment import load_deployment
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     dep = load_deployment("tiny")
     return Runner(*build_pair(dep), dep.context)

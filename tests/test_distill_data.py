@@ -227,7 +227,7 @@ def test_the_prompt_stage_keeps_every_template_family():
     instruction): only exact duplicates may go, so each family keeps its share (the first GPU run lost all its
     function stubs to a first-12-words rule meant for the self-instruct prompts)."""
     from specpilot.deployment import load_deployment
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
     from specpilot.training.corpus import MIX, labelled_prompts
     from specpilot.training.decontaminate import BenchmarkIndex
     from specpilot.training.make_data import DataRecipe, Job

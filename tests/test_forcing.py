@@ -202,7 +202,7 @@ def test_exact_target_is_the_float32_function():
 
     from specpilot.deployment import load_deployment
     from specpilot.forcing.run import exact_target
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     dep = dataclasses.replace(load_deployment("tiny"), dtype="bfloat16", twin_width=2)
     wide, exact = build_pair(dep, with_drafter=False)[0], exact_target(dep)
@@ -255,7 +255,7 @@ def test_float32_ar_beside_the_verdict_answers_the_first_requests_only(monkeypat
     from specpilot.datasets import load_requests
     from specpilot.deployment import load_deployment
     from specpilot.forcing import run
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     dep = load_deployment("tiny")
     target, drafter, tok = build_pair(dep)
@@ -277,7 +277,7 @@ def test_a_foreign_worker_s_records_are_scored_only_on_the_request_s_own_prompts
     from specpilot.deployment import load_deployment
     from specpilot.errors import UserError
     from specpilot.forcing.run import checked
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     dep = load_deployment("tiny")
     target, drafter, tok = build_pair(dep)
@@ -381,7 +381,7 @@ def test_the_report_says_where_the_candidate_s_outputs_equal_the_reference_s():
     from specpilot.datasets import load_requests
     from specpilot.deployment import load_deployment
     from specpilot.forcing.run import force
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     dep = load_deployment("tiny")
     target, drafter, tok = build_pair(dep)

@@ -13,7 +13,7 @@ from specpilot.forcing import parallel
 from specpilot.forcing.outputs import OutputStore, described
 from specpilot.forcing.parallel import pool_for
 from specpilot.forcing.run import force
-from specpilot.models.pair import build_pair
+from specpilot.runtime.pair import build_pair
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ LAYERS = {
     "weights": 1,
     "w12": 1,
     "models": 1,
-    "deployment": 1,  # builds the models it names (models/config.py); models/pair.py builds a deployment's pair
+    "deployment": 1,  # names the models (models/config.py); runtime/pair.py builds them
     "presets": 1,  # no code: the deployments' TOML files, read by deployment.py
     "fixtures": 1,  # random models (the tiny preset, training's fresh drafter, tests); stand-in agents import nothing
     # 2: the step and the engine that runs it

@@ -240,7 +240,7 @@ def test_a_faster_but_lossy_candidate_is_rejected_by_forcing(monkeypatch):
     import specpilot.loop.gate as gate_mod
     from specpilot.bench.harness import Runner
     from specpilot.datasets import load_requests
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     card = {"decision": {"verdict": "promote", "reason": "planted", "gain": 1.5, "lower": 1.4, "upper": 1.6,
                          "noise": 0.01, "bar": 1.03, "requests": 4},

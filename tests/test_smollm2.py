@@ -51,7 +51,7 @@ def test_committed_drafter_through_the_preset(smol):
     """The `smollm2` preset: the committed trained drafter loads against the real target, stays lossless
     in float32, and accepts drafts (a random drafter almost never does)."""
     from specpilot.deployment import load_deployment
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     dep = load_deployment("smollm2", None)
     target, drafter, tok = build_pair(dep, with_drafter=True)
@@ -66,7 +66,7 @@ def test_committed_drafter_through_the_preset(smol):
 
 def test_smollm2_is_fetched_on_first_use_only(tmp_path, monkeypatch):
     import specpilot.models.smollm2 as smollm2
-    from specpilot.models.pair import fetch_if_known
+    from specpilot.runtime.pair import fetch_if_known
 
     calls = []
     monkeypatch.setenv("SPECPILOT_MODELS", str(tmp_path))
@@ -87,7 +87,7 @@ def test_every_tree_builder_on_the_real_pair(smol):
     as many as the stock chain."""
     from specpilot.config import parse_system
     from specpilot.deployment import load_deployment
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     target, drafter, tok = build_pair(load_deployment("smollm2", None), with_drafter=True)
     prompt = tok.chat_prompt([{"role": "user", "content": "Write a Python function that reverses a list."}])

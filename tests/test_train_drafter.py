@@ -145,7 +145,7 @@ def test_train_drafter_command_and_resume(tmp_path):
 def test_other_seeds_never_train_on_the_held_out_prompts():
     """The distill job's split: the held-out prompts are the same draw whatever the seed, and no seed's
     training prompts (first or second turns) hold one of them."""
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
     from specpilot.training.make_data import DataRecipe, Job
 
     target, _, tok = build_pair(load_deployment("tiny"), with_drafter=False)

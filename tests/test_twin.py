@@ -105,7 +105,7 @@ width = 2
 
 def test_deployment_twin_section_serves_the_widened_pair(tmp_path):
     from specpilot.deployment import load_deployment
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     (tmp_path / "twin.toml").write_text(TWIN_TOML)
     (tmp_path / "small.toml").write_text(TWIN_TOML.replace("[twin]\nwidth = 2\n", ""))
@@ -128,7 +128,7 @@ def test_deployment_twin_section_serves_the_widened_pair(tmp_path):
 def test_deployment_twin_section_errors(tmp_path, section, message):
     from specpilot.deployment import load_deployment
     from specpilot.errors import UserError
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     (tmp_path / "bad.toml").write_text(TWIN_TOML.replace("[twin]\nwidth = 2\n", section))
     with pytest.raises(UserError, match=message):
@@ -136,7 +136,7 @@ def test_deployment_twin_section_errors(tmp_path, section, message):
 
 
 def test_twin_preset_refuses_a_cpu_without_the_memory(monkeypatch):
-    import specpilot.models.pair as pair
+    import specpilot.runtime.pair as pair
     from specpilot.deployment import load_deployment
     from specpilot.errors import UserError
 

@@ -23,7 +23,7 @@ from specpilot.bench.harness import Runner
 from specpilot.bench.run import BenchPlan, bench_report, collect_requests, plan_systems, run_bench
 from specpilot.core.contracts import Prompted
 from specpilot.deployment import load_deployment
-from specpilot.models.pair import build_pair
+from specpilot.runtime.pair import build_pair
 
 SYSTEMS = ["stock", "stock:tree=best_first,nodes=32"]
 

@@ -12,7 +12,7 @@ from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.forcing.run import ExactTargets
 from specpilot.forcing.score import score_output
-from specpilot.models.pair import build_pair
+from specpilot.runtime.pair import build_pair
 
 
 def timed(what, fn):

@@ -15,7 +15,7 @@ from specpilot.bench.harness import Runner
 from specpilot.datasets import load_requests
 from specpilot.deployment import load_deployment
 from specpilot.forcing.run import ExactTargets, force
-from specpilot.models.pair import build_pair
+from specpilot.runtime.pair import build_pair
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ def main() -> None:
         loop.ceiling("stock")
         runner = loop.runner
     else:
-        from specpilot.models.pair import build_pair
+        from specpilot.runtime.pair import build_pair
 
         target, drafter, tok = build_pair(dep)
         runner = Runner(target, drafter, tok, dep.context, max_engines=8)

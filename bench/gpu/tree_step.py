@@ -23,10 +23,10 @@ from specpilot.config import parse_system
 from specpilot.core.contracts import Forward, Proposal, Visibility
 from specpilot.deployment import load_deployment
 from specpilot.models.dense import Mode
-from specpilot.models.pair import build_pair
 from specpilot.results import environment
 from specpilot.runtime.engine import Engine
 from specpilot.runtime.graphs import replay_ms
+from specpilot.runtime.pair import build_pair
 from specpilot.speculative.accept import accept_tree
 from specpilot.speculative.tree import BUILDERS, TreeBuilder
 

@@ -39,9 +39,9 @@ def one(preset: str, system: str, limit: int, max_new: int) -> dict:
     from specpilot.config import parse_system
     from specpilot.datasets import load_requests
     from specpilot.deployment import load_deployment
-    from specpilot.models.pair import build_pair
     from specpilot.results import system_record
     from specpilot.runtime.engine import Engine
+    from specpilot.runtime.pair import build_pair
 
     dep = load_deployment(preset=preset)
     target, _, tok = build_pair(dep, with_drafter=False)

@@ -165,7 +165,7 @@ def _inspected_target(checkpoint: Path | None, dep):
     """The target to inspect, its weights at the dtypes they are stored in, and where they come from: the
     checkpoint folder's resolved path, or (a seeded random model: nothing stored) the preset's model in BF16."""
     from specpilot.models.loading import load_target
-    from specpilot.models.pair import build_pair, fetch_if_known
+    from specpilot.runtime.pair import build_pair, fetch_if_known
 
     folder = checkpoint if checkpoint is not None else dep.target.path
     if folder is None:

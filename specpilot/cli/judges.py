@@ -86,8 +86,8 @@ def force(
     from specpilot.forcing.parallel import pool_for
     from specpilot.forcing.run import EXACT_AR_REQUESTS, exact_mode, exact_target
     from specpilot.forcing.run import force as run_force
-    from specpilot.models.pair import build_pair
     from specpilot.results import environment, write_json_atomic
+    from specpilot.runtime.pair import build_pair
 
     dep = load_named(preset, deployment)
     parse(candidate), parse(reference)  # bad names fail before any model loads

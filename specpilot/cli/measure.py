@@ -118,7 +118,7 @@ def _speculative_run(systems: list[str], why: str, preset, deployment, dataset, 
     from specpilot.bench.harness import Runner
     from specpilot.bench.run import BenchPlan, collect_requests
     from specpilot.config.env import parse
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     parsed = list({s.name: s for s in map(parse, systems)}.values())  # each system once
     bad = [s.name for s in parsed if not s.speculative]

@@ -84,8 +84,8 @@ def bench(
     """Run systems on a deployment's requests and report tau, speedup over AR, decode rate and mismatch."""
     from specpilot.bench.harness import Runner
     from specpilot.bench.run import BenchPlan, bench_report, collect_requests, plan_systems, run_bench
-    from specpilot.models.pair import build_pair
     from specpilot.results import write_json_atomic
+    from specpilot.runtime.pair import build_pair
 
     dep = load_named(preset, deployment)
     if in_flight is not None:
@@ -142,8 +142,8 @@ def generate(
     step statistics on stderr. Every option of the system applies (graphs and the `gemv` step tuning are warmed
     up first)."""
     from specpilot.config.env import parse
-    from specpilot.models.pair import build_pair
     from specpilot.runtime.engine import Engine
+    from specpilot.runtime.pair import build_pair
 
     prompt = read_prompt(prompt)
     dep = load_named(preset, deployment)

@@ -58,7 +58,7 @@ def distill(
 ) -> None:
     """Distil the deployment's target: prompts (templates and its own self-instruct ones, no benchmark item of
     any split), its greedy answers and second turns, and the dev-half answers for the learning curve."""
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
     from specpilot.training.make_data import DataRecipe, Job
 
     dep = load_named(preset, deployment)
@@ -117,7 +117,7 @@ def train_drafter(
                                                        "data first, recorded beside the new one's figures.")] = None,
 ) -> None:
     """Train a DFlash-style drafter for the deployment's target by self-distillation."""
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
     from specpilot.training.data import DistilledData
     from specpilot.training.make_data import DataRecipe, Job
     from specpilot.training.train_drafter import run_training

@@ -50,7 +50,7 @@ def main() -> None:
     from specpilot.bench.harness import Runner
     from specpilot.config.env import parse
     from specpilot.deployment import load_deployment
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     spec = json.loads(sys.argv[1])
     if spec.get("threads"):  # a fixed set of cores and threads for the whole run (small CPUs)

@@ -175,7 +175,7 @@ def mechanism(runner: Runner, system, records: list[TurnRecord]) -> dict:
 
 def float32_runner(dep: Deployment) -> Runner:
     """The deployment's function in float32 on its device, drafter included (a twin's unwidened pair)."""
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     small = float32_of(dep)
     target, drafter, tok = build_pair(small)

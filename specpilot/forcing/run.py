@@ -113,7 +113,7 @@ def float32_of(dep: Deployment) -> Deployment:
 
 def exact_target(dep: Deployment) -> DenseTarget:
     """The deployment's target function in float32 on its device (float32_of)."""
-    from specpilot.models.pair import build_pair
+    from specpilot.runtime.pair import build_pair
 
     return build_pair(float32_of(dep), with_drafter=False)[0]
 

@@ -184,7 +184,7 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
             **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {})}
 
     def models() -> Runner:
-        from specpilot.models.pair import build_pair
+        from specpilot.runtime.pair import build_pair
 
         target, drafter, tok = build_pair(a.dep)
         return Runner(target, drafter, tok, a.dep.context, max_engines=ENGINES)
