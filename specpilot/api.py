@@ -74,9 +74,7 @@ class LLM:
             raise UserError("stream() serves one request at a time: load the deployment with in_flight=1")
         req = self._request(prompt, max_new_tokens, temperature, top_p, top_k, seed)
         self.engine.sample_as([req])
-        if req.samples:
-            s = req.sampling
-            self.engine.sampler.set(0, s.temperature, s.top_p, s.top_k, s.seed)
+        self.engine.sampler.set(0, req.sampling)
         steps = self.engine.steps(req.prompt, req.max_new_tokens, req.stop_ids, tokens=True)
         said = ""
         while True:

@@ -21,13 +21,18 @@ SYSTEMS = ["ar", "stock", "stock:tree=best_first,nodes=10", "stock:tree=ddtree,n
            "stock:tree=eagle2,nodes=8,tree_k=2", "stock:tree=sequoia,nodes=8"]
 
 
+def tiny_pair(seed: int):
+    """A 2-layer target of VOCAB tokens and a block-4 drafter with a selector (random weights)."""
+    tcfg = tiny_target_config(vocab=VOCAB, num_layers=2, max_position_embeddings=128, num_kv_heads=4)
+    target = random_target(tcfg, seed=seed)
+    drafter = random_drafter(tiny_drafter_config(tcfg, target_layer_ids=[0, 1], block_size=4, selector_rank=8,
+                                                 selector_top_k=4), seed=seed + 1)
+    return target, drafter
+
+
 @pytest.fixture(scope="module")
 def pair():
-    tcfg = tiny_target_config(vocab=VOCAB, num_layers=2, max_position_embeddings=128, num_kv_heads=4)
-    target = random_target(tcfg, seed=11)
-    drafter = random_drafter(tiny_drafter_config(tcfg, target_layer_ids=[0, 1], block_size=4, selector_rank=8,
-                                                 selector_top_k=4), seed=12)
-    return target, drafter
+    return tiny_pair(11)
 
 
 def _requests(seed: int, n: int) -> tuple[list[Prompted], list[int]]:

@@ -14,13 +14,11 @@ import torch
 
 from specpilot.config import parse_system
 from specpilot.core.contracts import Forward, Prompted, Sampling
-from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.kernels.sample import SamplerRows, pick, uniform
 from specpilot.models.dense import Mode
 from specpilot.runtime.engine import Engine
+from tests.test_batch import CONTEXT, VOCAB, tiny_pair
 
-VOCAB = 24
-CONTEXT = 96
 SYSTEMS = ["stock", "stock:tree=best_first,nodes=10", "stock:tree=ddtree,nodes=8", "stock:tree=eagle2,nodes=8,tree_k=2",
            "stock:tree=sequoia,nodes=8"]
 SETTINGS = [Sampling(1.0, 1.0, 0, 7), Sampling(0.7, 0.9, 0, 8), Sampling(1.3, 1.0, 5, 9), Sampling(0.5, 0.8, 3, 10)]
@@ -28,17 +26,13 @@ SETTINGS = [Sampling(1.0, 1.0, 0, 7), Sampling(0.7, 0.9, 0, 8), Sampling(1.3, 1.
 
 @pytest.fixture(scope="module")
 def pair():
-    tcfg = tiny_target_config(vocab=VOCAB, num_layers=2, max_position_embeddings=128, num_kv_heads=4)
-    target = random_target(tcfg, seed=21)
-    drafter = random_drafter(tiny_drafter_config(tcfg, target_layer_ids=[0, 1], block_size=4, selector_rank=8,
-                                                 selector_top_k=4), seed=22)
-    return target, drafter
+    return tiny_pair(21)
 
 
 def _rows(s: Sampling, n: int = 1) -> SamplerRows:
     rows = SamplerRows.zeros(n, "cpu")
     for i in range(n):
-        rows.set(i, s.temperature, s.top_p, s.top_k, s.seed + i)
+        rows.set(i, Sampling(s.temperature, s.top_p, s.top_k, s.seed + i))
     return rows
 
 

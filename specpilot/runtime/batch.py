@@ -74,8 +74,7 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
         for rid in work.admitted:
             slot = sched.requests[rid].slot
             engine.pos[slot] = len(requests[rid].prompt)  # parked past its prompt until the prefill is done
-            s = requests[rid].sampling if requests[rid].samples else None
-            engine.sampler.set(slot, *((s.temperature, s.top_p, s.top_k, s.seed) if s else (0.0, 1.0, 0, 0)))
+            engine.sampler.set(slot, requests[rid].sampling)
             live[rid].admitted = time.perf_counter()
         for slot, rid, first, end in work.prefill:
             if _prefill(engine, slot, requests[rid].prompt, first, end, spec):
@@ -101,7 +100,7 @@ def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: b
             engine.draft.prefill(hidden, first, slot)
     if end < len(prompt):
         return False
-    engine.token[slot] = engine._first_token(logits, len(prompt), slot)
+    engine.token[slot] = engine.first_token(logits, len(prompt), slot)
     engine.pos[slot] = len(prompt)
     if spec:
         engine.state.ctx_count[slot] = 0

@@ -238,19 +238,17 @@ class Engine:
         layers = self.spec.hidden_layers if with_hidden else ()
         logits, hidden = self.forward(ids, Forward.consecutive(positions), self.cache, Mode.PREFILL, self.plan,
                                       layers)
-        self.token.copy_(self._first_token(logits, len(prompt)))
+        self.token.copy_(self.first_token(logits, len(prompt)))
         # seam[first-token]: the prefill's token is in self.token (its logits in `logits`)
         self.pos.fill_(len(prompt))
         return hidden
 
-    def _first_token(self, logits: torch.Tensor, n: int, row: int = 0) -> torch.Tensor:
+    def first_token(self, logits: torch.Tensor, n: int, row: int = 0) -> torch.Tensor:
         """The token after a prompt of n tokens, from its prefill's last logits (row: the request's slot)."""
         last = distort(logits[:, -1:], self.fault)
         if not self.sampling:
             return last[0, 0].argmax(-1)
-        one = SamplerRows(*(t[row : row + 1] for t in (self.sampler.temperature, self.sampler.top_p,
-                                                       self.sampler.top_k, self.sampler.seed)))
-        return pick(last, torch.full((1, 1), n, dtype=torch.int64, device=last.device), one)[0, 0]
+        return pick(last, torch.full((1, 1), n, dtype=torch.int64, device=last.device), self.sampler.row(row))[0, 0]
 
     def sample_as(self, requests: list[Prompted]) -> None:
         """Steps that sample where any request samples, that take the argmax where none does (static: a change
@@ -355,9 +353,7 @@ class Engine:
         gens = []
         for r in requests:
             self.sample_as([r])
-            if r.samples:
-                s = r.sampling
-                self.sampler.set(0, s.temperature, s.top_p, s.top_k, s.seed)
+            self.sampler.set(0, r.sampling)
             gens.append(self._generate(r.prompt, r.max_new_tokens, r.stop_ids, base))
         return gens
 

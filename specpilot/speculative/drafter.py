@@ -78,8 +78,7 @@ class DFlash:
 
     def prefill(self, hidden: torch.Tensor, first: int = 0, slot: int = 0) -> None:
         pos = first + torch.arange(hidden.shape[1], device=hidden.device)[None]
-        cache = self.cache if self.cache[0].k.shape[0] == 1 else self.cache.rows(slot, slot + 1)
-        self.model.write_context(hidden.to(self.dtype), pos, pos, cache, self.plan)
+        self.model.write_context(hidden.to(self.dtype), pos, pos, self.cache.rows(slot, slot + 1), self.plan)
 
     def commit(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor) -> None:
         pos = (first[:, None] + rows).clamp(min=0)

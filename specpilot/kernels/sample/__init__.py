@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specpilot.core.contracts import Sampling
+
 M32 = 0xFFFFFFFF
 
 
@@ -51,8 +53,16 @@ class SamplerRows:
         i = lambda: torch.zeros(rows, dtype=torch.int64, device=device)  # noqa: E731
         return cls(f(), f() + 1.0, i(), i())
 
-    def set(self, row: int, temperature: float, top_p: float, top_k: int, seed: int) -> None:
-        self.temperature[row], self.top_p[row], self.top_k[row], self.seed[row] = temperature, top_p, top_k, seed
+    def set(self, row: int, sampling: Sampling | None) -> None:
+        """Row `row` samples as `sampling` says (None: greedy)."""
+        s = sampling or Sampling()
+        for name in ("temperature", "top_p", "top_k", "seed"):
+            getattr(self, name)[row] = getattr(s, name)
+
+    def row(self, i: int) -> SamplerRows:
+        """Row i alone (views: what is set here is set there)."""
+        return SamplerRows(self.temperature[i : i + 1], self.top_p[i : i + 1], self.top_k[i : i + 1],
+                           self.seed[i : i + 1])
 
 
 def pick(logits: torch.Tensor, positions: torch.Tensor, rows: SamplerRows) -> torch.Tensor:
