@@ -50,13 +50,26 @@ def test_batched_outputs_equal_single_request_outputs(pair, system):
     single = Engine(target, drafter, sys_, context=CONTEXT)
     alone = [single.generate_one(r.prompt, r.max_new_tokens, r.stop_ids) for r in reqs]
     batch = Engine(target, drafter, sys_, context=CONTEXT, slots=3)
+    ran = _count_sizes(batch, sys_.speculative)
     for chunk_run in range(2):  # the second run reuses the engine: nothing of the first leaks into it
         together = batch.generate(reqs, arrivals=arrivals if chunk_run else None)
         for r, a, b in zip(reqs, alone, together, strict=True):
             assert b.tokens == a.tokens, (system, r)
             assert sum(b.accepted) == len(b.tokens) - 1 >= 0
+    assert batch.sizes == (1, 2, 3) and ran[3] and ran[1] + ran[2], ran  # the batch's tail ran fewer slots
     if sys_.speculative:  # the drafts were accepted somewhere (not only the bonus tokens)
         assert any(n > 1 for g in together for n in g.accepted), system
+
+
+def _count_sizes(engine: Engine, spec: bool) -> dict[int, int]:
+    """Counts the steps run at each batch size (the steps run eagerly on the CPU: StepGraph calls its fn)."""
+    ran = dict.fromkeys(engine.sizes, 0)
+    for n, graph in engine.batch_steps(spec).items():
+        def counted(fn=graph.fn, n=n):
+            ran[n] += 1
+            fn()
+        graph.fn = counted
+    return ran
 
 
 def test_chunked_prefill_equals_whole_prefill(pair):

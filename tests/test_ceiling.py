@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specpilot.ceiling.floors import CLASSES, Floor, StepShape, floors, layer_params
+from specpilot.ceiling.floors import CLASSES, Floor, StepShape, ar_batch, floors, layer_params
 from specpilot.ceiling.model import class_table, factors, node_curve, validation, what_if
 from specpilot.ceiling.profile import attribute, classify
 from specpilot.core import regions
@@ -30,6 +30,13 @@ def test_target_floors_by_hand():
     # (4 x 2 layers + 3) norm passes x 3 rows x 8 x 2 B, and AR's argmax reads 3 x 100 logits x 2 B
     assert fl["elementwise"] == Floor(11 * 3 * 8 * 2 + 600, 0)
     assert fl["drafter_gemm"] == fl["tree"] == Floor(0, 0)
+
+
+def test_a_batched_ar_step_reads_the_weights_once_and_each_requests_kv():
+    fl = ar_batch(SMALL, 3, 10)
+    # as three rows of one request, but each row attends its own 10 slots: 3 x 2 layers x (160 + 48) bytes
+    assert fl["attention"] == Floor(3 * 2 * (160 + 48), 3 * 2 * 4 * 10 * 8)
+    assert fl["target_gemm"] == Floor(2304 + 1248, 2 * 3 * 1152) and fl["lm_head"] == Floor(1600 + 600, 4800)
 
 
 def test_drafter_floors_by_hand():

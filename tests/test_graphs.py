@@ -28,7 +28,7 @@ def test_capture_runs_with_garbage_collection_off_and_restores_it(monkeypatch, s
     seen, capturing = [], []
 
     @contextlib.contextmanager
-    def graph(g):
+    def graph(g, pool=None):
         capturing.append(True)
         yield
         capturing.pop()
@@ -43,7 +43,7 @@ def test_capture_runs_with_garbage_collection_off_and_restores_it(monkeypatch, s
 
 
 def test_a_failed_capture_turns_collection_back_on(monkeypatch, streams):
-    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
     runs = []
 
     def fn():

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.runtime.scheduler import Scheduler
+from specpilot.runtime.scheduler import Scheduler, batch_sizes, size_for
 
 requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 30)), min_size=1, max_size=25)
 
@@ -107,3 +107,13 @@ def test_a_request_is_submitted_once_and_finished_once():
     sched.finish(0)
     with pytest.raises(ValueError):
         sched.finish(0)
+
+
+@given(st.integers(1, 300))
+def test_batch_sizes_cover_every_slot_with_the_smallest_size_that_holds_it(slots):
+    sizes = batch_sizes(slots)
+    assert sizes[-1] == slots and list(sizes) == sorted(set(sizes)) and sizes[0] >= 1
+    assert all(b - a <= 8 for a, b in zip(sizes, sizes[1:], strict=False))  # at most 7 idle rows a step
+    for highest in range(slots):
+        n = size_for(highest, sizes)
+        assert n > highest and not any(highest < m < n for m in sizes)

@@ -6,7 +6,8 @@
 Correctness first: at each count past 1, every system's batched outputs are compared token for token with the
 same system's single-request outputs on the first requests (bf16: a mismatch is reported with its first
 divergence, not hidden). Then the closed loop of `specpilot bench --in-flight N` (bench/harness.run_batched) over
-LIMIT requests per benchmark: each system's output tokens/s and speedup over batched AR. The twin serves a shorter
+LIMIT requests per benchmark: each system's output tokens/s and speedup over batched AR. First (issue 56's Goal),
+batched AR's step at each count against the weight-and-K/V read floor (`ar_floor`). The twin serves a shorter
 context (CONTEXT, default 1024) so that 32 slots of its K/V fit beside its 56 GB on an 80 GB card. Writes
 $OUT/batch_sweep_<preset>.json after every count (a timeout keeps what was measured)."""
 
@@ -39,6 +40,8 @@ def main() -> None:
     target, drafter, tok = build_pair(dep)
     head = {"preset": preset, "context": dep.context, "limit": limit, "max_new_tokens": max_new,
             "commit": os.environ.get("SPECPILOT_COMMIT"), "rows": []}
+    head["ar_floor"] = _ar_floor(target, dep.context, [n for n in counts if n > 1])
+    out.write_text(json.dumps(head, indent=1))
     for n in counts:
         t0 = time.time()
         served = dataclasses.replace(dep, regime="batch" if n > 1 else "single", in_flight=n)
@@ -57,6 +60,44 @@ def main() -> None:
         out.write_text(json.dumps(head, indent=1))
         print(_line(row), flush=True)
         runner.close()
+
+
+def _ar_floor(target, context: int, counts: list[int]) -> dict:
+    """Batched AR's captured step at each count (every slot decoding at half the context) against the step's
+    weight-and-K/V read floor at the bandwidth measured here (ceiling/floors.ar_batch, ceiling/machine)."""
+    import torch
+
+    from specpilot.ceiling.floors import ar_batch
+    from specpilot.ceiling.machine import bandwidth
+    from specpilot.config import parse_system
+    from specpilot.runtime.engine import Engine
+    from specpilot.runtime.graphs import StepGraph, median_ms
+
+    if not counts or target.device.type != "cuda":
+        return {}
+    engine = Engine(target, None, parse_system("ar"), context=context, slots=max(counts))
+    position = context // 2
+    bw = bandwidth(target.device)["bytes_s"]
+    rows = []
+    with torch.inference_mode():
+        for n in counts:
+            n = min(s for s in engine.sizes if s >= n)
+            engine.live.fill_(1)
+            engine.pos.fill_(position)
+            graph = StepGraph(engine._ar_batch[n].fn, use_graph=True)
+            graph.prepare()
+            engine.pos.fill_(position)  # each replay moves every slot one on: 50 replays stay near it
+            step_ms = median_ms(graph, 50)
+            fl = ar_batch(target.cfg, n, position + 25, target.embed.weight.element_size())
+            floor_ms = sum(f.bytes for f in fl.values()) / bw * 1e3
+            rows.append({"in_flight": n, "step_ms": step_ms, "floor_ms": floor_ms, "over_floor": step_ms / floor_ms,
+                         "bytes": sum(f.bytes for f in fl.values())})
+            print(f"batched AR, {n} in flight at position {position}: {step_ms:.3f} ms a step, floor {floor_ms:.3f} ms "
+                  f"({step_ms / floor_ms:.2f}x)", flush=True)
+            del graph
+    del engine
+    torch.cuda.empty_cache()
+    return {"position": position, "bandwidth_bytes_s": bw, "rows": rows}
 
 
 def _check(runner: Runner, plan: BenchPlan, requests, max_new: int) -> dict:

@@ -101,6 +101,15 @@ def floors(target: DenseConfig, drafter: DrafterConfig | None, s: StepShape) -> 
     return out
 
 
+def ar_batch(target: DenseConfig, requests: int, context: float, dtype_bytes: int = 2) -> dict[str, Floor]:
+    """One batched AR step of `requests` rows, each attending its own `context` slots: the weights are read once for
+    all of them, each request's K/V for its own row."""
+    out = floors(target, None, StepShape(rows=requests, context=context, dtype_bytes=dtype_bytes))
+    one = _attention(target, 1, context, dtype_bytes)
+    out["attention"] = Floor(requests * one.bytes, requests * one.flops)
+    return out
+
+
 def _io(cfg: DenseConfig) -> int:
     """Activation elements in and out of one layer's projections, per row."""
     h, q, kv, inter = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size

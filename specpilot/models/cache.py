@@ -103,7 +103,12 @@ class Cache:
         return self.layers[0].length
 
     def rows(self, first: int, last: int) -> Cache:
-        return Cache([s.rows(first, last) for s in self.layers])
+        """A view of sequences first..last-1 (a stacked cache's view stays stacked: its commit stays one move)."""
+        stacked = self._stack()
+        if stacked is None:
+            return Cache([s.rows(first, last) for s in self.layers])
+        k, v = (t[:, first:last] for t in stacked)
+        return Cache([AttentionState(0, 0, 0, 0, k.dtype, k.device, (k, v, i)) for i in range(len(self.layers))])
 
     def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False) -> None:
         """Every layer keeps the accepted path (AttentionState.commit), every step; the attention layers of one

@@ -1,12 +1,14 @@
 """Continuous batching on one engine of several slots (Engine(slots=S)): every request holds a cache row from its
 admission to its end; each step prefills prompt chunks (each chunk its own pass on its row) and then runs one
-decode step of every slot at once, AR or speculative, each row at its own position with its own chain or tree.
+decode step of the slots up to the highest decoding one (rounded up to a captured batch size), AR or speculative,
+each row at its own position with its own chain or tree; slots above it do not run.
 
-A slot without a decoding request is parked: it runs the step on whatever it holds, but its position and its
-drafter context do not move (the step's `live` mask), and what it writes lies at or past the position it is
-parked at. A free slot parks at 0; from its admission until its prefill is done it parks at its request's prompt
-length, so the junk of the steps in between lands past the prompt, where the request writes before it reads.
-Outputs are greedy and per row, so each request's tokens are those it gets alone (tests/test_batch.py).
+A slot without a decoding request is parked: where the step runs it, it runs on whatever the slot holds, but its
+position and its drafter context do not move (the step's `live` mask), and what it writes lies at or past the
+position it is parked at. A free slot parks at 0; from its admission until its prefill is done it parks at its
+request's prompt length, so the junk of the steps in between lands past the prompt, where the request writes
+before it reads. Outputs are per row (greedy, or sampled by the row's own seed), so each request's tokens are those
+it gets alone (tests/test_batch.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from specpilot.core.contracts import Forward, Generation, Prompted
 from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.models.dense import Mode
-from specpilot.runtime.scheduler import Scheduler
+from specpilot.runtime.scheduler import Scheduler, size_for
 
 CHUNK = 256  # prompt tokens prefilled a step, over all slots
 
@@ -63,10 +65,11 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
         sched.submit(rid, len(r.prompt), arrivals[rid] if arrivals else 0)
     live = [_Live(r) for r in requests]
     engine.sample_as(requests)
-    step = engine._spec if spec else engine._ar_batch
-    engine.live.zero_()  # every slot parked at 0 while the step is captured (its warm-up runs then move nothing)
+    steps = engine.batch_steps(spec)
+    engine.live.zero_()  # every slot parked at 0 while the steps are captured (their warm-up runs move nothing)
     engine.pos.zero_()
-    step.prepare()
+    for step in steps.values():
+        step.prepare()
     if spec:
         engine.state.ctx_count.zero_()
     while not sched.finished:
@@ -82,7 +85,7 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
                 if live[rid].take([int(engine.token[slot])]):
                     _free(engine, sched, slot, rid)
         if work.decode:
-            _decode(engine, step, sched, work.decode, live, spec)
+            _decode(engine, steps[size_for(max(work.decode), engine.sizes)], sched, work.decode, live, spec)
     return [r.generation() for r in live]
 
 
@@ -108,8 +111,8 @@ def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: b
 
 
 def _decode(engine, step, sched: Scheduler, rows: dict[int, int], live: list[_Live], spec: bool) -> None:
-    """One step of every slot (a graph replay on CUDA: one graph of all the slots); the decoding ones (only they
-    move) take their tokens."""
+    """One step of the slots `step` runs (those up to the highest decoding one, rounded up to a batch size: a
+    graph replay on CUDA); the decoding ones (only they move) take their tokens."""
     mask = torch.zeros(engine.slots, dtype=torch.int64)
     mask[list(rows)] = 1
     engine.live.copy_(mask)

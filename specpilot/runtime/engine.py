@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
+from functools import partial
 
 import torch
 
@@ -29,6 +30,7 @@ from specpilot.models.dflash import DFlashDrafter
 from specpilot.runtime.faults import distort, faulty
 from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
 from specpilot.runtime.padding import Pad
+from specpilot.runtime.scheduler import batch_sizes
 from specpilot.speculative.drafter import DFlash
 from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import SpecState, SpecStep
@@ -104,7 +106,13 @@ class Engine:
         self.sampler = SamplerRows.zeros(slots, self.device)  # each slot's sampling (its request's)
         self.sampling = False  # whether the steps sample (sample_as)
         self._ar = StepGraph(self._ar_step, self.use_graphs)
-        self._ar_batch = StepGraph(self._ar_rows, self.use_graphs) if slots > 1 else None  # every slot's AR step
+        # batches: a step graph per batch size n (runtime/scheduler.batch_sizes), over slots 0..n-1, all of one pool
+        self.sizes = batch_sizes(slots) if slots > 1 else ()
+        pool = torch.cuda.graph_pool_handle() if self.use_graphs and self.sizes else None
+        self._views = {n: (self.cache.rows(0, n), self.sampler.rows(0, n)) for n in self.sizes}
+        self._ar_batch = {n: StepGraph(partial(self._ar_rows, n), self.use_graphs, pool) for n in self.sizes}
+        self._spec_batch: dict[int, StepGraph] = {}
+        self._pool = pool
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
         self.block = self.rows = self.width = 0  # width: the drafter's lattice candidates per position
@@ -154,8 +162,14 @@ class Engine:
                                sampler=self.sampler)
         self.rows = 2 * rows if tlv else rows  # slots a step writes past pos
         args = (self.target, self.draft, self.cache, self.state, self.plan, self.fault, self.builder, self.forward)
-        self.spec = TwoLevelStep(*args, rows=rows, path=self.block) if tlv else SpecStep(*args)
+        make = (lambda *a: TwoLevelStep(*a, rows=rows, path=self.block)) if tlv else SpecStep
+        self.spec = make(*args)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
+        self._spec_steps = {n: self.spec if n == self.slots else
+                            make(self.target, self.draft.rows(0, n), self._views[n][0], self.state.rows(n), *args[4:])
+                            for n in self.sizes}
+        self._spec_batch = {n: StepGraph(partial(self._spec_rows, n), self.use_graphs, self._pool)
+                            for n in self.sizes}
         # results record what ran: the drafter's block, not "0"
         self.system = self.system.resolving(block_size=self.block, nodes=self.system.get("nodes") or self.block)
 
@@ -199,19 +213,34 @@ class Engine:
             greedy_advance(distort(logits[0, -1], self.fault), self.token, self.pos, self.plan)
         self.pad()
 
-    def _ar_rows(self) -> None:
-        """The AR step of every slot at once (batches): each row at its own position; parked rows keep their token
-        and position."""
-        logits, _ = self.forward(self.token[:, None], Forward.consecutive(self.pos[:, None]), self.cache,
-                                 Mode.DECODE, self.plan)
+    def _ar_rows(self, n: int) -> None:
+        """The AR step of slots 0..n-1 at once (batches): each row at its own position; parked rows keep their
+        token and position."""
+        cache, sampler = self._views[n]
+        token, pos, live = self.token[:n], self.pos[:n], self.live[:n]
+        logits, _ = self.forward(token[:, None], Forward.consecutive(pos[:, None]), cache, Mode.DECODE, self.plan)
         logits = distort(logits[:, -1:], self.fault)
-        nxt = pick(logits, self.pos[:, None] + 1, self.sampler)[:, 0] if self.sampling else logits[:, 0].argmax(-1)
-        self.token.copy_(torch.where(self.live.bool(), nxt, self.token))
-        self.pos.add_(self.live)
+        nxt = pick(logits, pos[:, None] + 1, sampler)[:, 0] if self.sampling else logits[:, 0].argmax(-1)
+        token.copy_(torch.where(live.bool(), nxt, token))
+        pos.add_(live)
+        self.pad()
 
     def _spec_step(self) -> None:
         self.spec()
         self.pad()
+
+    def _spec_rows(self, n: int) -> None:
+        """The speculative step of slots 0..n-1 (batches)."""
+        self._spec_steps[n]()
+        self.pad()
+
+    def batch_steps(self, spec: bool) -> dict[int, StepGraph]:
+        """The step graph of each batch size (slots > 1), AR's or the speculative one."""
+        return self._spec_batch if spec else self._ar_batch
+
+    def _graphs(self) -> list[StepGraph]:
+        return [self._ar, *self._ar_batch.values(), *self._spec_batch.values()] + (
+            [self._spec] if self.block else [])
 
     # ----- a decode state kept for repeated step timings ---------------------------------------------
     def _live(self) -> list[torch.Tensor]:
@@ -257,10 +286,10 @@ class Engine:
         if on != self.sampling:
             self.sampling = on
             if self.block:
-                self.spec.sampling = on
-            for graph in (self._ar, self._ar_batch, getattr(self, "_spec", None)):
-                if isinstance(graph, StepGraph):
-                    graph.graph = None
+                for step in {self.spec, *self._spec_steps.values()}:
+                    step.sampling = on
+            for graph in self._graphs():
+                graph.graph = None
 
     def _lookahead(self, result: torch.Tensor) -> Lookahead:
         key = id(result)
@@ -318,9 +347,8 @@ class Engine:
                     keys, chosen = self.plan.table.record(self._ar_step), self.plan.table.chosen
                     if all(k in chosen for k in keys):
                         tuning_store.save(name, {k: chosen[k] for k in keys}, device)
-        for graph in (self._ar, getattr(self, "_spec", None)):
-            if isinstance(graph, StepGraph):
-                graph.graph = None  # recaptured with the chosen configs
+        for graph in self._graphs():
+            graph.graph = None  # recaptured with the chosen configs
         return report or {"note": "every kernel already had a config chosen in this plan's table"}
 
     def _stored(self, name: str) -> dict | None:

@@ -15,9 +15,12 @@ class StepGraph:
     Capturing runs `fn` twice for warm-up, which advances whatever state it updates, so `prepare()`
     must be called before a request sets its state, never in the middle of one."""
 
-    def __init__(self, fn: Callable[[], None], use_graph: bool):
+    def __init__(self, fn: Callable[[], None], use_graph: bool, pool: tuple | None = None):
+        """pool: a memory pool shared with other graphs (torch.cuda.graph_pool_handle) that never replay at once
+        and read only persistent tensors: their temporaries then take the largest one's memory, not the sum."""
         self.fn = fn
         self.use_graph = use_graph
+        self.pool = pool
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def prepare(self) -> None:
@@ -47,7 +50,7 @@ class StepGraph:
         was = gc.isenabled()
         gc.disable()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.pool):
                 self.fn()
         finally:
             if was:

@@ -13,6 +13,18 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
+def batch_sizes(slots: int) -> tuple[int, ...]:
+    """The batch sizes a step is captured at for an engine of `slots` (1, 2, 4, 8, then every 8, and slots): a step
+    runs the smallest that holds its highest decoding slot, so a half-empty batch does not pay for a full one."""
+    sizes = {n for n in (1, 2, 4) if n < slots} | set(range(8, slots, 8)) | {slots}
+    return tuple(sorted(sizes))
+
+
+def size_for(highest: int, sizes: tuple[int, ...]) -> int:
+    """The smallest of `sizes` that holds slot `highest` (slots are numbered from 0)."""
+    return next(n for n in sizes if n > highest)
+
+
 @dataclass
 class Tracked:
     """A request as the scheduler sees it: rid, prompt length, when it may start (a step count), its slot, how

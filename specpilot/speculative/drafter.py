@@ -9,6 +9,7 @@ drafter.
 
 from __future__ import annotations
 
+import copy
 from typing import Protocol
 
 import torch
@@ -47,6 +48,9 @@ class Drafter(Protocol):
 
     def live(self) -> list[torch.Tensor]:
         """The tensors besides its caches that a step reads (a timing snapshot keeps them)."""
+
+    def rows(self, first: int, last: int) -> Drafter:
+        """The same drafter over its cache rows first..last-1 (views: a batch step over fewer slots)."""
 
 
 class DFlash:
@@ -94,3 +98,8 @@ class DFlash:
 
     def live(self) -> list[torch.Tensor]:
         return []
+
+    def rows(self, first: int, last: int) -> DFlash:
+        view = copy.copy(self)
+        view.cache, view.last = self.cache.rows(first, last), None
+        return view

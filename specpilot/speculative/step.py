@@ -43,6 +43,12 @@ class SpecState:
     live: torch.Tensor | None = None  # [B] 1 where a request decodes (batches): a parked row stays where it is
     sampler: SamplerRows | None = None  # each row's sampling (read where the step samples: SpecStep.sampling)
 
+    def rows(self, n: int) -> SpecState:
+        """The first n rows (views: a batch step over fewer slots moves these)."""
+        return SpecState(self.token[:n], self.pos[:n], self.ctx_feats[:n], self.ctx_count[:n], self.out[:n],
+                         None if self.live is None else self.live[:n],
+                         None if self.sampler is None else self.sampler.rows(0, n))
+
 
 class SpecStep:
     """The stock speculative step of one target and drafter over their caches (see the module docstring)."""

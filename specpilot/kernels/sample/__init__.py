@@ -61,8 +61,12 @@ class SamplerRows:
 
     def row(self, i: int) -> SamplerRows:
         """Row i alone (views: what is set here is set there)."""
-        return SamplerRows(self.temperature[i : i + 1], self.top_p[i : i + 1], self.top_k[i : i + 1],
-                           self.seed[i : i + 1])
+        return self.rows(i, i + 1)
+
+    def rows(self, first: int, last: int) -> SamplerRows:
+        """Rows first..last-1 (views)."""
+        return SamplerRows(self.temperature[first:last], self.top_p[first:last], self.top_k[first:last],
+                           self.seed[first:last])
 
 
 def pick(logits: torch.Tensor, positions: torch.Tensor, rows: SamplerRows) -> torch.Tensor:
