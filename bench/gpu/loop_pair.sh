@@ -3,9 +3,11 @@
 # otherwise) beside a `specpilot bench` sweep of the systems it searches, in one lease, after the SmolLM2 staging.
 # A 600-s loop does not fit one call (10 minutes at most, start-up included), so it runs in its own session
 # (setsid) and the calls watch it:
-#   bash bench/gpu/loop_pair.sh sweep        the bench sweep (~4 min), then the loop started in the background
+#   bash bench/gpu/loop_pair.sh sweep        the bench sweep (~4 min), then the loop started in the background,
+#                                            watched until AFTER s (default 540) from the call's start
 #   bash bench/gpu/loop_pair.sh watch        waits until the loop ends (WAIT s at most), then sends it back
-# Each call sends back what it has: $OUT/sweep.json, $OUT/loop.tgz (the run directory, its report and the log).
+# Give the calls SPECPILOT_COMMIT=<the commit> (the GPU copy's .git may be stale). Each call sends back what it
+# has: $OUT/sweep.json, $OUT/loop.tgz (the run directory, its report and the log).
 # PRESET=smollm2-twin runs the twin instead (its sweep: stock, best_first N = 32/48/64 and ar:gemv=true, LIMIT 1).
 # Then, in the same lease: python3 bench/gpu/gate_suite.py builders faults; python3 bench/gpu/gate_suite.py rounds
 set -uo pipefail
@@ -23,6 +25,8 @@ send_back() {
 
 case "${1:-sweep}" in
 sweep)
+    # the staging's `hold` moves the checkpoints aside: a sweep without them would only wait out AFTER
+    [ -d checkpoints/smollm2-dflash ] || { echo "no checkpoints/: run \`stage_smollm2.py release\` here first"; exit 1; }
     nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
     systems=(--system ar:gemv=true --system stock:tree=best_first,nodes=16 --system stock:tree=best_first,nodes=32
              --system stock:tree=best_first,nodes=48 --system stock:tree=best_first,nodes=64 --system stock:tree=ddtree,nodes=32
@@ -42,7 +46,8 @@ sweep)
     [ -n "${SAMPLE:-}" ] && launch=(python3 bench/gpu/sampled.py "/tmp/o/loop-$preset.samples")
     setsid nohup "${launch[@]}" loop --preset "$preset" --rounds "${ROUNDS:-1}" --budget "${BUDGET:-600}" \
         --run-dir "$run" >"/tmp/o/loop-$preset.log" 2>&1 </dev/null &
-    sleep "${AFTER:-200}"
+    left=$(( ${AFTER:-540} - SECONDS ))  # AFTER: seconds from the call's start (the call's limit is 600)
+    [ "$left" -gt 0 ] && sleep "$left"
     send_back
     ;;
 watch)
