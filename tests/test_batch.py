@@ -64,7 +64,7 @@ def test_batched_outputs_equal_single_request_outputs(pair, system):
 def _count_sizes(engine: Engine, spec: bool) -> dict[int, int]:
     """Counts the steps run at each batch size (the steps run eagerly on the CPU: StepGraph calls its fn)."""
     ran = dict.fromkeys(engine.sizes, 0)
-    for n, graph in engine.batch_steps(spec).items():
+    for (n, _), graph in engine.batch_steps(spec).items():
         def counted(fn=graph.fn, n=n):
             ran[n] += 1
             fn()
@@ -137,3 +137,39 @@ def test_in_flight_below_one_is_one_line(tmp_path):
     bad = tmp_path / "d.toml"
     bad.write_text('regime = "single"\nin_flight = 4\n[target]\nrandom = {}\n')
     assert_one_line_error(specpilot("bench", "--deployment", str(bad)), "in_flight")
+
+
+def test_an_online_batcher_takes_requests_between_steps_and_gives_up_a_cancelled_one_at_once(pair):
+    target, drafter = pair
+    from specpilot.runtime.batch import Batcher
+
+    reqs, _ = _requests(3, 5)
+    single = Engine(target, drafter, parse_system("stock"), context=CONTEXT)
+    alone = [single.generate_one(r.prompt, r.max_new_tokens, r.stop_ids).tokens for r in reqs]
+    batcher = Batcher(Engine(target, drafter, parse_system("stock"), context=CONTEXT, slots=2), kinds=(False,))
+    victim = batcher.submit(Prompted([5, 6, 7], 60))
+    ids, streams, done, slots = {batcher.submit(reqs[0]): 0}, {}, {}, set()
+    for k in range(400):
+        slots.update((rid, slot) for slot, rid in enumerate(batcher.sched.holder) if rid is not None)
+        if k == 3:
+            victim_slot = batcher.sched.requests[victim].slot
+            batcher.cancel(victim)
+            assert victim not in batcher.sched.requests  # nothing of it is kept
+        if 1 <= k <= 4:  # the rest arrive one a step, into a full batch
+            ids[batcher.submit(reqs[k])] = k
+        if not batcher.busy:
+            break
+        for u in batcher.step():
+            assert not (u.rid == victim and k >= 3)  # nothing more for a request given up
+            streams.setdefault(u.rid, []).extend(u.tokens)
+            if u.done:
+                done[u.rid] = u.generation
+    assert not batcher.busy and victim not in done
+    for rid, i in ids.items():
+        assert done[rid].tokens == streams[rid] == alone[i], i  # the stream is the answer, as it is alone
+    assert any((rid, victim_slot) in slots for rid in ids if ids[rid] > 0)  # its slot was taken again
+    assert not batcher.sched.requests  # a long-running batcher keeps no record of what it served
+    with pytest.raises(UserError, match="greedy requests only"):
+        from specpilot.core.contracts import Sampling
+
+        batcher.submit(Prompted([1], 4, (), Sampling(1.0, 1.0, 0, 1)))

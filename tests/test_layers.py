@@ -55,6 +55,7 @@ LAYERS = {
     # 5: the `specpilot` command
     "cli": 5,
     "api": 5,  # the Python API (`from specpilot.api import load`): a deployment loaded, chats answered
+    "serve": 5,  # the OpenAI-compatible server (`specpilot serve`) over the engine
 }
 
 # (importing module, imported module) -> why it is not fixed yet

@@ -117,3 +117,40 @@ def test_batch_sizes_cover_every_slot_with_the_smallest_size_that_holds_it(slots
     for highest in range(slots):
         n = size_for(highest, sizes)
         assert n > highest and not any(highest < m < n for m in sizes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(reqs=requests, slots=st.integers(1, 4), chunk=st.integers(1, 50), gone=st.data())
+def test_a_cancelled_request_leaves_at_once_and_the_others_finish(reqs, slots, chunk, gone):
+    sched = Scheduler(slots, chunk)
+    for rid, (prompt, _, arrival) in enumerate(reqs):
+        sched.submit(rid, prompt, arrival)
+    cancel_at = {rid: gone.draw(st.integers(0, 30)) for rid in range(len(reqs)) if gone.draw(st.booleans())}
+    left = {rid: new for rid, (_, new, _) in enumerate(reqs)}
+    cancelled, holder = set(), {}
+    for step in range(5000):
+        if sched.finished:
+            break
+        for rid, at in cancel_at.items():
+            if at == step and rid not in cancelled and not sched.requests[rid].done:
+                slot = sched.cancel(rid)
+                assert slot == holder.pop(rid, None)  # the slot it held, None where it waited
+                cancelled.add(rid)
+        plan = sched.plan()
+        for rid in plan.admitted:
+            assert rid not in cancelled
+            holder[rid] = sched.requests[rid].slot
+        for slot, rid, _, end in plan.prefill:
+            assert rid not in cancelled and holder[rid] == slot
+            if end == reqs[rid][0]:
+                left[rid] -= 1
+        for slot, rid in plan.decode.items():
+            assert rid not in cancelled and holder[rid] == slot
+            left[rid] -= 1
+        assert len(holder) <= slots and len(set(holder.values())) == len(holder)  # a slot holds one request
+        for rid in [r for r in holder if left[r] <= 0]:
+            sched.finish(rid)
+            del holder[rid]
+    assert sched.finished
+    assert all(left[rid] <= 0 for rid in range(len(reqs)) if rid not in cancelled)
+    assert sched.cancel(0) is None  # done already: nothing to free

@@ -13,7 +13,7 @@ from specpilot.cli.common import app, err
 from specpilot.errors import Interrupted, UserError
 
 __all__ = ["app", "main"]
-for _module in ("run", "measure", "judges", "training", "loop", "inventory"):  # each registers its commands
+for _module in ("run", "serve", "measure", "judges", "training", "loop", "inventory"):  # each registers its commands
     importlib.import_module(f"specpilot.cli.{_module}")
 
 

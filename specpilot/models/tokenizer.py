@@ -27,6 +27,10 @@ class ByteTokenizer:
             ids.append(self.END)
         return ids + [self.ASSISTANT]
 
+    def encode(self, text: str) -> list[int]:
+        """Raw text (a completion's prompt, no chat template)."""
+        return [self.BOS, *text.encode("utf-8")]
+
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
@@ -51,6 +55,10 @@ class HFTokenizer:
         text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                             enable_thinking=self.enable_thinking)
         return self.tok.encode(text, add_special_tokens=False)
+
+    def encode(self, text: str) -> list[int]:
+        """Raw text (a completion's prompt, no chat template), with the tokenizer's own special tokens."""
+        return self.tok.encode(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

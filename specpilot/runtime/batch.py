@@ -14,6 +14,7 @@ it gets alone (tests/test_batch.py).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -48,48 +49,125 @@ class _Live:
                           accepted=accepted)
 
 
-@torch.inference_mode()
+@dataclass
+class Update:
+    """What one step gave a request: its new tokens (the prefill's first, or a pass's), and whether it is done
+    (then its Generation)."""
+
+    rid: int
+    tokens: list[int]
+    done: bool = False
+    generation: Generation | None = None
+
+
+class Batcher:
+    """Continuous batching online: requests are submitted and cancelled between steps (by the thread that owns the
+    engine); each `step()` runs one scheduler plan and says what each request got. The step graphs of each kind
+    needed (greedy; sampling, where any decoding row samples) are captured when the batcher is made, all slots
+    parked (a capture's warm-up runs would move a decoding row)."""
+
+    def __init__(self, engine, base: str | None = None, chunk: int = CHUNK, kinds: tuple[bool, ...] = (False, True),
+                 in_flight: int | None = None):
+        """kinds: the step kinds to capture (False greedy, True sampling); a request of a kind not captured is
+        refused at submit. in_flight: requests at once, at most the engine's slots (default all of them)."""
+        self.engine, self.spec = engine, (base or engine.system.base) == "stock"
+        if self.spec and engine.drafter is None:
+            raise UserError("system 'stock' needs a drafter in the deployment")
+        if engine.slots < 2:
+            raise UserError("a batcher needs an engine of at least 2 slots")
+        if not 1 <= (in_flight or engine.slots) <= engine.slots:
+            raise UserError(f"in_flight must be in 1..{engine.slots} (the engine's slots), got {in_flight}")
+        self.sched = Scheduler(in_flight or engine.slots, chunk)
+        self.live: dict[int, _Live] = {}
+        self.kinds = kinds
+        self._next = 0
+        steps = engine.batch_steps(self.spec)
+        with torch.inference_mode():
+            engine.live.zero_()  # every slot parked at 0 while the steps are captured (warm-ups move nothing)
+            engine.pos.zero_()
+            for (_, sampled), step in steps.items():
+                if sampled in kinds:
+                    step.prepare()
+            if self.spec:
+                engine.state.ctx_count.zero_()
+        self.steps = steps
+        engine.requests += 1
+
+    @property
+    def busy(self) -> bool:
+        """Whether any request submitted is not done."""
+        return not self.sched.finished
+
+    def submit(self, request: Prompted, arrival: int | None = None) -> int:
+        """A request (checked against the engine's context first); its id. arrival: the step it may start at
+        (default: the next)."""
+        self.engine.check_request(request.prompt, request.max_new_tokens)
+        if request.samples not in self.kinds:
+            raise UserError(f"this batcher serves {'sampling' if True in self.kinds else 'greedy'} requests only")
+        rid, self._next = self._next, self._next + 1
+        self.sched.submit(rid, len(request.prompt), self.sched.step if arrival is None else arrival)
+        self.live[rid] = _Live(request)
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """Gives the request up (its client left): its slot is free for the next step."""
+        slot = self.sched.cancel(rid)
+        if slot is not None:
+            self.engine.pos[slot] = 0
+        self.live.pop(rid, None)
+        self.sched.forget(rid)
+
+    @torch.inference_mode()
+    def step(self) -> list[Update]:
+        """One plan: its prompt chunks, then one decode step of the decoding slots."""
+        engine, work, out = self.engine, self.sched.plan(), []
+        for rid in work.admitted:
+            slot, r = self.sched.requests[rid].slot, self.live[rid].request
+            engine.pos[slot] = len(r.prompt)  # parked past its prompt until the prefill is done
+            engine.sampler.set(slot, r.sampling)
+            self.live[rid].admitted = time.perf_counter()
+        for slot, rid, first, end in work.prefill:
+            r = self.live[rid].request
+            if _prefill(engine, slot, r.prompt, first, end, self.spec, r.samples):
+                self.live[rid].first = time.perf_counter()
+                out.append(self._took(rid, slot, [int(engine.token[slot])]))
+        if work.decode:
+            highest, sampled = max(work.decode), any(self.live[r].request.samples for r in work.decode.values())
+            values = _decode(engine, self.steps[size_for(highest, engine.sizes), sampled], work.decode, self.spec)
+            for slot, rid in work.decode.items():
+                self.live[rid].accepted.append(len(values[slot]))
+                out.append(self._took(rid, slot, values[slot]))
+        return out
+
+    def _took(self, rid: int, slot: int, new: list[int]) -> Update:
+        live = self.live[rid]
+        before = len(live.out)
+        if not live.take(new):
+            return Update(rid, new)
+        self.sched.finish(rid)
+        self.sched.forget(rid)
+        self.engine.pos[slot] = 0  # a free slot parks at 0 (what it writes stays in the first rows a step writes)
+        del self.live[rid]
+        gen = live.generation()  # cut at its stop token or budget: a pass may have committed past them
+        return Update(rid, gen.tokens[before:], True, gen)
+
+
 def run_batch(engine, requests: list[Prompted], base: str | None = None, arrivals: list[int] | None = None,
               chunk: int = CHUNK) -> list[Generation]:
     """Each request's Generation (in order); prefill_s runs from its admission to its first token."""
-    spec = (base or engine.system.base) == "stock"
-    if spec and engine.drafter is None:
-        raise UserError("system 'stock' needs a drafter in the deployment")
     if arrivals is not None and len(arrivals) != len(requests):
         raise ValueError("one arrival step per request")
     for r in requests:
         engine.check_request(r.prompt, r.max_new_tokens)
-    engine.requests += 1
-    sched = Scheduler(engine.slots, chunk)
-    for rid, r in enumerate(requests):
-        sched.submit(rid, len(r.prompt), arrivals[rid] if arrivals else 0)
-    live = [_Live(r) for r in requests]
-    engine.sample_as(requests)
-    steps = engine.batch_steps(spec)
-    engine.live.zero_()  # every slot parked at 0 while the steps are captured (their warm-up runs move nothing)
-    engine.pos.zero_()
-    for step in steps.values():
-        step.prepare()
-    if spec:
-        engine.state.ctx_count.zero_()
-    while not sched.finished:
-        work = sched.plan()
-        for rid in work.admitted:
-            slot = sched.requests[rid].slot
-            engine.pos[slot] = len(requests[rid].prompt)  # parked past its prompt until the prefill is done
-            engine.sampler.set(slot, requests[rid].sampling)
-            live[rid].admitted = time.perf_counter()
-        for slot, rid, first, end in work.prefill:
-            if _prefill(engine, slot, requests[rid].prompt, first, end, spec):
-                live[rid].first = time.perf_counter()
-                if live[rid].take([int(engine.token[slot])]):
-                    _free(engine, sched, slot, rid)
-        if work.decode:
-            _decode(engine, steps[size_for(max(work.decode), engine.sizes)], sched, work.decode, live, spec)
-    return [r.generation() for r in live]
+    batcher = Batcher(engine, base, chunk, kinds=tuple(sorted({r.samples for r in requests})))
+    ids = [batcher.submit(r, arrivals[i] if arrivals else 0) for i, r in enumerate(requests)]
+    done: dict[int, Generation] = {}
+    while batcher.busy:
+        done.update((u.rid, u.generation) for u in batcher.step() if u.done)
+    return [done[rid] for rid in ids]
 
 
-def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: bool) -> bool:
+def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: bool, sampled: bool) -> bool:
     """Prompt tokens first..end of the request in `slot`, on its cache row; True when that was the last chunk
     (its first token is then in engine.token[slot] and its position at the prompt's end)."""
     device = engine.device
@@ -103,32 +181,20 @@ def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: b
             engine.draft.prefill(hidden, first, slot)
     if end < len(prompt):
         return False
-    engine.token[slot] = engine.first_token(logits, len(prompt), slot)
+    engine.token[slot] = engine.first_token(logits, len(prompt), slot, sampled)
     engine.pos[slot] = len(prompt)
     if spec:
         engine.state.ctx_count[slot] = 0
     return True
 
 
-def _decode(engine, step, sched: Scheduler, rows: dict[int, int], live: list[_Live], spec: bool) -> None:
+def _decode(engine, step, rows: dict[int, int], spec: bool) -> dict[int, list[int]]:
     """One step of the slots `step` runs (those up to the highest decoding one, rounded up to a batch size: a
-    graph replay on CUDA); the decoding ones (only they move) take their tokens."""
+    graph replay on CUDA); each decoding slot's new tokens (only those slots move)."""
     mask = torch.zeros(engine.slots, dtype=torch.int64)
     mask[list(rows)] = 1
     engine.live.copy_(mask)
     with region("decode"):
         step()
         values = (engine.state.out if spec else engine.token).tolist()
-    for slot, rid in rows.items():
-        new = values[slot][1 : values[slot][0] + 2] if spec else [values[slot]]
-        live[rid].accepted.append(len(new))
-        if live[rid].take(new):
-            _free(engine, sched, slot, rid)
-
-
-def _free(engine, sched: Scheduler, slot: int, rid: int) -> None:
-    """The request is done: its slot parks at position 0 (a finished request may have committed past its budget;
-    the junk a free slot writes stays in the first rows a step writes, inside any context)."""
-    sched.finish(rid)
-    engine.pos[slot] = 0
-
+    return {slot: values[slot][1 : values[slot][0] + 2] if spec else [values[slot]] for slot in rows}

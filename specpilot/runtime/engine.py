@@ -106,12 +106,14 @@ class Engine:
         self.sampler = SamplerRows.zeros(slots, self.device)  # each slot's sampling (its request's)
         self.sampling = False  # whether the steps sample (sample_as)
         self._ar = StepGraph(self._ar_step, self.use_graphs)
-        # batches: a step graph per batch size n (runtime/scheduler.batch_sizes), over slots 0..n-1, all of one pool
+        # batches: a step graph per batch size n (runtime/scheduler.batch_sizes), over slots 0..n-1, and per kind
+        # (greedy, or sampling where any row samples), all of one memory pool
         self.sizes = batch_sizes(slots) if slots > 1 else ()
+        self._variants = [(n, sampled) for n in self.sizes for sampled in (False, True)]
         pool = torch.cuda.graph_pool_handle() if self.use_graphs and self.sizes else None
         self._views = {n: (self.cache.rows(0, n), self.sampler.rows(0, n)) for n in self.sizes}
-        self._ar_batch = {n: StepGraph(partial(self._ar_rows, n), self.use_graphs, pool) for n in self.sizes}
-        self._spec_batch: dict[int, StepGraph] = {}
+        self._ar_batch = {v: StepGraph(partial(self._ar_rows, *v), self.use_graphs, pool) for v in self._variants}
+        self._spec_batch: dict[tuple[int, bool], StepGraph] = {}
         self._pool = pool
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
@@ -165,11 +167,12 @@ class Engine:
         make = (lambda *a: TwoLevelStep(*a, rows=rows, path=self.block)) if tlv else SpecStep
         self.spec = make(*args)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
-        self._spec_steps = {n: self.spec if n == self.slots else
-                            make(self.target, self.draft.rows(0, n), self._views[n][0], self.state.rows(n), *args[4:])
-                            for n in self.sizes}
-        self._spec_batch = {n: StepGraph(partial(self._spec_rows, n), self.use_graphs, self._pool)
-                            for n in self.sizes}
+        self._spec_steps = {(n, sampled): make(self.target, self.draft.rows(0, n), self._views[n][0],
+                                               self.state.rows(n), *args[4:]) for n, sampled in self._variants}
+        for (_, sampled), step in self._spec_steps.items():
+            step.sampling = sampled
+        self._spec_batch = {v: StepGraph(partial(self._spec_rows, v), self.use_graphs, self._pool)
+                            for v in self._variants}
         # results record what ran: the drafter's block, not "0"
         self.system = self.system.resolving(block_size=self.block, nodes=self.system.get("nodes") or self.block)
 
@@ -213,14 +216,14 @@ class Engine:
             greedy_advance(distort(logits[0, -1], self.fault), self.token, self.pos, self.plan)
         self.pad()
 
-    def _ar_rows(self, n: int) -> None:
+    def _ar_rows(self, n: int, sampled: bool) -> None:
         """The AR step of slots 0..n-1 at once (batches): each row at its own position; parked rows keep their
-        token and position."""
+        token and position. sampled: rows sample as their sampler says (temperature 0: the argmax)."""
         cache, sampler = self._views[n]
         token, pos, live = self.token[:n], self.pos[:n], self.live[:n]
         logits, _ = self.forward(token[:, None], Forward.consecutive(pos[:, None]), cache, Mode.DECODE, self.plan)
         logits = distort(logits[:, -1:], self.fault)
-        nxt = pick(logits, pos[:, None] + 1, sampler)[:, 0] if self.sampling else logits[:, 0].argmax(-1)
+        nxt = pick(logits, pos[:, None] + 1, sampler)[:, 0] if sampled else logits[:, 0].argmax(-1)
         token.copy_(torch.where(live.bool(), nxt, token))
         pos.add_(live)
         self.pad()
@@ -229,13 +232,13 @@ class Engine:
         self.spec()
         self.pad()
 
-    def _spec_rows(self, n: int) -> None:
-        """The speculative step of slots 0..n-1 (batches)."""
-        self._spec_steps[n]()
+    def _spec_rows(self, variant: tuple[int, bool]) -> None:
+        """The speculative step of slots 0..n-1 (batches), greedy or sampling."""
+        self._spec_steps[variant]()
         self.pad()
 
-    def batch_steps(self, spec: bool) -> dict[int, StepGraph]:
-        """The step graph of each batch size (slots > 1), AR's or the speculative one."""
+    def batch_steps(self, spec: bool) -> dict[tuple[int, bool], StepGraph]:
+        """The step graph of each (batch size, sampling) (slots > 1), AR's or the speculative one."""
         return self._spec_batch if spec else self._ar_batch
 
     def _graphs(self) -> list[StepGraph]:
@@ -272,10 +275,11 @@ class Engine:
         self.pos.fill_(len(prompt))
         return hidden
 
-    def first_token(self, logits: torch.Tensor, n: int, row: int = 0) -> torch.Tensor:
-        """The token after a prompt of n tokens, from its prefill's last logits (row: the request's slot)."""
+    def first_token(self, logits: torch.Tensor, n: int, row: int = 0, sampled: bool | None = None) -> torch.Tensor:
+        """The token after a prompt of n tokens, from its prefill's last logits (row: the request's slot; sampled:
+        whether it samples, default as the steps do)."""
         last = distort(logits[:, -1:], self.fault)
-        if not self.sampling:
+        if not (self.sampling if sampled is None else sampled):
             return last[0, 0].argmax(-1)
         return pick(last, torch.full((1, 1), n, dtype=torch.int64, device=last.device), self.sampler.row(row))[0, 0]
 
@@ -286,10 +290,10 @@ class Engine:
         if on != self.sampling:
             self.sampling = on
             if self.block:
-                for step in {self.spec, *self._spec_steps.values()}:
-                    step.sampling = on
-            for graph in self._graphs():
-                graph.graph = None
+                self.spec.sampling = on
+            for graph in (self._ar, getattr(self, "_spec", None)):  # (the batches capture each kind apart)
+                if graph is not None:
+                    graph.graph = None
 
     def _lookahead(self, result: torch.Tensor) -> Lookahead:
         key = id(result)

@@ -80,6 +80,22 @@ class Scheduler:
     def finished(self) -> bool:
         return all(r.done for r in self.requests.values())
 
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a slot."""
+        return sum(rid is not None for rid in self.holder)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self.waiting)
+
+    def forget(self, rid: int) -> None:
+        """Drops a done request's record (a server's scheduler would otherwise keep every request it served)."""
+        if not self.requests[rid].done:
+            raise ValueError(f"request {rid} is not done")
+        del self.requests[rid]
+
     def plan(self) -> StepPlan:
         """The next step's work (its prompt chunks, then the decoding slots); the step count moves on."""
         out = StepPlan()
@@ -112,6 +128,19 @@ class Scheduler:
                 del self.waiting[i]
                 return rid
         return None
+
+    def cancel(self, rid: int) -> int | None:
+        """The request is given up (its client left): it waits no more, or frees its slot for the next plan. The
+        slot it held, if any (None: it held none, or was done already)."""
+        r = self.requests[rid]
+        if r.done:
+            return None
+        if r.slot is None:
+            self.waiting.remove(rid)
+            r.done = True
+            return None
+        self.finish(rid)
+        return r.slot
 
     def finish(self, rid: int) -> None:
         """The request is done (a stop token, its budget): its slot is free for the next plan."""
