@@ -28,6 +28,16 @@ def environment() -> dict:
     an environment override set (config/env.py)."""
     import torch  # here: the CLI checks its outputs (common.py) before it needs torch
 
+    head = provenance()
+    tail = {key: head.pop(key) for key in ("python", "env_overrides")}  # the device goes before them, as ever
+    cuda = torch.cuda.is_available()
+    return {**head, "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+            "torch": torch.__version__, **tail}
+
+
+def provenance() -> dict:
+    """environment() without the device and torch's version, so without importing torch: for a client that
+    measures a remote server (`specpilot bench serve`), whose device this machine cannot see."""
     from specpilot.config.env import VARIABLE, override_text
 
     root = Path(__file__).resolve().parents[1]
@@ -44,15 +54,12 @@ def environment() -> dict:
         commit, dirty = None, None
     if os.environ.get("SPECPILOT_COMMIT"):  # a copied tree (the GPU machine) may carry a stale .git
         commit, dirty = os.environ["SPECPILOT_COMMIT"], None
-    cuda = torch.cuda.is_available()
     return {
         "schema": SCHEMA,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": commit,
         "dirty": dirty,
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-        "torch": torch.__version__,
         "python": platform.python_version(),
         "env_overrides": {VARIABLE: override_text()} if override_text() else {},
     }

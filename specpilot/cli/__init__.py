@@ -13,7 +13,8 @@ from specpilot.cli.common import app, err
 from specpilot.errors import Interrupted, UserError
 
 __all__ = ["app", "main"]
-for _module in ("run", "serve", "measure", "judges", "training", "loop", "inventory"):  # each registers its commands
+# each registers its commands (bench_serve: under run's `bench` group)
+for _module in ("run", "bench_serve", "serve", "measure", "judges", "training", "loop", "inventory"):
     importlib.import_module(f"specpilot.cli.{_module}")
 
 

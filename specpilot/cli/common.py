@@ -17,13 +17,24 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
 import specpilot
 from specpilot.errors import Interrupted, UserError
 from specpilot.memory.cli import app as memory_app
 from specpilot.results import in_place, open_descriptor
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class _BenchFirst(TyperGroup):
+    """Typer lists every group after every command; `bench` is a group (for `bench serve`) and still the first
+    command `--help` lists."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: name != "bench")  # stable: the others keep their order
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_BenchFirst,
                   help="SpecPilot: lossless speculative decoding, measured and tuned per deployment.")
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark data files.")
 app.add_typer(data_app, name="data")

@@ -60,8 +60,15 @@ def _batch_table(summaries: dict, in_flight: int) -> Table:
     return t
 
 
-@app.command()
+# `bench` is a group so that `bench serve` can live under it; its callback is today's `bench` (run without a
+# subcommand), so every `specpilot bench --preset ...` runs exactly as before.
+bench_app = typer.Typer(add_completion=False, invoke_without_command=True, pretty_exceptions_enable=False)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.callback()
 def bench(
+    ctx: typer.Context,
     preset: Preset = None,
     deployment: DeploymentFile = None,
     system: Annotated[list[str] | None, typer.Option(
@@ -81,7 +88,11 @@ def bench(
                             "each system's output tokens/s and speedup over batched AR). Default: the deployment's "
                             "regime.")] = None,
 ) -> None:
-    """Run systems on a deployment's requests and report tau, speedup over AR, decode rate and mismatch."""
+    """Run systems on a deployment's requests and report tau, speedup over AR, decode rate and mismatch.
+    `specpilot bench serve --url URL` instead loads an OpenAI-compatible server (see its --help)."""
+    if ctx.invoked_subcommand is not None:
+        _no_bench_options(ctx)
+        return
     from specpilot.bench.harness import Runner
     from specpilot.bench.run import BenchPlan, bench_report, collect_requests, plan_systems, run_bench
     from specpilot.results import write_json_atomic
@@ -164,3 +175,12 @@ def generate(
     tau = sum(gen.accepted) / len(gen.accepted) if gen.accepted else float("nan")
     err.print(f"[dim]{sys_.name}: {len(gen.tokens)} tokens, tau {tau:.2f}, prefill {1000 * gen.prefill_s:.1f} ms, "
               f"decode {1000 * gen.decode_s:.1f} ms[/dim]")
+
+
+def _no_bench_options(ctx: typer.Context) -> None:
+    """`bench`'s own options do nothing for a subcommand: say so rather than drop them silently."""
+    sources = {p.opts[0]: ctx.get_parameter_source(p.name) for p in ctx.command.params if p.name}
+    given = [opt for opt, source in sources.items() if source is not None and source.name != "DEFAULT"]
+    if given:
+        raise UserError(f"{', '.join(given)}: options of `specpilot bench` itself, not of `bench "
+                        f"{ctx.invoked_subcommand}`; put the subcommand's options after its name")
