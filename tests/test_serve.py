@@ -243,3 +243,18 @@ def test_the_server_refuses_to_start_in_one_line(tmp_path):
         run = subprocess.run([sys.executable, "-m", "specpilot.cli", "serve", "--port", str(taken.getsockname()[1])],
                              capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "cannot listen on 127.0.0.1" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_bench_serve_loads_this_server_closed_loop_and_open_loop(server, tmp_path):
+    runs = []
+    for mode in (["--concurrency", "1,4"], ["--rate", "50"]):
+        out = tmp_path / "load.json"
+        run = subprocess.run([sys.executable, "-m", "specpilot.cli", "bench", "serve", "--url", server, *mode,
+                              "--max-tokens", "8", "--json", str(out)], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        runs += json.loads(out.read_text())["runs"]
+    assert [r["max_concurrency"] for r in runs[:2]] == [1, 4] and runs[2]["request_rate"] == 50
+    for r in runs:
+        assert r["failed"] == 0 and r["completed"] == r["num_requests"] > 0
+        assert r["accept_length"] >= 1.0 and r["mean_ttft_ms"] > 0  # the server's meta_info was read
+    assert runs[0]["peak_concurrency"] == 1 and runs[1]["peak_concurrency"] <= 4
