@@ -19,7 +19,7 @@ class Metrics:
         r = self.registry
         self.requests = Counter(f"{PREFIX}_requests", "Requests answered, by outcome", ["outcome"], registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of the requests served", registry=r)
-        self.output_tokens = Counter(f"{PREFIX}_output_tokens", "Tokens generated", registry=r)
+        self.output_tokens = Counter(f"{PREFIX}_output_tokens", "Tokens of the requests finished", registry=r)
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "From a request's arrival to its first token",
                               buckets=TTFT_BUCKETS, registry=r)
         self.accept = Histogram(f"{PREFIX}_accept_length", "A request's tokens per target pass (1 for AR)",

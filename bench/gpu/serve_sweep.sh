@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 57's GPU Must: systems served by `specpilot serve` and loaded by `specpilot bench serve`, after the SmolLM2
+# staging (and its release). For each system: the server's answers checked first (greedy: the chat answer of two
+# prompts against `specpilot generate`'s), then the closed loop at CONCURRENCY, the open loop at RATES, and the
+# Python API's batch at 16 in flight (`bench --in-flight 16`, the same requests and budget) for the server's
+# overhead. Writes $OUT/serve_<system>.json, $OUT/serve_open_<system>.json, $OUT/api16_<system>.json.
+#   PRESET=smollm2 SYSTEMS="ar stock stock:tree=best_first,nodes=32" bash bench/gpu/serve_sweep.sh
+# Give it SPECPILOT_COMMIT=<the commit> (the GPU copy's .git may be stale).
+set -uo pipefail
+export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
+python3 bench/gpu/stage_smollm2.py assemble >/dev/null || exit 1
+[ -d checkpoints/smollm2-dflash ] || { echo "no checkpoints/: run \`stage_smollm2.py release\` here first"; exit 1; }
+preset=${PRESET:-smollm2}
+read -r -a systems <<<"${SYSTEMS:-ar stock stock:tree=best_first,nodes=32}"
+data=(--dataset "${DATASET:-gsm8k}" --limit "${LIMIT:-32}")
+tokens=${MAX_TOKENS:-256}
+cli=(python3 -m specpilot.cli)
+nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
+
+for sys in "${systems[@]}"; do
+    tag=${sys//[:,=]/_}
+    log=/tmp/serve_$tag.log
+    "${cli[@]}" serve --preset "$preset" --system "$sys" --port 8000 --max-in-flight 32 >"$log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do grep -q " at http" "$log" && break; kill -0 $pid 2>/dev/null || break; sleep 1; done
+    grep " at http" "$log" || { echo "$sys: the server did not start"; tail -5 "$log"; continue; }
+    # correctness first: the server's greedy answers are the engine's alone (bf16: reported, not hidden)
+    for q in "What is 12 * 7?" "Name the largest planet."; do
+        want=$("${cli[@]}" generate "$q" --preset "$preset" --system "$sys" --max-new-tokens 48 2>/dev/null)
+        got=$(python3 -c "import json,sys,urllib.request as u; r=u.urlopen(u.Request('http://127.0.0.1:8000/v1/chat/completions', json.dumps({'messages':[{'role':'user','content':sys.argv[1]}],'max_tokens':48,'temperature':0}).encode(), {'Content-Type':'application/json'})); print(json.load(r)['choices'][0]['message']['content'])" "$q")
+        [ "$want" == "$got" ] && echo "$sys: '$q' answered as generate does" || echo "$sys: '$q' DIFFERS from generate"
+    done
+    "${cli[@]}" bench serve --url http://127.0.0.1:8000 --concurrency "${CONCURRENCY:-1,8,16,24,32}" "${data[@]}" \
+        --max-tokens "$tokens" --json "$OUT/serve_$tag.json" 2>&1 | tail -n 12
+    "${cli[@]}" bench serve --url http://127.0.0.1:8000 --rate "${RATES:-4,16}" --max-concurrency 32 "${data[@]}" \
+        --max-tokens "$tokens" --json "$OUT/serve_open_$tag.json" 2>&1 | tail -n 8
+    kill -TERM $pid; wait $pid
+    "${cli[@]}" bench --preset "$preset" --system "$sys" --in-flight 16 "${data[@]}" --max-new-tokens "$tokens" \
+        --json "$OUT/api16_$tag.json" 2>&1 | tail -n 6
+done
