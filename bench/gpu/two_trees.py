@@ -123,8 +123,9 @@ class Tree:
 
     def generate(self, name: str):
         engine = self.engines[name]
-        if self.new:
-            return engine.generate_one(self.prompt, NEW)
+        if self.new:  # generate_one since the engine took a list of requests (issue 56); generate(prompt) before
+            one = getattr(engine, "generate_one", engine.generate)
+            return one(self.prompt, NEW)
         from specpilot.runtime.options import parse_system
 
         return engine.generate_one(self.prompt, NEW, (), parse_system("stock" if name == "stock" else "ar"))
