@@ -258,3 +258,47 @@ def test_bench_serve_loads_this_server_closed_loop_and_open_loop(server, tmp_pat
         assert r["failed"] == 0 and r["completed"] == r["num_requests"] > 0
         assert r["accept_length"] >= 1.0 and r["mean_ttft_ms"] > 0  # the server's meta_info was read
     assert runs[0]["peak_concurrency"] == 1 and runs[1]["peak_concurrency"] <= 4
+
+
+def test_a_request_the_engine_refuses_is_answered_alone_and_the_others_go_on(alone):
+    """Past the server's checks (serve/protocol.py) the engine may still refuse a request (serve/worker.py):
+    that request gets its error, the others in flight their own answers."""
+    from specpilot.config import parse_system
+    from specpilot.core.contracts import Prompted
+    from specpilot.deployment import load_deployment
+    from specpilot.errors import UserError
+    from specpilot.runtime.engine import Engine
+    from specpilot.runtime.pair import build_pair
+    from specpilot.serve.worker import EngineWorker, Job
+
+    dep = load_deployment("tiny")
+    target, drafter, tok = build_pair(dep)
+    worker = EngineWorker(Engine(target, drafter, parse_system("stock"), context=dep.context, slots=2), 2, 8)
+    prompts = [tok.encode(p) for p in ("one", "two", "three")]
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        jobs = [Job(Prompted(p, 12, tuple(tok.eos_ids)), loop) for p in prompts]
+        jobs.insert(1, Job(Prompted(prompts[0], dep.context, ()), loop))  # does not fit the context
+        for job in jobs:
+            worker.submit(job)
+        answers = []
+        for job in jobs:
+            out = []
+            while (item := await job.updates.get()) is not None:
+                if isinstance(item, Exception):
+                    out = item
+                    break
+                out += item
+            answers.append(out)
+        return answers
+
+    worker.start()
+    try:
+        answers = asyncio.run(run())
+    finally:
+        worker.stop()
+    assert isinstance(answers[1], UserError) and "does not fit" in str(answers[1])
+    for got, p in zip([answers[0], *answers[2:]], prompts, strict=True):
+        want = alone["stock"].generate_one(p, 12, tok.eos_ids).tokens
+        assert got == want
