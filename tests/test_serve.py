@@ -302,3 +302,51 @@ def test_a_request_the_engine_refuses_is_answered_alone_and_the_others_go_on(alo
     for got, p in zip([answers[0], *answers[2:]], prompts, strict=True):
         want = alone["stock"].generate_one(p, 12, tok.eos_ids).tokens
         assert got == want
+
+
+def test_an_engine_failure_answers_the_requests_in_flight_and_the_worker_serves_on(alone):
+    from specpilot.config import parse_system
+    from specpilot.core.contracts import Prompted
+    from specpilot.deployment import load_deployment
+    from specpilot.runtime.engine import Engine
+    from specpilot.runtime.pair import build_pair
+    from specpilot.serve.worker import EngineWorker, Job
+
+    dep = load_deployment("tiny")
+    target, drafter, tok = build_pair(dep)
+    worker = EngineWorker(Engine(target, drafter, parse_system("stock"), context=dep.context, slots=2), 2, 8)
+    real, calls = worker.batcher.step, []
+
+    def failing_once():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return real()
+
+    worker.batcher.step = failing_once
+
+    async def answer(job):
+        out = []
+        while (item := await job.updates.get()) is not None:
+            if isinstance(item, Exception):
+                return item
+            out += item
+        return out
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        first = [Job(Prompted(tok.encode(p), 40, ()), loop) for p in ("a", "b")]
+        for job in first:
+            worker.submit(job)
+        failed = [await answer(job) for job in first]
+        later = Job(Prompted(tok.encode("c"), 12, tuple(tok.eos_ids)), loop)
+        worker.submit(later)
+        return failed, await answer(later)
+
+    worker.start()
+    try:
+        failed, later = asyncio.run(run())
+    finally:
+        worker.stop()
+    assert all(isinstance(f, RuntimeError) and "boom" in str(f) for f in failed)
+    assert later == alone["stock"].generate_one(tok.encode("c"), 12, tok.eos_ids).tokens

@@ -107,9 +107,18 @@ class EngineWorker:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._take(block=not self.batcher.busy)
-            if self.batcher.busy:
-                self._step()
+            try:
+                self._take(block=not self.batcher.busy)
+                if self.batcher.busy:
+                    self._step()
+            except Exception as exc:  # noqa: BLE001 - a bug here must answer the requests, not hang the server
+                self._fail_all(exc)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for job in self.jobs.values():
+            job.put(RuntimeError(f"the engine failed: {exc}"))
+            self.batcher.cancel(job.rid)
+        self.jobs.clear()
 
     def _take(self, block: bool) -> None:
         """The inbox's requests and cancellations (block: wait for one first)."""
@@ -144,10 +153,7 @@ class EngineWorker:
         try:
             updates = self.batcher.step()
         except Exception as exc:  # noqa: BLE001 - every request in flight is answered, the thread stays up
-            for job in self.jobs.values():
-                job.put(RuntimeError(f"the engine failed: {exc}"))
-                self.batcher.cancel(job.rid)
-            self.jobs.clear()
+            self._fail_all(exc)
             return
         for u in updates:
             job = self.jobs.get(u.rid)
