@@ -1,0 +1,59 @@
+"""Gated DeltaNet (the linear-attention layers of Qwen3.5 / Qwen3-Next): CPU references in `naive.py`.
+
+The recurrence, per value head, state S [Dk, Dv] float32, q and k L2-normalised and q scaled by 1/sqrt(Dk):
+
+    S <- e^{g_t} S;   u_t = beta_t (v_t - S^T k_t);   S <- S + k_t u_t^T;   o_t = S^T q_t
+
+Unrolled from S0 over rows with summed log decay G_t: S_t = e^{G_t} S0 + sum_{j<=t} e^{G_t - G_j} k_j u_j^T, and
+the u solve one unit lower triangular system, (I + A) u = beta v - beta e^G K S0 with
+A[i, j] = beta_i e^{G_i - G_j} k_i.k_j (j < i): the WY/UT chunk form `chunked` runs for prefill.
+
+Trees need no per-node state. Row i of that system involves only the rows it reads, and on a tree a node reads
+exactly its ancestors: replace the causal mask by the ancestor mask and G by the path sum (G_n = G_parent + g_n),
+and every node's u and o are what the token loop gives along its own root..n path (`tree`, checked against
+`tree_by_paths`). Ancestor sets are transitive, so (I + A)^-1 keeps the ancestor sparsity: siblings never mix.
+
+Commit: once the verifier accepts a path (root plus `accepted` drafts), `commit` re-runs the float32 token loop over
+exactly those rows from the committed state, the same operations as the stock decode over the same tokens, so the
+same bits; `chain_snapshots` is the stock alternative that keeps every position's state. The short conv commits the
+last K - 1 inputs along the path (`conv_state_after`). `split3` splits a float32 state exactly into three bf16 parts
+for tensor-core products.
+"""
+
+from specpilot.kernels.gdn.naive import (
+    ancestors,
+    chain_parents,
+    chain_snapshots,
+    check_parents,
+    chunked,
+    commit,
+    conv_chain,
+    conv_state_after,
+    conv_tree,
+    join3,
+    l2norm,
+    recurrent,
+    root_path,
+    split3,
+    tree,
+    tree_by_paths,
+)
+
+__all__ = [
+    "ancestors",
+    "chain_parents",
+    "chain_snapshots",
+    "check_parents",
+    "chunked",
+    "commit",
+    "conv_chain",
+    "conv_state_after",
+    "conv_tree",
+    "join3",
+    "l2norm",
+    "recurrent",
+    "root_path",
+    "split3",
+    "tree",
+    "tree_by_paths",
+]
