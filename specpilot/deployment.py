@@ -17,7 +17,7 @@ import torch
 
 from specpilot.datasets import DATASETS
 from specpilot.errors import UserError
-from specpilot.models.config import DenseConfig, DrafterConfig
+from specpilot.models.config import DenseConfig, DrafterConfig, GDNShape
 
 PRESET_DIR = Path(__file__).parent / "presets"
 REGIMES = ("single", "batch")  # batch: `in_flight` requests at once (continuous batching, runtime/batch.py)
@@ -276,8 +276,15 @@ def _typed(fields: dict[str, Any], annotations: dict[str, str], what: str) -> No
 
 
 def random_target_config(fields: dict[str, Any]) -> DenseConfig:
+    fields = dict(fields)
+    shape = fields.pop("gdn", None)  # a hybrid's Gated DeltaNet shape: a table of GDNShape's fields
     _typed(fields, {f.name: str(f.type) for f in dataclasses.fields(DenseConfig)}, "target")
     try:
+        if shape is not None:
+            if not isinstance(shape, dict):
+                raise TypeError("gdn must be a table {k_heads, v_heads, k_dim, v_dim, conv}")
+            _typed(shape, {f.name: str(f.type) for f in dataclasses.fields(GDNShape)}, "target gdn")
+            fields["gdn"] = GDNShape(**shape)
         cfg = DenseConfig(**fields)
     except TypeError as exc:
         raise UserError(f"deployment: bad random target fields: {exc}") from None

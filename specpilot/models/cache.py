@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.kernels import gdn
+
 
 class AttentionState:
     """One attention layer's K and V, [B, Hkv, L, D]."""
@@ -49,11 +51,13 @@ class AttentionState:
         """A state around K/V tensors [B, Hkv, L, D] that exist already."""
         return cls(0, 0, 0, 0, k.dtype, k.device, (k[None], v[None], 0))
 
-    def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False) -> None:
+    def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False,
+               live: torch.Tensor | None = None) -> None:
         """Keep the accepted path: `path` [B, P] are the verified rows (slot start + r) of the path in order, the
         first accepted [B] + 1 of them kept, to sit at slots start, start + 1, ...; in_place: the path is there
         already (a chain accepts a prefix of its rows, and row r sits at slot start + r), so nothing moves. Rows
-        past the path are overwritten by the next step."""
+        past the path are overwritten by the next step. live: unused (a parked row's moves stay past its
+        position, where its next request writes before it reads)."""
         if not in_place:
             move_rows((self.k[None], self.v[None]), path, start)
 
@@ -69,7 +73,57 @@ def move_rows(tensors: tuple[torch.Tensor, ...], rows: torch.Tensor, start: torc
         t.scatter_(3, dest, t.gather(3, index))
 
 
-STATES = {"attention": AttentionState}
+class GDNState:
+    """One Gated DeltaNet layer's state (models/gdn.py): ssm [B, Hv, Dk, Dv] float32 and the conv's last inputs
+    [B, C, width - 1]. Decode and verify rows leave in `pending` what the commit needs (a chain's state at each
+    row, or a tree's rows' inputs); the commit moves the state to the accepted path's end."""
+
+    kind = "gdn"
+
+    def __init__(self, batch: int, shape, dtype: torch.dtype, device, tensors=None):
+        self.shape = shape
+        if tensors is None:
+            tensors = (torch.zeros(batch, shape.v_heads, shape.k_dim, shape.v_dim, dtype=torch.float32,
+                                   device=device),
+                       torch.zeros(batch, shape.conv_dim, shape.conv - 1, dtype=dtype, device=device))
+        self.ssm, self.conv = tensors
+        self.pending: dict | None = None
+
+    @property
+    def length(self) -> int:
+        return 0  # no slots: a fixed-size state
+
+    def rows(self, first: int, last: int) -> GDNState:
+        return GDNState(0, self.shape, self.conv.dtype, self.conv.device, (self.ssm[first:last], self.conv[first:last]))
+
+    def reset(self) -> None:
+        self.ssm.zero_()
+        self.conv.zero_()
+
+    def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False,
+               live: torch.Tensor | None = None) -> None:
+        """The state after the accepted path (path [B, P]: the verified rows in order; the first accepted + 1
+        kept): a chain's kept state at its last row, a tree's recomputed along the path in float32 (the same
+        sequence of operations as decoding it token by token). live [B]: rows where 0 keep their state (a
+        batch's parked rows)."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        last = path.gather(1, accepted[:, None])[:, 0]  # the kept path's last row
+        if p["chain"]:
+            ssm = p["snapshots"][torch.arange(path.shape[0], device=path.device), last]
+        else:
+            ssm = gdn.commit(p["k"], p["v"], p["g"], p["beta"], self.ssm, path, accepted)
+        conv = gdn.conv_state_after(p["mixed"], self.conv, path, accepted)
+        if live is not None:
+            keep = live.bool()
+            ssm = torch.where(keep[:, None, None, None], ssm, self.ssm)
+            conv = torch.where(keep[:, None, None], conv, self.conv)
+        self.ssm.copy_(ssm)
+        self.conv.copy_(conv)
+
+
+STATES = {"attention": AttentionState, "gdn": GDNState}
 
 
 class Cache:
@@ -80,13 +134,14 @@ class Cache:
 
     @classmethod
     def build(cls, layer_types: list[str], batch: int, length: int, kv_heads: int, head_dim: int,
-              dtype: torch.dtype, device, stacked: bool = True) -> Cache:
+              dtype: torch.dtype, device, stacked: bool = True, gdn_shape=None) -> Cache:
         """stacked: the attention layers' K (and V) are views of one tensor [layers, B, Hkv, L, D], the layout the
         engine had before its cache was per layer (on the H200 8B, separate tensors made the cuBLAS AR step 1.9%
         slower: bench/results/2026-12-02_two_trees_dense-8b_*); separate tensors where autograd must see each
         layer's writes apart (drafter training)."""
         if not stacked or set(layer_types) != {"attention"}:
-            return cls([STATES[kind](batch, length, kv_heads, head_dim, dtype, device) for kind in layer_types])
+            return cls([GDNState(batch, gdn_shape, dtype, device) if kind == "gdn" else
+                        AttentionState(batch, length, kv_heads, head_dim, dtype, device) for kind in layer_types])
         shape = (len(layer_types), batch, kv_heads, length, head_dim)
         k, v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
         return cls([AttentionState(batch, length, kv_heads, head_dim, dtype, device, (k, v, i))
@@ -100,7 +155,7 @@ class Cache:
 
     @property
     def length(self) -> int:
-        return self.layers[0].length
+        return max(s.length for s in self.layers)
 
     def rows(self, first: int, last: int) -> Cache:
         """A view of sequences first..last-1 (a stacked cache's view stays stacked: its commit stays one move)."""
@@ -110,7 +165,8 @@ class Cache:
         k, v = (t[:, first:last] for t in stacked)
         return Cache([AttentionState(0, 0, 0, 0, k.dtype, k.device, (k, v, i)) for i in range(len(self.layers))])
 
-    def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False) -> None:
+    def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False,
+               live: torch.Tensor | None = None) -> None:
         """Every layer keeps the accepted path (AttentionState.commit), every step; the attention layers of one
         stacked tensor in one gather and one scatter each for K and V, not one per layer."""
         stacked = None if in_place else self._stack()
@@ -118,7 +174,7 @@ class Cache:
             move_rows(stacked, path, start)
             return
         for state in self.layers:
-            state.commit(path, accepted, start, in_place)
+            state.commit(path, accepted, start, in_place, live)
 
     def _stack(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(K, V) [layers, B, Hkv, L, D] when every layer is a view of one stacked tensor, in order."""

@@ -9,8 +9,33 @@ from typing import Any
 
 from specpilot.errors import UserError
 
-FAMILIES = ("llama", "qwen3")
-LAYER_TYPES = ("attention",)  # what a layer may be (models/dense.LAYERS); Gated DeltaNet comes next
+FAMILIES = ("llama", "qwen3", "qwen3_5")  # qwen3_5: Qwen3.5's text model, a hybrid of attention and Gated DeltaNet
+LAYER_TYPES = ("attention", "gdn")  # what a layer may be (models/dense.LAYERS)
+
+
+@dataclass(frozen=True)
+class GDNShape:
+    """A Gated DeltaNet layer's shape (Qwen3.5's `linear_*` fields): key heads and value heads (a key head serves
+    v_heads / k_heads value heads), their dims, and the width of the short causal conv over q, k and v."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    conv: int = 4
+
+    @property
+    def key_dim(self) -> int:
+        return self.k_heads * self.k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_heads * self.v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The conv's channels: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
 
 
 @dataclass
@@ -36,9 +61,13 @@ class DenseConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     layer_types: list[str] = field(default_factory=list)  # one per layer; empty: every layer is attention
+    # Qwen3.5's attention: an output gate (sigmoid, per channel) and rotary on the first rotary_dim dims only
+    attn_output_gate: bool = False
+    rotary_dim: int = 0  # 0: the whole head
+    gdn: GDNShape | None = None  # the shape of the "gdn" layers
 
     def __post_init__(self) -> None:
-        if self.family == "qwen3":
+        if self.family in ("qwen3", "qwen3_5"):
             self.qk_norm = True  # Qwen3 always normalises q and k per head
 
     @property
@@ -71,6 +100,20 @@ class DenseConfig:
         if unknown:
             raise UserError(f"model config: layer type(s) {', '.join(unknown)} not supported yet "
                             f"(supported: {', '.join(LAYER_TYPES)})")
+        if "gdn" in self.layer_types and self.gdn is None:
+            raise UserError("model config: gdn layers need their shape (linear_num_key_heads, ...)")
+        if self.gdn is not None and (min(self.gdn.k_heads, self.gdn.v_heads, self.gdn.k_dim, self.gdn.v_dim,
+                                         self.gdn.conv) <= 0 or self.gdn.v_heads % self.gdn.k_heads):
+            raise UserError(f"model config: bad gdn shape {self.gdn} (positive sizes; value heads a multiple of "
+                            "key heads)")
+        if not 0 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
+            raise UserError(f"model config: rotary_dim must be even and in 0..{self.head_dim}, got "
+                            f"{self.rotary_dim}")
+
+    @property
+    def rotated(self) -> int:
+        """The head dims rotary turns."""
+        return self.rotary_dim or self.head_dim
 
     def to_hf(self) -> dict[str, Any]:
         """The config.json a Hugging Face loader of this family would accept."""
@@ -125,7 +168,38 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, scaling
 
 
+HF_LAYER_TYPES = {"full_attention": "attention", "linear_attention": "gdn"}  # Qwen3.5's names -> ours
+
+
+def _qwen3_5(raw: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's text model as the fields read below: its layer types, gated attention, partial rotary (its
+    M-RoPE is plain RoPE for text, whose three position rows are equal) and Gated DeltaNet shape."""
+    if raw.get("model_type") == "qwen3_5":  # the multimodal wrapper: its text model
+        raw = {**raw.get("text_config", {}), "tie_word_embeddings": raw.get("tie_word_embeddings", False)}
+    params = raw.get("rope_parameters") or {}
+    heads = int(raw["num_attention_heads"])
+    head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // heads)
+    factor = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25)))
+    kinds = raw.get("layer_types") or ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                                       for i in range(int(raw["num_hidden_layers"]))]
+    if set(kinds) - set(HF_LAYER_TYPES):
+        raise UserError(f"model config: layer types {sorted(set(kinds) - set(HF_LAYER_TYPES))} are not supported")
+    gdn = GDNShape(int(raw.get("linear_num_key_heads", 16)), int(raw.get("linear_num_value_heads", 32)),
+                   int(raw.get("linear_key_head_dim", 128)), int(raw.get("linear_value_head_dim", 128)),
+                   int(raw.get("linear_conv_kernel_dim", 4)))
+    scaling = {k: v for k, v in params.items() if k not in ("partial_rotary_factor", "mrope_section",
+                                                            "mrope_interleaved")}
+    return {**raw, "model_type": "qwen3_5", "rope_parameters": scaling, "layer_types": kinds,
+            "_extra": {"attn_output_gate": True, "rotary_dim": int(head_dim * factor), "gdn": gdn,
+                       "layer_types": [HF_LAYER_TYPES[k] for k in kinds]}}
+
+
 def dense_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> DenseConfig:
+    if raw.get("model_type") in ("qwen3_5", "qwen3_5_text"):
+        try:
+            raw = _qwen3_5(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{source}: missing or invalid field {exc}") from None
     model_type = raw.get("model_type", "llama")
     if model_type not in FAMILIES:
         raise UserError(f"{source}: model_type {model_type!r} is not a supported dense target "
@@ -151,11 +225,12 @@ def dense_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> De
             rope_scaling=scaling,
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_5"),
             attention_bias=bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_list(raw.get("eos_token_id")),
+            **raw.get("_extra", {}),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{source}: missing or invalid field {exc}") from None

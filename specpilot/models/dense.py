@@ -22,6 +22,7 @@ from specpilot.kernels.gemv import gemv_applies, stream_of
 from specpilot.kernels.norm import rms_norm
 from specpilot.models.cache import Cache
 from specpilot.models.config import DenseConfig
+from specpilot.models.gdn import GDNBlock
 from specpilot.models.layers import Attention, RopeTable, SwiGLU, run_layers
 from specpilot.weights import DenseWeight
 
@@ -43,7 +44,7 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.rms_norm_eps)
 
 
-LAYERS = {"attention": Block}  # a layer type -> its module (a recurrent kind joins here)
+LAYERS = {"attention": Block, "gdn": GDNBlock}  # a layer type -> its module
 
 
 class DenseTarget(nn.Module):
@@ -82,7 +83,7 @@ class DenseTarget(nn.Module):
     def new_cache(self, batch: int, length: int, dtype=None, device=None, stacked: bool = True) -> Cache:
         cfg = self.cfg
         return Cache.build(cfg.kinds, batch, length, cfg.num_kv_heads, cfg.head_dim,
-                           dtype or self.embed.weight.dtype, device or self.device, stacked)
+                           dtype or self.embed.weight.dtype, device or self.device, stacked, cfg.gdn)
 
     def forward(self, tokens: torch.Tensor, meta: Forward, cache: Cache, mode: Mode, plan: KernelPlan | None = None,
                 hidden_layers: tuple[int, ...] = (), *, layers: list[int] | None = None, eps: float | None = None,
@@ -102,7 +103,7 @@ class DenseTarget(nn.Module):
         if meta.view != plan.view:
             plan = plan.but(view=meta.view)
         eps = self.cfg.rms_norm_eps if eps is None else eps
-        h, hidden, fused = self._trunk(tokens, meta, cache, hidden_layers, plan, layers, eps)
+        h, hidden, fused = self._trunk(tokens, meta, cache, hidden_layers, plan, layers, eps, mode is Mode.PREFILL)
         if mode is Mode.PREFILL:
             h = stream_of(h)[:, -1:]
         if head is not None:
@@ -113,11 +114,14 @@ class DenseTarget(nn.Module):
             return self.head.project(h, plan, norm_weight=final, eps=eps), hidden
 
     def _trunk(self, tokens, meta: Forward, cache, hidden_layers, plan: KernelPlan, which: list[int] | None,
-               eps: float):
+               eps: float, prefill: bool = True):
         """-> (hidden after the last layer: final-normed, or the raw stream when fused, possibly as a
-        NormedStream for the final norm; taps; fused)."""
+        NormedStream for the final norm; taps; fused). prefill: rows of a prompt (a recurrent layer moves its
+        state past them; other rows leave it to the cache's commit)."""
 
         def attn(i, layer, h, **kw):
+            if isinstance(layer, GDNBlock):
+                return layer.mixer(h, meta, cache[index[i]], prefill, plan, **kw)
             return layer.attn(h, meta.positions, self.rope, cache[index[i]], meta.slots, meta.visibility, plan, **kw)
 
         index = list(range(len(self.layers))) if which is None else list(which)

@@ -45,10 +45,15 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
     return torch.where(medium, blended, scaled)
 
 
-def rope_table(length: int, head_dim: int, theta: float, scaling: dict | None,
-               device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, float32, [length, head_dim], halves duplicated (rotate-half convention)."""
-    inv = rope_inv_freq(head_dim, theta, scaling).to(device)
+def rope_table(length: int, head_dim: int, theta: float, scaling: dict | None, device=None,
+               rotary_dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, float32, [length, head_dim], halves duplicated (rotate-half convention). rotary_dim (partial
+    rotary, Qwen3.5): only the first rotary_dim / 2 dims of each half turn, at the frequencies of a rotary_dim
+    head; the rest keep cos 1, sin 0 (a checkpoint's q/k dims are placed so: models/qwen3_5.py)."""
+    inv = rope_inv_freq(rotary_dim or head_dim, theta, scaling)
+    if rotary_dim and rotary_dim < head_dim:
+        inv = torch.cat([inv, inv.new_zeros((head_dim - rotary_dim) // 2)])
+    inv = inv.to(device)
     freqs = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -63,7 +68,8 @@ class RopeTable(nn.Module):
         self.resize(length)
 
     def resize(self, length: int, device=None) -> None:
-        cos, sin = rope_table(length, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, device=device)
+        cos, sin = rope_table(length, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, device=device,
+                              rotary_dim=self.cfg.rotary_dim)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -81,6 +87,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(cfg.head_dim))
             self.k_norm = nn.Parameter(torch.ones(cfg.head_dim))
+        if cfg.attn_output_gate:  # Qwen3.5: the output times sigmoid(a projection of the same input)
+            self.wgate = DenseWeight(cfg.hidden_size, cfg.q_dim, bias=cfg.attention_bias)
 
     def _prologue(self, x, positions, rope: RopeTable, state: AttentionState, slots, want_q: bool,
                   plan: KernelPlan, norm_weight=None):
@@ -103,8 +111,11 @@ class Attention(nn.Module):
         """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
         `residual` and handed to the norm `next_norm` (see `run_layers`)."""
         q = self._prologue(x, positions, rope, state, slots, True, plan, norm_weight=norm_weight)
-        o = attend(q, state.k, state.v, vis, self.cfg.head_dim ** -0.5, plan)
-        return self.wo.project(o.flatten(2), plan, residual=residual, next_norm=next_norm)
+        o = attend(q, state.k, state.v, vis, self.cfg.head_dim ** -0.5, plan).flatten(2)
+        if self.cfg.attn_output_gate:
+            gate = self.wgate.project(x, plan, norm_weight=norm_weight, eps=self.cfg.rms_norm_eps)
+            o = o * torch.sigmoid(gate)
+        return self.wo.project(o, plan, residual=residual, next_norm=next_norm)
 
 
 class SwiGLU(nn.Module):

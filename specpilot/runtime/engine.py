@@ -99,6 +99,8 @@ class Engine:
             raise UserError(f"slots must be at least 1, got {slots}")
         self.slots = slots
         self.cache = target.new_cache(slots, context)
+        self._recurrent = "gdn" in target.cfg.kinds  # a hybrid target: every step commits its rows
+        self._one_row = torch.zeros(1, 1, dtype=torch.int64, device=self.device)  # an AR step's path: its row
         self.pos = torch.zeros(slots, dtype=torch.int64, device=self.device)
         self.token = torch.zeros(slots, dtype=torch.int64, device=self.device)
         # which slots hold a decoding request (batches only: a parked slot's position and context stay put)
@@ -209,6 +211,8 @@ class Engine:
     def _ar_step(self) -> None:
         logits, _ = self.forward(self.token[None], Forward.consecutive(self.pos[None]), self.cache, Mode.DECODE,
                                  self.plan)
+        if self._recurrent:  # the row is kept: a recurrent layer's state moves past it
+            self.cache.commit(self._one_row, self._one_row[:, 0], self.pos, in_place=True)
         if self.sampling:  # the next token sits one past the row's position
             self.token.copy_(pick(distort(logits[:, -1:], self.fault), self.pos[:, None] + 1, self.sampler)[:, 0])
             self.pos.add_(1)
@@ -222,6 +226,9 @@ class Engine:
         cache, sampler = self._views[n]
         token, pos, live = self.token[:n], self.pos[:n], self.live[:n]
         logits, _ = self.forward(token[:, None], Forward.consecutive(pos[:, None]), cache, Mode.DECODE, self.plan)
+        if self._recurrent:  # the live rows are kept (a parked row's recurrent state stays)
+            rows = self._one_row.expand(n, 1)
+            cache.commit(rows, rows[:, 0], pos, in_place=True, live=live)
         logits = distort(logits[:, -1:], self.fault)
         nxt = pick(logits, pos[:, None] + 1, sampler)[:, 0] if sampled else logits[:, 0].argmax(-1)
         token.copy_(torch.where(live.bool(), nxt, token))

@@ -105,7 +105,7 @@ class SpecStep:
         consecutive slots); the committed rows' features become the drafter's next context; the bonus token and
         the position move on."""
         s = self.state
-        self.cache.commit(verdict.path, verdict.accepted, s.pos, in_place=proposal.chain)
+        self.cache.commit(verdict.path, verdict.accepted, s.pos, in_place=proposal.chain, live=s.live)
         path = None if proposal.chain else verdict.path
         s.out[:, 0] = verdict.accepted
         s.out[:, 1:] = verdict.tokens
