@@ -65,6 +65,18 @@ def test_logits_equal_transformers_qwen3_5_at_every_prefix():
         torch.testing.assert_close(got[0, -1], want[0, t - 1], rtol=1e-4, atol=1e-4)
 
 
+def test_a_qwen3_5_checkpoint_folder_loads_as_its_logits_say(tmp_path):
+    from specpilot.models.loading import load_target
+
+    hf, _ = _hf_pair()
+    hf.save_pretrained(tmp_path)
+    ours = load_target(tmp_path)
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        got, _ = ours(ids, Forward.consecutive(torch.arange(9)[None]), ours.new_cache(1, 16), Mode.PREFILL)
+        torch.testing.assert_close(got[0, -1], hf(ids).logits[0, -1], rtol=1e-4, atol=1e-4)
+
+
 @torch.inference_mode()
 def test_greedy_decoding_equals_transformers_generate():
     hf, cfg = _hf_pair()

@@ -135,9 +135,32 @@ def load_target(folder: str | Path, dtype: torch.dtype | None = torch.float32, d
     cfg = dense_config_from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
     with torch.device("meta"):
         model = DenseTarget(cfg, rope_length=1)
-    _load_into(model, target_sources(cfg), folder, dtype, device)
+    if cfg.family == "qwen3_5":
+        _load_qwen3_5(model, folder, dtype, device)
+    else:
+        _load_into(model, target_sources(cfg), folder, dtype, device)
     model.set_rope_length(rope_length or cfg.max_position_embeddings, device=device)
     return model.eval()
+
+
+def _load_qwen3_5(model: DenseTarget, folder: Path, dtype: torch.dtype | None, device) -> None:
+    """A Qwen3.5 text checkpoint (its text model's tensors; a multimodal one's vision tower is not read)."""
+    from specpilot.models.qwen3_5 import convert
+
+    reader = _Tensors(folder)
+    prefix = "model.language_model." if "model.language_model.embed_tokens.weight" in reader.where else "model."
+    wanted = {n: reader.get(n) for n in reader.where if n.startswith(prefix) or n == "lm_head.weight"}
+    try:
+        state = convert(wanted, model.cfg, prefix)
+    except KeyError as exc:
+        raise UserError(f"{folder}: checkpoint is missing tensor {exc}") from None
+    expected = model.state_dict()
+    for name, t in state.items():
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise UserError(f"{folder}: {name} has shape {tuple(t.shape)}, config implies "
+                            f"{tuple(expected[name].shape)}")
+    model.load_state_dict({k: v.to(device=device, dtype=dtype or v.dtype) for k, v in state.items()}, assign=True,
+                          strict=True)
 
 
 def load_drafter(folder: str | Path, dtype: torch.dtype = torch.float32, device="cpu",
