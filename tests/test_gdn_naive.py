@@ -173,6 +173,22 @@ def test_commit_is_the_token_loop_over_the_accepted_path_bit_for_bit(parents, se
         assert torch.equal(got[i:i + 1], want)
 
 
+@settings(max_examples=25, deadline=None)
+@given(parents=trees(), seed=st.integers(0, 2**16))
+def test_tree_snapshots_hold_each_nodes_state_as_the_commit_of_its_path(parents, seed):
+    b, n = parents.shape
+    args = inputs(seed, b, n)
+    o, states = gdn.tree_snapshots(*args, parents)
+    torch.testing.assert_close(o, gdn.tree_by_paths(*args, parents).float(), **F32_TOL)
+    q, k, v, g, beta, state = args
+    for node in range(n):  # each node's state: the commit of its root path, bit for bit
+        paths = [gdn.root_path(row, node) for row in parents]
+        width = max(map(len, paths))
+        path = torch.tensor([p + [-1] * (width - len(p)) for p in paths])
+        accepted = torch.tensor([len(p) - 1 for p in paths])
+        assert torch.equal(states[:, node], gdn.commit(k, v, g, beta, state, path, accepted))
+
+
 def test_commit_of_a_chain_prefix_is_the_snapshot():
     q, k, v, g, beta, state = inputs(6, 3, 8)
     _, states = gdn.chain_snapshots(q, k, v, g, beta, state)

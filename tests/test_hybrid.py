@@ -17,7 +17,8 @@ from specpilot.runtime.engine import Engine
 
 VOCAB, CONTEXT = 24, 96
 SYSTEMS = ["stock", "stock:tree=best_first,nodes=10", "stock:tree=ddtree,nodes=8", "stock:tree=eagle2,nodes=8,tree_k=2",
-           "stock:tree=sequoia,nodes=8"]
+           "stock:tree=sequoia,nodes=8", "stock:tree=best_first,nodes=10,hybrid_tree=recompute",
+           "stock:tree=ddtree,nodes=8,hybrid_tree=recompute"]  # trees: a state per node (default), or none
 
 
 def _hf_pair():

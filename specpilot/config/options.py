@@ -125,6 +125,10 @@ OPTIONS: dict[str, Option] = _options(
            "tuning"),
     Option("cluster", bool, True, "offer the thread-block cluster decode attention (Hopper, cuda-bindings)",
            "tuning"),
+    Option("hybrid_tree", str, "snapshot", "a hybrid target's Gated DeltaNet layers under a draft tree: snapshot "
+           "(stock's chain way: a state per node, the commit picks one) or recompute (the tree in one pass, no state "
+           "per node; the commit re-runs the accepted path)", "kernel", bases=("stock",),
+           choices=("snapshot", "recompute")),
     Option("tune_rounds", int, 2, "rounds of the step tuning's coordinate descent", "tuning", minimum=1, maximum=4),
     Option("tune_start", bool, True, "begin the step tuning from the measured start table of this GPU, if any",
            "tuning"),

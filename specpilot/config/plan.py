@@ -76,6 +76,7 @@ class KernelPlan:
     tune_start: bool
     tune_store: bool
     attn_ablate: str
+    hybrid_tree: str
     table: TuningTable = field(default_factory=TuningTable, compare=False, repr=False)
     # the weights a pass reads (core/contracts.VIEWS): set per forward from its metadata, never an option
     view: str = "exact"

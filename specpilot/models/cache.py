@@ -75,8 +75,8 @@ def move_rows(tensors: tuple[torch.Tensor, ...], rows: torch.Tensor, start: torc
 
 class GDNState:
     """One Gated DeltaNet layer's state (models/gdn.py): ssm [B, Hv, Dk, Dv] float32 and the conv's last inputs
-    [B, C, width - 1]. Decode and verify rows leave in `pending` what the commit needs (a chain's state at each
-    row, or a tree's rows' inputs); the commit moves the state to the accepted path's end."""
+    [B, C, width - 1]. Decode and verify rows leave in `pending` what the commit needs (a state per row, or a
+    tree's rows' inputs); the commit moves the state to the accepted path's end."""
 
     kind = "gdn"
 
@@ -103,14 +103,14 @@ class GDNState:
     def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False,
                live: torch.Tensor | None = None) -> None:
         """The state after the accepted path (path [B, P]: the verified rows in order; the first accepted + 1
-        kept): a chain's kept state at its last row, a tree's recomputed along the path in float32 (the same
-        sequence of operations as decoding it token by token). live [B]: rows where 0 keep their state (a
-        batch's parked rows)."""
+        kept): the kept state of its last row, or (a tree under hybrid_tree=recompute) the state recomputed along
+        the path in float32 (the same sequence of operations as decoding it token by token). live [B]: rows
+        where 0 keep their state (a batch's parked rows)."""
         p, self.pending = self.pending, None
         if p is None:
             return
         last = path.gather(1, accepted[:, None])[:, 0]  # the kept path's last row
-        if p["chain"]:
+        if "snapshots" in p:
             ssm = p["snapshots"][torch.arange(path.shape[0], device=path.device), last]
         else:
             ssm = gdn.commit(p["k"], p["v"], p["g"], p["beta"], self.ssm, path, accepted)

@@ -7,9 +7,9 @@ the output is RMS-normed per head, gated by SiLU(z), and projected out.
 
 A prefill chunk runs the chunked form and moves the layer's state at once (a request's first chunk starts from a
 zero state). Decode and verify rows only read the state: a chain's rows keep each position's state (stock's
-snapshots), a tree's rows their inputs (no state per node: the tree form recomputes along each node's root path),
-and the cache's commit (models/cache.GDNState) moves the state to the accepted path's end, so parked rows of a
-batch and rejected drafts never touch it.
+snapshots); a tree's rows keep a state per node too (`hybrid_tree=snapshot`), or only their inputs
+(`recompute`: the tree form recomputes along each node's root path); the cache's commit (models/cache.GDNState)
+moves the state to the accepted path's end, so parked rows of a batch and rejected drafts never touch it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class GatedDeltaNet(nn.Module):
         if prefill:
             o = self._prefill(mixed, g, beta, meta, state)
         else:
-            o = self._rows(mixed, g, beta, meta, state)
+            o = self._rows(mixed, g, beta, meta, state, plan.hybrid_tree == "snapshot")
         o = gated_norm(o.to(qkvz.dtype), z.view(b, t, s.v_heads, s.v_dim), self.norm, self.cfg.rms_norm_eps)
         return self.wo.project(o.reshape(b, t, s.value_dim), plan, residual=residual, next_norm=next_norm)
 
@@ -76,18 +76,21 @@ class GatedDeltaNet(nn.Module):
                          [..., -state.conv.shape[-1] :])  # the chunk's last conv-width - 1 inputs
         return o
 
-    def _rows(self, mixed, g, beta, meta: Forward, state: GDNState) -> torch.Tensor:
-        """Decode or verify rows (a chain, or a tree by meta.parents): outputs, and what the commit needs."""
-        chain = meta.visibility.tree is None
-        if chain:
+    def _rows(self, mixed, g, beta, meta: Forward, state: GDNState, snapshots: bool) -> torch.Tensor:
+        """Decode or verify rows (a chain, or a tree by meta.parents): outputs, and what the commit needs (a state
+        per row; for a tree under hybrid_tree=recompute, the rows' inputs)."""
+        if meta.visibility.tree is None:
             y = gdn.conv_chain(mixed, self.conv, state.conv)
-            q, k, v = self._heads(y)
-            o, snaps = gdn.chain_snapshots(q, k, v, g, beta, state.ssm)
-            state.pending = {"chain": True, "mixed": mixed, "snapshots": snaps}
+            o, snaps = gdn.chain_snapshots(*self._heads(y), g, beta, state.ssm)
+            state.pending = {"mixed": mixed, "snapshots": snaps}
             return o
         y = gdn.conv_tree(mixed, self.conv, state.conv, meta.parents)
         q, k, v = self._heads(y)
-        state.pending = {"chain": False, "mixed": mixed, "k": k, "v": v, "g": g, "beta": beta}
+        if snapshots:
+            o, snaps = gdn.tree_snapshots(q, k, v, g, beta, state.ssm, meta.parents)
+            state.pending = {"mixed": mixed, "snapshots": snaps}
+            return o
+        state.pending = {"mixed": mixed, "k": k, "v": v, "g": g, "beta": beta}
         return gdn.tree(q, k, v, g, beta, state.ssm, meta.parents)
 
 

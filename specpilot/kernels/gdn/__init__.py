@@ -37,6 +37,7 @@ from specpilot.kernels.gdn.naive import (
     split3,
     tree,
     tree_by_paths,
+    tree_snapshots,
 )
 
 __all__ = [
@@ -56,4 +57,5 @@ __all__ = [
     "split3",
     "tree",
     "tree_by_paths",
+    "tree_snapshots",
 ]

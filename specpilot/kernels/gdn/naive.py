@@ -229,6 +229,28 @@ def tree_by_paths(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     return out
 
 
+def tree_snapshots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state: torch.Tensor, parents: torch.Tensor,
+                   normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tree verification as stock's chain does it, a state per node (`hybrid_tree=snapshot`): (o [B, N, Hv, Dv],
+    states [B, N, Hv, Dk, Dv]), node n's state one delta-rule step from its parent's (the root's from `state`), in
+    topological order; the commit of a path is the state of its last node. N states of memory, where the tree form
+    (`tree`, with `commit`) keeps none."""
+    check_parents(parents)
+    hv = v.shape[2]
+    qh = _prep_q(q, hv, normalize, torch.float32)
+    kh, vh, gh, bh = _prep_kv(k, v, g, beta, normalize, torch.float32)
+    rows = torch.arange(parents.shape[0], device=parents.device)
+    states, outs = [], []
+    for n in range(parents.shape[1]):
+        parent = parents[:, n].clamp(min=0)
+        before = state.float() if n == 0 else torch.stack(states, 1)[rows, parent]
+        s = _step(before, kh[:, :, n], vh[:, :, n], gh[:, :, n], bh[:, :, n])
+        states.append(s)
+        outs.append(_read(s, qh[:, :, n]))
+    return torch.stack(outs, 1), torch.stack(states, 1)
+
+
 def _gather_rows(x: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
     """x [B, N, ...] -> [B, P, ...]: the rows path [B, P] names."""
     idx = path.reshape(*path.shape, *([1] * (x.dim() - 2))).expand(*path.shape, *x.shape[2:])
