@@ -401,6 +401,8 @@ def test_combine_and_space():
     assert [s.name for s in shorter] == ["stock:block_size=6,nodes=6"]  # 2, 3 and 4 would hold fewer than 6 rows
     assert values("nodes", parse_system("stock:tree=eagle2"), block=8)[-1] == 64
     assert values("fault", stock) == [] and values("pad_us", stock) == []  # never searched
+    assert values("hybrid_tree", stock) == []  # a chain keeps its snapshots: only trees read it
+    assert values("hybrid_tree", parse_system("stock:tree=ddtree,nodes=16")) == ["recompute"]
     assert values("tree", parse_system("ar")) == []
     agent = BuiltinAgent()
     tree = Direction("tau", "tree builder over the lattice", ["tree"])

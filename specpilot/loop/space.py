@@ -74,6 +74,8 @@ def values(name: str, system: System, device: str = "cpu", block: int | None = N
         return []  # nothing of it runs without the GEMV step
     if name == "tree_k" and system.get("tree") != "eagle2":
         return []  # only eagle2 reads it
+    if name == "hybrid_tree" and system.get("tree") == "chain":
+        return []  # only a tree's Gated DeltaNet rows read it (a chain keeps its snapshots)
     current = system.get(name)
     if opt.kind is bool:
         out = [not current]
