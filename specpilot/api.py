@@ -20,6 +20,7 @@ from specpilot.config import parse_system
 from specpilot.core.contracts import Prompted, Sampling
 from specpilot.deployment import Deployment, list_presets, load_deployment
 from specpilot.errors import UserError
+from specpilot.serve.text import Detokenizer
 
 
 def load(name: str | Path, system: str | None = None, in_flight: int | None = None) -> LLM:
@@ -76,16 +77,17 @@ class LLM:
         self.engine.sample_as([req])
         self.engine.sampler.set(0, req.sampling)
         steps = self.engine.steps(req.prompt, req.max_new_tokens, req.stop_ids, tokens=True)
-        said = ""
+        text, taken = Detokenizer(self.tokenizer), 0  # never half a character (serve/text.py)
         while True:
             try:
                 tokens, last = next(steps), False
             except StopIteration as done:  # the last pass (one that met a stop token is not yielded)
                 tokens, last = done.value.tokens, True
-            text = self.tokenizer.decode(_text_tokens(req.cut(tokens), req))
-            if len(text) > len(said) and (last or not text.endswith("\ufffd")):  # a whole character at least
-                yield text[len(said):]
-                said = text
+            kept = _text_tokens(req.cut(tokens), req)
+            piece = text.add(kept[taken:], last)
+            taken = len(kept)
+            if piece:
+                yield piece
             if last:
                 return
 

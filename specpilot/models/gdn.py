@@ -72,8 +72,9 @@ class GatedDeltaNet(nn.Module):
         y = gdn.conv_chain(mixed, self.conv, state.conv)
         o, after = gdn.chunked(*self._heads(y), g, beta, state.ssm)
         state.ssm.copy_(after)
-        state.conv.copy_(torch.cat([state.conv, mixed.transpose(1, 2).to(state.conv.dtype)], -1)
-                         [..., -state.conv.shape[-1] :])  # the chunk's last conv-width - 1 inputs
+        b, t = mixed.shape[:2]
+        whole = torch.arange(t, device=mixed.device).expand(b, t)  # the chunk is the path, all of it kept
+        state.conv.copy_(gdn.conv_state_after(mixed, state.conv, whole, torch.full((b,), t - 1, device=mixed.device)))
         return o
 
     def _rows(self, mixed, g, beta, meta: Forward, state: GDNState, snapshots: bool) -> torch.Tensor:

@@ -45,13 +45,11 @@ class Stats:
 
     def __init__(self, window: float = 10.0):
         self.in_flight = self.waiting = 0
-        self.tokens = 0  # output tokens
         self.decoded = self.passes = 0  # tokens of decode steps, and the requests' target passes that made them
         self.window, self.recent = window, deque()  # (time, tokens) of the last `window` seconds
 
     def add(self, tokens: int) -> None:
         now = time.perf_counter()
-        self.tokens += tokens
         self.recent.append((now, tokens))
         while self.recent and self.recent[0][0] < now - self.window:
             self.recent.popleft()
