@@ -86,3 +86,29 @@ def test_plain_ar_is_the_reference_and_runs_nothing():
     check = LogicCheck(load_deployment("tiny"))
     out = check.check("ar", [], 32)
     assert out["verdict"] == "pass" and check._runner is None and not check._ar  # no model built, nothing run
+
+
+def test_the_check_goes_past_its_requests_until_it_covers_enough_tokens():
+    """A lossy fault unseen on the gate's own short request is caught in the pool once the check must cover more
+    tokens; a lossless candidate is scored on as many, and the check says what its coverage sees (3/n at 95%)."""
+    dep, requests = load_deployment("tiny"), load_requests("builtin", "dev", None, 8)
+    short = LogicCheck(dep).check("stock:fault=topk_truncate", requests[:1], 2)
+    assert short["verdict"] == "pass" and short["tokens"] == 2 and short["sees_rate"] == 1.0
+    covering = LogicCheck(dep, pool=requests, cover=100, cover_tokens=32)
+    assert covering.check("stock:fault=topk_truncate", requests[:1], 2)["verdict"] == "reject"
+    out = covering.check("stock", requests[:1], 8)
+    assert out["verdict"] == "pass" and out["requests"] > 1 and out["tokens"] >= 100
+    assert out["sees_rate"] == pytest.approx(logic.SEES / out["tokens"]) and f"{out['tokens']} tokens" in out["sees"]
+    assert LogicCheck(dep, pool=requests, cover=0).check("stock", requests[:2], 8)["requests"] == 2
+
+
+def test_the_loop_gives_its_float32_check_the_coverage_asked_for(tmp_path):
+    """`specpilot loop --logic-tokens N` reaches the gate's check, with the dev pool to cover it from; a CPU's
+    default is the gate's own requests (its forcing is float32 as well)."""
+    from specpilot.loop.main import LoopArgs, build_loop
+
+    for kw, want in (({}, 0), ({"logic_tokens": 512}, 512)):
+        a = LoopArgs(load_deployment("tiny"), {"preset": "tiny"}, tmp_path / f"run{want}", 1, "builtin", 3, 8, **kw)
+        loop, _ = build_loop(a, lambda s: None)
+        check = loop.gate_factory(lambda: None, lambda: None).logic
+        assert check.cover == want and (len(check.pool) > 3) == bool(want)

@@ -3,7 +3,8 @@ defaults), judges every lossless tree builder promotable, refuses every lossy fa
 candidate on requests it has not seen.
 
     python3 bench/gpu/gate_suite.py builders faults      (about 5 minutes on an H100)
-    python3 bench/gpu/gate_suite.py rounds [N]           (N rounds of disjoint dev requests, default 20)
+    python3 bench/gpu/gate_suite.py rounds [N]           (N rounds of disjoint dev requests, default 20; FIRST=k
+                                                         starts at round k, to finish a run a call's limit cut)
 
 builders  each lossless builder judged whole against stock (float32 check, sequential timing, forcing): its verdict,
           and what the lossless judges alone said (the float32 check, then forcing where the controller promotes)
@@ -75,8 +76,11 @@ def main() -> None:
     loop, _ = build_loop(args, print)
     loop.say = lambda s: print(s, flush=True)
     gate = loop.gate
-    head = {"deployment": preset, "gpu": _gpu(), "limit": limit, "max_new_tokens": tokens, "looks": gate.looks,
-            "forcing_bound": gate.power_bound}
+    first = int(os.environ.get("FIRST", "1"))
+    head = {"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("SPECPILOT_COMMIT") or _commit(),
+            "command": " ".join(["python3", *sys.argv]) + (f" (FIRST={first})" if first > 1 else ""),
+            "deployment": preset, "gpu": _gpu(), "limit": limit, "max_new_tokens": tokens, "looks": gate.looks,
+            "forcing_bound": gate.power_bound, "logic_tokens": gate.logic.cover if gate.logic else None}
 
     def save(part: str, rows: list) -> None:
         (out / f"gate_suite_{part}.json").write_text(json.dumps({**head, "part": part, "rows": rows}, indent=1))
@@ -94,7 +98,7 @@ def main() -> None:
         rows = []
         # the loop's own requests come first; each round takes the next `limit` per dataset
         per = {d: load_requests(d, "dev", None, limit * (1 + rounds)) for d in dep.datasets}
-        for k in range(rounds):
+        for k in range(first - 1, rounds):
             reqs = [r for d in dep.datasets for r in per[d][limit * (1 + k) : limit * (2 + k)]]
             cand = ROUND_BUILDERS[k % len(ROUND_BUILDERS)]
             print(f"round {k + 1}: {cand} on {[r.id for r in reqs]}", flush=True)
@@ -114,6 +118,13 @@ def table(rows: list, part: str) -> str:
         gate = "promoted" if wh["promoted"] else f"not promoted ({(wh['refused'] or wh['error'] or '')[:60]})"
         lines.append(f"  {r['candidate']} | {verdict} | {gate}")
     return "\n".join(lines)
+
+
+def _commit() -> str:
+    import subprocess
+
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return run.stdout.strip() or "unknown"
 
 
 def _gpu() -> str:

@@ -1,6 +1,7 @@
 """A first look at the batch executor and the hybrid target on CUDA (random tiny models, float32, no staging):
 each system's batched outputs under CUDA graphs (a graph per batch size and kind) against its single-request
-outputs, greedy and sampled, on a dense pair and on a hybrid. Prints one line a case; writes $OUT/smoke_batch.json.
+outputs, greedy and sampled, on a dense pair and on a hybrid. Prints one line a case (a failure: its first exception
+and traceback, then the case again without graphs); writes $OUT/smoke_batch.json.
 
     PYTHONPATH=. python3 bench/gpu/smoke_batch.py
 """
@@ -11,6 +12,7 @@ import json
 import os
 import random
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -27,15 +29,16 @@ from specpilot.fixtures.random_models import (
 from specpilot.runtime.engine import Engine
 
 VOCAB, CONTEXT = 24, 160
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a dry run of the script (no graphs)
 SYSTEMS = ["ar", "stock", "stock:tree=best_first,nodes=10", "stock:tree=ddtree,nodes=8"]
 
 
 def pair(hybrid: bool):
     make = tiny_hybrid_config if hybrid else tiny_target_config
     tcfg = make(vocab=VOCAB, max_position_embeddings=256)
-    target = random_target(tcfg, seed=3, device="cuda")
+    target = random_target(tcfg, seed=3, device=DEVICE)
     dcfg = tiny_drafter_config(tcfg, target_layer_ids=[0, 3], block_size=4, selector_rank=8, selector_top_k=4)
-    return target, random_drafter(dcfg, seed=4, device="cuda")
+    return target, random_drafter(dcfg, seed=4, device=DEVICE)
 
 
 def requests(seed: int, n: int) -> list[Prompted]:
@@ -44,27 +47,57 @@ def requests(seed: int, n: int) -> list[Prompted]:
                      Sampling(0.9, 0.95, 0, 100 + i) if i % 3 == 1 else None) for i in range(n)]
 
 
+def case(target, drafter, system: str, reqs: list[Prompted]) -> dict:
+    sys_ = parse_system(system)
+    single = Engine(target, drafter, sys_, context=CONTEXT)
+    alone = [g.tokens for g in single.generate(reqs)]
+    batch = Engine(target, drafter, sys_, context=CONTEXT, slots=4)
+    together = [g.tokens for g in batch.generate(reqs, arrivals=[0, 0, 1, 2, 2, 5, 8, 8, 9])]
+    return {"equal": sum(a == b for a, b in zip(alone, together, strict=True)), "of": len(reqs),
+            "graphs": batch.use_graphs}
+
+
+def failure(exc: BaseException) -> dict:
+    """The first exception of the chain (a failed capture reports only "a previous error during capture"), with
+    its traceback: the next lease's evidence."""
+    root = exc
+    while root.__context__ is not None and root.__context__ is not root:
+        root = root.__context__
+    return {"error": f"{type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}"[:400],
+            "traceback": "".join(traceback.format_exception(root))[-6000:]}
+
+
 def main() -> None:
     rows = []
     for hybrid in (False, True):
         target, drafter = pair(hybrid)
         reqs = requests(int(hybrid), 9)
         for system in SYSTEMS:
-            t0 = time.time()
-            sys_ = parse_system(system)
-            single = Engine(target, drafter, sys_, context=CONTEXT)
-            alone = [g.tokens for g in single.generate(reqs)]
-            batch = Engine(target, drafter, sys_, context=CONTEXT, slots=4)
-            together = [g.tokens for g in batch.generate(reqs, arrivals=[0, 0, 1, 2, 2, 5, 8, 8, 9])]
-            equal = sum(a == b for a, b in zip(alone, together, strict=True))
-            row = {"hybrid": hybrid, "system": system, "equal": equal, "of": len(reqs),
-                   "graphs": batch.use_graphs, "seconds": round(time.time() - t0, 1)}
-            rows.append(row)
-            print(f"{'hybrid' if hybrid else 'dense '} {system:34s} batched = single: {equal}/{len(reqs)} "
-                  f"({row['seconds']} s, graphs {batch.use_graphs})", flush=True)
+            # each system as it is, then without graphs where that failed: which part broke
+            for name in (system, with_graphs_off(system)):
+                t0 = time.time()
+                try:
+                    row = {"hybrid": hybrid, "system": name, **case(target, drafter, name, reqs)}
+                except Exception as exc:  # noqa: BLE001 (a smoke run: every case is tried, each failure kept)
+                    row = {"hybrid": hybrid, "system": name, **failure(exc)}
+                    if DEVICE == "cuda":
+                        torch.cuda.synchronize()  # (raises where the failure left the context broken)
+                row["seconds"] = round(time.time() - t0, 1)
+                rows.append(row)
+                kind = "hybrid" if hybrid else "dense "
+                if "error" in row:
+                    print(f"{kind} {name:48s} FAILED: {row['error']}\n{row['traceback']}", flush=True)
+                else:
+                    print(f"{kind} {name:48s} batched = single: {row['equal']}/{row['of']} ({row['seconds']} s, "
+                          f"graphs {row['graphs']})", flush=True)
+                    break
     out = Path(os.environ.get("OUT", "/tmp")) / "smoke_batch.json"
-    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("SPECPILOT_COMMIT"),
-                               "rows": rows}, indent=1))
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+    out.write_text(json.dumps({"gpu": gpu, "commit": os.environ.get("SPECPILOT_COMMIT"), "rows": rows}, indent=1))
+
+
+def with_graphs_off(system: str) -> str:
+    return system + ("," if ":" in system else ":") + "graphs=false"
 
 
 if __name__ == "__main__":

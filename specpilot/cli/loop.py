@@ -92,6 +92,11 @@ def loop(
                                                  "fraction: 0.005 = 0.5 points, the paper's rule), else it is not "
                                                  "promoted; a change of logic alone is decided by the float32 check "
                                                  "and reports what forcing could detect.")] = TOLERANCE,
+    logic_tokens: Annotated[int | None, typer.Option(min=0, help="Tokens the float32 check scores at least (past "
+                                                  "the gate's own requests, into more dev requests of 256 tokens): "
+                                                  "it sees a change of logic that alters 3/N of AR's choices at 95%. "
+                                                  "Default: 2048 on a GPU, the gate's requests alone on a CPU.")
+                    ] = None,
     dataset: Datasets = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -129,7 +134,8 @@ def loop(
                     max_new_tokens if max_new_tokens is not None else min(dep.max_new_tokens, LOOP_TOKENS), resume,
                     budget, data_dir,
                     sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions, master,
-                    [g.strip() for g in gpus.split(",")] if gpus else [], forcing_bound=forcing_bound)
+                    [g.strip() for g in gpus.split(",")] if gpus else [], forcing_bound=forcing_bound,
+                    logic_tokens=logic_tokens)
     kept = f"everything measured so far is in {folder}; continue with --resume --run-dir {folder}"
     with interruptible(f"loop interrupted: {kept}"), progress(err) as say:
         summary = run_loop(args, say)

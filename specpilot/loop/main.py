@@ -43,6 +43,9 @@ POOL = 12
 # while the bounds straddle the bar (on the pair, best_first N=16's 5 requests: gain 1.089, lower 1.020, bar 1.036);
 # a CPU's lockstep passes settle its own runs, and a look there costs a minute
 LOOKS = 3
+# tokens the float32 check scores at least on a GPU (forcing/logic.py: 2048 see a change of logic that alters 0.15%
+# of AR's choices, 95%); on a CPU only the forcing requests (the float32 deployment's forcing is exact as well)
+LOGIC_TOKENS = 2048
 ENGINES = 8  # engines the loop's process keeps (the search visits dozens of systems; see Runner.max_engines)
 
 
@@ -66,6 +69,7 @@ class LoopArgs:
     slots: list[str] = field(default_factory=list)  # Phase 1's devices, a process each (loop/slots.py); []: one
     slot: tuple[int, int] | None = None  # (k, n) in a slot's own process
     forcing_bound: float = TOLERANCE  # the gate's forcing power bound (loop/gate.Gate.power_bound)
+    logic_tokens: int | None = None  # the float32 check's least tokens (None: LOGIC_TOKENS on a GPU, 0 on a CPU)
 
     @property
     def sealed(self) -> int:
@@ -97,7 +101,7 @@ def identity(a: LoopArgs) -> dict:
         if dep[role] is not None and dep[role]["path"] is not None:
             dep[role]["path"] = str(Path(dep[role]["path"]).resolve())
     return {"deployment": dep, "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
-            "agent": a.agent, "master": a.master, "forcing_bound": a.forcing_bound}
+            "agent": a.agent, "master": a.master, "forcing_bound": a.forcing_bound, "logic_tokens": a.logic_tokens}
 
 
 def step_key(a: LoopArgs, code: str) -> dict:
@@ -179,6 +183,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
                     [] if on_cpu else node_budgets(a.dep.context, 16), agent=agent,
                     sealed_pool=pool(a.dep, "sealed", sealed, max(more, a.limit), a.data_dir))
     dev_pool = pool(a.dep, "dev", dev, max(more, a.limit), a.data_dir)
+    cover = a.logic_tokens if a.logic_tokens is not None else (0 if on_cpu else LOGIC_TOKENS)
+    logic_pool = pool(a.dep, "dev", dev, max(POOL, a.limit), a.data_dir) if cover else dev
     spec = {**a.worker_spec, "datasets": a.dep.datasets, "split": "dev", "limit": a.limit,
             "max_new_tokens": a.max_new_tokens, "data_dir": a.data_dir,
             **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {})}
@@ -199,7 +205,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         return Gate(spec, runner, dev, a.max_new_tokens, alternating=True, reps=5 if on_cpu else 1,
                     seal=getattr(agent, "setup", None) and agent.setup.seal, exact=ExactTargets(a.dep),
                     power_bound=a.forcing_bound, in_process=not on_cpu, release=release,
-                    logic=LogicCheck(a.dep, runner), forcing_pool=dev_pool, precision_tokens=a.sealed,
+                    logic=LogicCheck(a.dep, runner, logic_pool, cover), forcing_pool=dev_pool,
+                    precision_tokens=a.sealed,
                     looks=1 if on_cpu else LOOKS)
 
     shipped = Store(REPO / "memory", REPO)
