@@ -49,6 +49,8 @@ class Deployment:
     enable_thinking: bool = False
     twin_width: int = 1  # > 1: serve the function-preserving widening of target and drafter (models/twin.py)
     twin_depth: int | None = None
+    # a hybrid twin: {"layers": GDN layers before each layer, and the GDNShape's fields} (models/twin.py)
+    twin_gdn: dict | None = None
     system: str | None = None  # the system this deployment serves by default (a loop's best.toml names one)
     source: str = ""
 
@@ -67,7 +69,7 @@ class Deployment:
     @property
     def twin(self) -> bool:
         """Whether the models served are the widened twin of the ones named (runtime/pair.py)."""
-        return self.twin_width > 1 or self.twin_depth is not None
+        return self.twin_width > 1 or self.twin_depth is not None or self.twin_gdn is not None
 
     def tokenizer_folder(self) -> Path | None:
         """The folder the tokenizer loads from (None: bytes)."""
@@ -184,16 +186,32 @@ def _model_spec(raw: Any, what: str, base: Path, file: Path) -> ModelSpec:
     return ModelSpec(path=None if path is None else _resolve(path, base), random=random, seed=seed)
 
 
-def _twin(raw: Any, file: Path) -> tuple[int, int | None]:
-    """[twin] width = R (repeat every unit R times), depth = L (optional: pad to L layers)."""
-    if not isinstance(raw, dict) or set(raw) - {"width", "depth"}:
-        raise UserError(f"{file}: [twin] takes width = R and optionally depth = L")
-    width, depth = raw.get("width", 1), raw.get("depth")
+def _twin(raw: Any, file: Path) -> tuple[int, int | None, dict | None]:
+    """[twin] width = R (repeat every unit R times), depth = L (optional: pad to L layers), gdn = {layers = P,
+    k_heads, v_heads, k_dim, v_dim[, conv]} (optional: a hybrid twin, P GDN layers of that shape before each
+    layer)."""
+    if not isinstance(raw, dict) or set(raw) - {"width", "depth", "gdn"}:
+        raise UserError(f"{file}: [twin] takes width = R, and optionally depth = L or gdn = {{...}}")
+    width, depth, gdn = raw.get("width", 1), raw.get("depth"), raw.get("gdn")
     if not isinstance(width, int) or width < 1:
         raise UserError(f"{file}: [twin] width must be a positive integer, got {width!r}")
     if depth is not None and (not isinstance(depth, int) or depth < 1):
         raise UserError(f"{file}: [twin] depth must be a positive integer, got {depth!r}")
-    return width, depth
+    if gdn is not None:
+        gdn = _twin_gdn(gdn, file)
+        if depth is not None:
+            raise UserError(f"{file}: [twin] takes depth or gdn, not both")
+    return width, depth, gdn
+
+
+def _twin_gdn(raw: Any, file: Path) -> dict:
+    fields = ("layers", "k_heads", "v_heads", "k_dim", "v_dim", "conv")
+    if not isinstance(raw, dict) or set(raw) - set(fields) or set(fields[:5]) - set(raw):
+        raise UserError(f"{file}: [twin] gdn takes layers, k_heads, v_heads, k_dim, v_dim (and optionally conv)")
+    bad = [k for k, v in raw.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+    if bad or raw["v_heads"] % raw["k_heads"]:
+        raise UserError(f"{file}: [twin] gdn: positive integers, v_heads a multiple of k_heads (got {raw})")
+    return {"conv": 4, **raw}
 
 
 def _resolve(path: str, base: Path) -> Path:
@@ -237,6 +255,7 @@ def _parse(raw: dict[str, Any], file: Path) -> Deployment:
         enable_thinking=_get(raw, "enable_thinking", "bool", False, where),
         twin_width=twin[0],
         twin_depth=twin[1],
+        twin_gdn=twin[2],
         system=_get(raw, "system", "str | None", None, where),
         source=str(file),
     )

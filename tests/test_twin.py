@@ -145,3 +145,62 @@ def test_twin_preset_refuses_a_cpu_without_the_memory(monkeypatch):
     monkeypatch.setattr(pair, "_memory_bytes", lambda: 1_000_000)
     with pytest.raises(UserError, match="run it on a GPU"):
         pair.build_pair(dep)
+
+
+HYBRID = "[twin]\nwidth = 2\ngdn = { layers = 3, k_heads = 2, v_heads = 4, k_dim = 8, v_dim = 8 }\n"
+
+
+def test_a_hybrid_twin_puts_gdn_layers_before_each_layer_and_keeps_the_function():
+    """Three GDN layers (random weights, full shape) before each widened layer, writing nothing measurable: the
+    logits stay the small model's, and the drafter's taps follow their layers."""
+    from specpilot.models.config import GDNShape
+    from specpilot.models.gdn import GDNBlock
+
+    cfg = tiny_target_config(vocab=200)
+    small_t, small_d = random_target(cfg, seed=11), random_drafter(tiny_drafter_config(cfg, block_size=4), seed=12)
+    shape = GDNShape(k_heads=2, v_heads=4, k_dim=8, v_dim=8)
+    twin_t, twin_d = widen_target(small_t, 2, gdn=shape, per=3), widen_drafter(small_d, 2, per=3)
+    assert twin_t.cfg.kinds == ["gdn", "gdn", "gdn", "attention"] * cfg.num_layers
+    assert sum(isinstance(layer, GDNBlock) for layer in twin_t.layers) == 3 * cfg.num_layers
+    mixer = twin_t.layers[0].mixer
+    assert mixer.w_qkvz.weight.abs().mean() > 0.01 and mixer.wo.weight.abs().max() < 1e-9  # full cost, ~no write
+    assert twin_d.cfg.target_layer_ids == [4 * i + 3 for i in small_d.cfg.target_layer_ids]
+    assert twin_d.cfg.num_target_layers == twin_t.cfg.num_layers
+    tokens = torch.randint(0, 200, (1, 19), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert rel(logits(twin_t, tokens), logits(small_t, tokens)) < 1e-5
+    for prompt in prompts(2, seed=4):
+        prompt = [t % 200 for t in prompt]
+        ea, eb = RecordingEngine(small_t, small_d, context=80), RecordingEngine(twin_t, twin_d, context=80)
+        for system in ("stock", "stock:tree=best_first,nodes=8"):
+            a, b = ea.generate_one(prompt, 24, (), system), eb.generate_one(prompt, 24, (), system)
+            assert a.tokens == b.tokens and a.accepted == b.accepted
+
+
+def test_deployment_twin_gdn_serves_a_hybrid_twin(tmp_path):
+    from specpilot.deployment import load_deployment
+    from specpilot.runtime.pair import build_pair
+
+    (tmp_path / "hybrid.toml").write_text(TWIN_TOML.replace("[twin]\nwidth = 2\n", HYBRID))
+    dep = load_deployment(path=tmp_path / "hybrid.toml")
+    assert dep.twin and dep.twin_gdn == {"layers": 3, "k_heads": 2, "v_heads": 4, "k_dim": 8, "v_dim": 8, "conv": 4}
+    wide_t, wide_d, _ = build_pair(dep)
+    assert wide_t.cfg.num_layers == 8 and wide_t.cfg.kinds.count("gdn") == 6
+    # the taps land on the source's layers, now behind their GDN layers
+    assert all(wide_t.cfg.kinds[i] == "attention" for i in wide_d.cfg.target_layer_ids)
+    assert wide_d.cfg.num_target_layers == 8
+
+
+@pytest.mark.parametrize("section, message", [
+    ("[twin]\nwidth = 2\ngdn = { layers = 3 }\n", "gdn takes layers"),
+    ("[twin]\nwidth = 2\ngdn = { layers = 3, k_heads = 3, v_heads = 4, k_dim = 8, v_dim = 8 }\n", "multiple"),
+    ("[twin]\nwidth = 2\ndepth = 4\ngdn = { layers = 1, k_heads = 1, v_heads = 1, k_dim = 8, v_dim = 8 }\n",
+     "depth or gdn"),
+])
+def test_deployment_twin_gdn_errors(tmp_path, section, message):
+    from specpilot.deployment import load_deployment
+    from specpilot.errors import UserError
+
+    (tmp_path / "bad.toml").write_text(TWIN_TOML.replace("[twin]\nwidth = 2\n", section))
+    with pytest.raises(UserError, match=message):
+        load_deployment(path=tmp_path / "bad.toml")

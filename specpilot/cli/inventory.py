@@ -155,7 +155,7 @@ def _inspected_deployment(preset: str | None, deployment: Path | None):
     from specpilot.deployment import load_deployment
 
     dep = dataclasses.replace(load_deployment(preset, deployment), device="cpu")
-    if dep.twin_width > 1:
+    if dep.twin:
         raise UserError(f"{dep.name} is a twin ({dep.twin_width}x wider): inspect its source model instead "
                         "(the widening repeats its weights)")
     return dep

@@ -49,8 +49,9 @@ def to_toml(dep: Deployment, system: str, comment: str = "") -> str:
     lines = [f"# {line}" for line in comment.splitlines()] + [f"{k} = {_value(v)}" for k, v in top.items()]
     tables = {"target": _model(dep.target), **({"drafter": _model(dep.drafter)} if dep.drafter else {}),
               "budgets": {"max_new_tokens": dep.max_new_tokens, **({"limit": dep.limit} if dep.limit else {})}}
-    if dep.twin_width > 1:
-        tables["twin"] = {"width": dep.twin_width, **({"depth": dep.twin_depth} if dep.twin_depth else {})}
+    if dep.twin:
+        tables["twin"] = {"width": dep.twin_width, **({"depth": dep.twin_depth} if dep.twin_depth else {}),
+                          **({"gdn": dep.twin_gdn} if dep.twin_gdn else {})}
     for name, body in tables.items():
         lines += ["", f"[{name}]"] + [f"{k} = {_value(v)}" for k, v in body.items()]
     return "\n".join(lines) + "\n"

@@ -24,7 +24,8 @@ def fingerprint(dep: Deployment) -> dict:
     def model(spec) -> str:
         return spec.path.name if spec.path is not None else f"random(seed={spec.seed})"
 
-    return {"gpu": gpu, "target": model(dep.target) + (f"-x{dep.twin_width}" if dep.twin_width > 1 else ""),
+    return {"gpu": gpu, "target": model(dep.target) + (f"-x{dep.twin_width}" if dep.twin_width > 1 else "")
+                                                   + ("-hybrid" if dep.twin_gdn else ""),
             "drafter": model(dep.drafter) if dep.drafter else "none", "regime": dep.regime,
             "dtype": str(dep.torch_dtype()).removeprefix("torch.")}
 

@@ -60,18 +60,23 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
 
 def _twin(dep: Deployment, target: DenseTarget, drafter: DFlashDrafter | None):
     """Widen in memory (the fast path: no 50 GB checkpoint to write or read)."""
+    from specpilot.models.config import GDNShape
     from specpilot.models.twin import widen_drafter, widen_target
 
-    r, depth = dep.twin_width, dep.twin_depth
+    r, depth, hybrid = dep.twin_width, dep.twin_depth, dict(dep.twin_gdn or {})
     if depth is not None and depth < target.cfg.num_layers:
         raise UserError(f"[twin] depth {depth} is below the target's {target.cfg.num_layers} layers")
+    per = hybrid.pop("layers", 0)
+    gdn = GDNShape(**hybrid) if per else None
+    if gdn is not None and "gdn" in target.cfg.kinds:
+        raise UserError("[twin] gdn: the target is already a hybrid; a hybrid twin is made of a dense model")
     small = sum(p.numel() * p.element_size() for p in target.parameters())
-    need = small * r * r * (depth or target.cfg.num_layers) / target.cfg.num_layers
+    need = small * r * r * (depth or target.cfg.num_layers) / target.cfg.num_layers * (1 + per)
     if target.embed.weight.device.type == "cpu" and need > 0.5 * _memory_bytes():
         raise UserError(f"the x{r} twin needs about {need / 1e9:.0f} GB of weights, more than half of this "
                         "machine's memory: run it on a GPU")
-    wide_target = widen_target(target, r, depth)
-    wide_drafter = widen_drafter(drafter, r, depth) if drafter is not None else None
+    wide_target = widen_target(target, r, depth, gdn, per)
+    wide_drafter = widen_drafter(drafter, r, depth, per) if drafter is not None else None
     return wide_target, wide_drafter
 
 
