@@ -28,6 +28,8 @@ class Planted:
     """Evidence of a synthetic deployment: every system's speed is a known function of its options; the start's
     timings spread by 1%."""
 
+    hybrid = False  # a dense target
+
     def __init__(self):
         self.calls = 0
 
@@ -261,6 +263,7 @@ def test_a_faster_but_lossy_candidate_is_rejected_by_forcing(monkeypatch):
 class ShortRuns:
     """Evidence where tau from a short run (2 requests) reads 15% above the replayed tau of the recorded lattices
     for every system alike: block sizes need short runs, the start is replayed."""
+    hybrid = False  # a dense target
 
     def predict(self, system, run=False, ref=None):
         short = run or system.get("block_size") != 0
@@ -286,6 +289,7 @@ def test_short_run_candidates_are_held_to_the_start_measured_the_same_way():
 
 class SlowSpeculation:
     """Speculation loses here (stock predicted at 0.5x AR), a tree gains 60% over stock and is still 0.8x AR."""
+    hybrid = False  # a dense target
 
     def predict(self, system, run=False, ref=None):
         s = 1.0 if not system.speculative else 0.8 if system.get("tree") != "chain" else 0.5
@@ -311,6 +315,7 @@ def test_a_candidate_that_cannot_join_what_the_round_promoted_must_beat_it():
 class Rows:
     """Replayed tau per (builder, budget) and a step cost nondecreasing in the budget, both drawn at random; the
     bound is Evidence.bound's: tau over the dearest step timed so far at no more rows."""
+    hybrid = False  # a dense target
 
     def __init__(self, taus: dict, costs: dict, bounded: bool):
         self.taus, self.costs, self.bounded, self.timed = taus, costs, bounded, {}
@@ -942,6 +947,8 @@ def test_phase_3_s_evidence_stops_at_its_deadline():
     asked = []
 
     class Counting:
+        hybrid = False
+
         def predict(self, system, run=False, ref=None):
             asked.append(system.name)
             return {"system": system.name, "speedup": 2.0, "tau_from": "replay"}
@@ -980,3 +987,21 @@ def test_a_budget_spent_by_the_sealed_final_keeps_its_result(tmp_path):
     first = out["rounds"][0]
     assert first["sealed"]["passed"] and first["result"] == PLANTED and out["best"] == PLANTED
     assert "budget" in first["ceiling_after"]["skipped"] and out["stopped"] is None
+
+
+def test_on_a_hybrid_target_trees_are_tried_with_each_way_of_keeping_the_gdn_state():
+    """A tree on a hybrid costs differently with a state per node (snapshot) and without (recompute): the tree
+    direction offers both there; on a dense target `hybrid_tree` changes nothing and is never offered."""
+    agent, start = BuiltinAgent(), parse_system("stock")
+    trees = Direction("tau", "tree builder over the lattice", ["tree", "nodes"])
+    dense = agent.candidates(trees, start, "cuda", 16, 8)
+    hybrid = agent.candidates(trees, start, "cuda", 16, 8, hybrid=True)
+    assert dense and all(c.get("hybrid_tree") == "snapshot" for c in dense)
+    recompute = {c.name for c in hybrid if c.get("hybrid_tree") == "recompute"}
+    assert recompute and {c.name for c in hybrid} == {c.name for c in dense} | recompute
+    assert not any(c.get("tree") == "chain" for c in hybrid if c.name in recompute)  # a chain keeps its snapshots
+    state = Direction("kernel", "hybrid state", ["hybrid_tree"])
+    tree = parse_system("stock:tree=best_first,nodes=32")
+    assert agent.candidates(state, tree, "cuda", 16, 8) == []
+    assert [c.name for c in agent.candidates(state, tree, "cuda", 16, 8, hybrid=True)] == [
+        "stock:hybrid_tree=recompute,nodes=32,tree=best_first"]

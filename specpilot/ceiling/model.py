@@ -26,6 +26,8 @@ CANDIDATES = {
         {"mechanism": "smaller exact weight format (12-bit)", "options": [], "built": False},
         {"mechanism": "fused few-row kernels (norm, rope, residual, argmax inside the projections)",
          "options": ["gemv", "embed_kernel", "greedy_kernel"], "built": True},
+        {"mechanism": "a hybrid's Gated DeltaNet state under a tree: recomputed along root paths, no state per node",
+         "options": ["hybrid_tree"], "built": True},
         {"mechanism": "kernel configurations (the step tuning)", "options": ["tune_rounds", "staged", "attn_late",
                                                                              "cluster", "l2"], "built": True},
     ],

@@ -65,11 +65,18 @@ class BuiltinAgent:
         return out[: self.max_directions]
 
     def candidates(self, d: Direction, start: System, device: str, block: int, width: int = 0,
-                   dtype: str | None = None) -> list[System]:
+                   dtype: str | None = None, hybrid: bool = False) -> list[System]:
         """Every system the direction can reach from `start` in one move (its parameters varied jointly), each one
         the engine runs as named (block and width: the drafter's, space.runs_as_named); dtype: the served weights'
-        (space.values)."""
-        return [s for s in self._moves(d, start, device, block, dtype) if runs_as_named(s, block, width)]
+        (space.values). hybrid: the target has Gated DeltaNet layers (else `hybrid_tree` changes nothing; on one, a
+        tree is tried with each way of keeping their state, which costs differently: N states written, or none)."""
+        moves = self._moves(d, start, device, block, dtype)
+        if not hybrid:
+            moves = [s for s in moves if s.get("hybrid_tree") == start.get("hybrid_tree")]
+        elif "tree" in d.options:
+            moves += [variant(s, hybrid_tree=v) for s in list(moves) for v in values("hybrid_tree", s, device, block,
+                                                                                    dtype)]
+        return list({s.name: s for s in moves if runs_as_named(s, block, width)}.values())
 
     def _moves(self, d: Direction, start: System, device: str, block: int, dtype: str | None) -> list[System]:
         if d.factor == "base":
@@ -120,7 +127,7 @@ class BuiltinAgent:
             return max((v for b, v in rivals.items() if b != mine), default=0.0)
 
         evaluated, best = [], 0.0
-        for c in self.candidates(d, start, device, block, width, dtype):
+        for c in self.candidates(d, start, device, block, width, dtype, ev.hybrid):
             if deadline is not None and time.monotonic() > deadline:
                 evaluated.append({"system": c.name, "not_reached": "the step's share of the budget is spent"})
                 continue

@@ -50,6 +50,11 @@ class Evidence:
     cache: dict = field(default_factory=dict)
     row_steps: dict = field(default_factory=dict)  # rows -> step seconds of the tree systems predicted so far
 
+    @property
+    def hybrid(self) -> bool:
+        """Whether the target has Gated DeltaNet layers (the `hybrid_tree` option acts on them)."""
+        return "gdn" in self.runner.target.cfg.kinds
+
     def timings(self, system: System) -> list[float]:
         """The captured step timed alone `repeats` times (seconds per step each)."""
         key = ("step", system.name)

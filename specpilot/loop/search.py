@@ -46,7 +46,7 @@ def survey(agent: BuiltinAgent, directions: list[Direction], start: System, ev: 
     found: dict[str, tuple[System, Direction]] = {}
     skipped = []
     for d in directions:
-        mine = agent.candidates(d, start, device, block, width, dtype)
+        mine = agent.candidates(d, start, device, block, width, dtype, ev.hybrid)
         if not mine:
             skipped.append({"direction": d.mechanism, "factor": d.factor,
                             "reason": "no value of its options runs here from this start" if d.options or d.systems
