@@ -4,12 +4,13 @@ Here (CPU):   python3 bench/gpu/stage_smollm2.py split && python3 bench/gpu/stag
               -> .stage/smollm2.part0 and .stage/smollm2.part1 (each <= 50 MB, both ignored by git),
                  .stage/gguf-0.19.0-py3-none-any.whl, .stage/smollm2.sha256, and .stage/data/ (the benchmark
                  files from ../shared/datasets, which does not travel to the GPU machine)
-GPU run 1:    carry [".stage/smollm2.part0", ".stage/gguf-0.19.0-py3-none-any.whl", ".stage/smollm2.sha256"],
+GPU run 1:    carry [".stage/smollm2.part0", ".stage/gguf-0.19.0-py3-none-any.whl", ".stage/smollm2.sha256",
+              ".stage/fla_core-0.6.0-py3-none-any.whl" (a hybrid's GDN kernels; 1 MB)],
               command: python3 bench/gpu/stage_smollm2.py status
 GPU run 2 (within ~30 s, while the machine is still held; files left by run 1 stay):
               carry [".stage/smollm2.part1", ".stage/data"], command: python3 bench/gpu/stage_smollm2.py assemble
 (the data rides with the smaller part: with the tree's ~15 MiB each run stays under 64 MiB)
-`assemble` joins the parts, checks the sha256, installs the carried gguf wheel into /tmp/site and converts
+`assemble` installs the carried wheels into /tmp/site, joins the parts, checks the sha256 and converts
 the GGUF into .models/smollm2 (Hugging Face layout); it does nothing when that folder is already complete.
 Here, after run 2: python3 bench/gpu/stage_smollm2.py release (later runs may bring the checkpoints).
 Jobs then use SPECPILOT_MODELS=.models and PYTHONPATH=.:/tmp/site.
@@ -29,7 +30,7 @@ from specpilot.pypi import sha256_file  # noqa: E402
 
 STAGE = Path(".stage")
 PART = 50_000_000  # two parts; with the tree (checkpoints/ held aside) each run stays under 64 MiB
-WHEEL = "gguf-0.19.0-py3-none-any.whl"
+WHEELS = ("gguf==0.19.0", "fla-core==0.6.0")  # GGUF reading; a hybrid's GDN kernels (pure Python, Triton)
 
 
 def split() -> None:
@@ -42,7 +43,7 @@ def split() -> None:
     for i in range(0, len(data), PART):
         (STAGE / f"smollm2.part{i // PART}").write_bytes(data[i : i + PART])
     (STAGE / "smollm2.sha256").write_text(sha256_file(gguf) + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "gguf==0.19.0", "-d", str(STAGE)],
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *WHEELS, "-d", str(STAGE)],
                    check=True)
     shared = Path(__file__).resolve().parents[3] / "shared" / "datasets"
     for src in shared.rglob("*.json*") if shared.is_dir() else []:  # contents only: shared/ is read-only
@@ -52,16 +53,20 @@ def split() -> None:
     print(f"staged {len(data)} bytes in {(len(data) + PART - 1) // PART} parts under {STAGE}/")
 
 
-def install_gguf() -> None:
-    wheel = STAGE / WHEEL
-    if wheel.exists() and not Path("/tmp/site/gguf").exists():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--target", "/tmp/site", str(wheel)], check=True)
+def install_wheels() -> None:
+    """Every carried wheel (gguf; fla-core for a hybrid's GDN kernels) into /tmp/site, once per machine."""
+    for wheel in sorted(STAGE.glob("*.whl")):
+        done = Path("/tmp/site") / f".installed-{wheel.name}"
+        if not done.exists():
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                            "--target", "/tmp/site", str(wheel)], check=True)
+            done.touch()
     sys.path.insert(0, "/tmp/site")
     importlib.invalidate_caches()  # /tmp/site may not have existed when this interpreter started
 
 
 def assemble() -> None:
+    install_wheels()
     out = Path(".models") / "smollm2"
     if (out / ".complete").exists():
         print(f"{out} already converted")
@@ -76,7 +81,6 @@ def assemble() -> None:
     want = (STAGE / "smollm2.sha256").read_text().strip()
     if sha256_file(gguf) != want:
         raise SystemExit("assembled GGUF does not match its sha256: a part is stale or truncated")
-    install_gguf()
     os.environ.setdefault("SPECPILOT_MODELS", ".models")
     from specpilot.models import smollm2
     from specpilot.models.gguf import convert_gguf

@@ -21,6 +21,7 @@ from torch import nn
 from specpilot.config.plan import KernelPlan
 from specpilot.core.contracts import Forward
 from specpilot.kernels import gdn
+from specpilot.kernels.gdn.prefill import prefill
 from specpilot.kernels.gemv import stream_of
 from specpilot.models.cache import GDNState
 from specpilot.models.config import DenseConfig
@@ -52,7 +53,7 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(ba[..., : s.v_heads])
         g = -self.A_log.float().exp() * F.softplus(ba[..., s.v_heads :] + self.dt_bias.float())
         if prefill:
-            o = self._prefill(mixed, g, beta, meta, state)
+            o = self._prefill(mixed, g, beta, meta, state, plan)
         else:
             o = self._rows(mixed, g, beta, meta, state, plan.hybrid_tree == "snapshot")
         o = gated_norm(o.to(qkvz.dtype), z.view(b, t, s.v_heads, s.v_dim), self.norm, self.cfg.rms_norm_eps)
@@ -65,12 +66,13 @@ class GatedDeltaNet(nn.Module):
         return (q.reshape(*q.shape[:2], s.k_heads, s.k_dim), k.reshape(*k.shape[:2], s.k_heads, s.k_dim),
                 v.reshape(*v.shape[:2], s.v_heads, s.v_dim))
 
-    def _prefill(self, mixed, g, beta, meta: Forward, state: GDNState) -> torch.Tensor:
-        """A prompt chunk (one request): the chunked form, the state moved past it."""
+    def _prefill(self, mixed, g, beta, meta: Forward, state: GDNState, plan: KernelPlan) -> torch.Tensor:
+        """A prompt chunk (one request): the chunked form (fla-core's on CUDA: kernels/gdn/prefill.py), the state
+        moved past it."""
         if int(meta.positions[0, 0]) == 0:  # a request's first chunk: nothing before it
             state.reset()
         y = gdn.conv_chain(mixed, self.conv, state.conv)
-        o, after = gdn.chunked(*self._heads(y), g, beta, state.ssm)
+        o, after = prefill(*self._heads(y), g, beta, state.ssm, plan)
         state.ssm.copy_(after)
         b, t = mixed.shape[:2]
         whole = torch.arange(t, device=mixed.device).expand(b, t)  # the chunk is the path, all of it kept
