@@ -26,7 +26,8 @@ from specpilot.core.contracts import Prompted
 from specpilot.deployment import load_deployment
 from specpilot.runtime.pair import build_pair
 
-SYSTEMS = ["stock", "stock:tree=best_first,nodes=32"]
+# SYSTEMS="stock|stock:tree=best_first,nodes=32,hybrid_tree=recompute" names others ('|' between systems)
+SYSTEMS = os.environ.get("SYSTEMS", "stock|stock:tree=best_first,nodes=32").split("|")
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     counts = [int(c) for c in (sys.argv[2] if len(sys.argv) > 2 else "1,8,16,24,32").split(",")]
     out = Path(os.environ.get("OUT", "/tmp")) / f"batch_sweep_{preset}.json"
     dep = load_deployment(preset, None)
-    if dep.twin_width > 1:
+    if dep.twin:
         dep = dataclasses.replace(dep, context=int(os.environ.get("CONTEXT", "1024")))
     limit, max_new = int(os.environ.get("LIMIT", "8")), int(os.environ.get("MAX_NEW", "256"))
     target, drafter, tok = build_pair(dep)

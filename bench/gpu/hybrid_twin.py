@@ -1,0 +1,110 @@
+"""Issue 58's GPU Must on the hybrid twin (`smollm2-hybrid-twin`: SmolLM2 x8 with 90 Gated DeltaNet layers of a
+27B-class hybrid's shape, ~59 GB; it measures cost, never correctness).
+
+    python3 bench/gpu/hybrid_twin.py [memory] [single]      (PRESET=tiny-hybrid: a CPU dry run)
+
+memory  each system on one request (MAX_NEW tokens): the bytes its GDN layers hold for the commit per step (stock's
+        chain and hybrid_tree=snapshot: a state per row; recompute: the rows' inputs), counted on the GDN states,
+        and on CUDA the peak memory above the models during the decode; AR beside them
+single  `specpilot bench` of AR, stock (a chain with snapshots) and best_first at N = 8/16/24/32/48 with
+        hybrid_tree=recompute, and N = 32 with snapshots (LIMIT requests per benchmark, MAX_NEW tokens): tau and
+        speedup over AR, each system's outputs against AR's
+
+Batched (8 and 32 in flight): `SYSTEMS="stock|stock:tree=best_first,nodes=32,hybrid_tree=recompute"
+python3 bench/gpu/batch_sweep.py smollm2-hybrid-twin 1,8,32`. Correctness first: `single` reports each system's
+mismatch against AR (bf16), `memory` the tokens of each system beside AR's. Writes $OUT/hybrid_twin.json after each
+part (a timeout keeps what was measured)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specpilot.bench.harness import Runner
+from specpilot.bench.run import BenchPlan, bench_report, collect_requests, plan_systems, run_bench
+from specpilot.deployment import load_deployment
+from specpilot.models.cache import GDNState
+from specpilot.runtime.pair import build_pair
+
+TREES = [f"stock:tree=best_first,nodes={n},hybrid_tree=recompute" for n in (8, 16, 24, 32, 48)]
+SYSTEMS = ["stock", *TREES, "stock:tree=best_first,nodes=32"]
+
+
+def main() -> None:
+    parts = sys.argv[1:] or ["memory", "single"]
+    preset = os.environ.get("PRESET", "smollm2-hybrid-twin")
+    out = Path(os.environ.get("OUT", "/tmp")) / "hybrid_twin.json"
+    dep = load_deployment(preset, None)
+    dep = dataclasses.replace(dep, context=int(os.environ.get("CONTEXT", str(min(dep.context, 1024)))))
+    limit, max_new = int(os.environ.get("LIMIT", "1")), int(os.environ.get("MAX_NEW", "128"))
+    t0 = time.time()
+    target, drafter, tok = build_pair(dep)
+    head = {"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("SPECPILOT_COMMIT"), "preset": preset,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "context": dep.context,
+            "limit": limit, "max_new_tokens": max_new, "command": " ".join(["python3", *sys.argv]),
+            "target": {"layers": target.cfg.kinds.count("attention"), "gdn_layers": target.cfg.kinds.count("gdn"),
+                       "parameters": sum(p.numel() for p in target.parameters()), "load_s": time.time() - t0}}
+    print(f"{preset}: {head['target']}", flush=True)
+    runner = Runner(target, drafter, tok, dep.context, max_engines=2)
+    plan = BenchPlan(dep, plan_systems(SYSTEMS), dep.datasets, dep.split, limit, max_new)
+    requests = collect_requests(plan)
+    if "memory" in parts:
+        head["memory"] = [memory(runner, s, requests[0], max_new) for s in plan.systems]
+        out.write_text(json.dumps(head, indent=1))
+    if "single" in parts:
+        summaries = run_bench(plan, runner, requests)
+        report = bench_report(plan, summaries)
+        head["single"] = {name: {k: s.get(k) for k in ("tau", "speedup_vs_ar", "mismatch_vs_ar", "decode_tokens_per_s",
+                                                       "decode_ms_per_step")} for name, s in summaries.items()}
+        head["environment"] = {k: report[k] for k in ("date", "device", "commit", "dirty") if k in report}
+        out.write_text(json.dumps(head, indent=1))
+        for name, s in head["single"].items():
+            print(f"{name:52s} tau {s['tau']:.2f}  speedup {s.get('speedup_vs_ar') or 1:.3f}x  "
+                  f"mismatch vs AR {100 * (s.get('mismatch_vs_ar') or 0):.2f}%", flush=True)
+    out.write_text(json.dumps(head, indent=1))
+
+
+def memory(runner: Runner, system, request, max_new: int) -> dict:
+    """One request: the GDN layers' bytes kept for the commit in a step (all layers, the largest step), and on
+    CUDA the peak memory above what was allocated before (the engine's cache and graphs included: AR's row is the
+    reference)."""
+    pending: dict[int, int] = {}  # GDN layer -> the most bytes it held for one commit
+    commit = GDNState.commit
+
+    def counting(self, *a, **kw):  # a step's shapes are fixed: what a captured step holds, its capture held
+        if self.pending:
+            held = sum(t.numel() * t.element_size() for t in self.pending.values())
+            pending[id(self)] = max(pending.get(id(self), 0), held)
+        return commit(self, *a, **kw)
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    GDNState.commit = counting
+    try:
+        t0 = time.time()
+        records = runner.run(system, request, max_new)
+    finally:
+        GDNState.commit = commit
+    layers = runner.target.cfg.kinds.count("gdn")
+    row = {"system": system.name, "tokens": sum(len(r.tokens) for r in records), "seconds": time.time() - t0,
+           "pending_bytes_per_step": sum(pending.values()), "gdn_layers": layers,
+           "state_bytes_per_sequence": sum(s.ssm.numel() * 4 + s.conv.numel() * s.conv.element_size()
+                                           for s in runner.engine(system).cache.layers if isinstance(s, GDNState))}
+    if cuda:
+        row["peak_above_bytes"] = torch.cuda.max_memory_allocated() - before
+    print(f"{system.name:52s} {json.dumps({k: v for k, v in row.items() if k != 'system'})}", flush=True)
+    return row
+
+
+if __name__ == "__main__":
+    sys.exit(main())
