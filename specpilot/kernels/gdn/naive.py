@@ -152,9 +152,14 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
 
 
 def check_parents(parents: torch.Tensor) -> None:
-    """parents [B, N] int: row 0 is the root (its entry, -1 or 0, is ignored); 0 <= parents[:, n] < n for n > 0."""
+    """parents [B, N] int: row 0 is the root (its entry, -1 or 0, is ignored); 0 <= parents[:, n] < n for n > 0.
+    Values are checked on the CPU only: on a GPU the check is a host sync in every GDN layer of every step, and
+    illegal inside a captured one (it broke the hybrid's first CUDA-graph capture, 2026-12-06); the engine's parents
+    come from the tree builders, whose output the tree tests check."""
     if parents.dim() != 2:
         raise ValueError(f"parents must be [B, N], got {tuple(parents.shape)}")
+    if parents.is_cuda:
+        return
     rest = parents[:, 1:]
     upper = torch.arange(1, parents.shape[1], device=parents.device)
     if bool(((rest < 0) | (rest >= upper)).any()):
