@@ -5,7 +5,8 @@
 # (setsid) and the calls watch it:
 #   bash bench/gpu/loop_pair.sh sweep        the bench sweep (~4 min), then the loop started in the background,
 #                                            watched until AFTER s (default 540) from the call's start
-#   bash bench/gpu/loop_pair.sh watch        waits until the loop ends (WAIT s at most), then sends it back
+#   bash bench/gpu/loop_pair.sh watch        waits until the loop ends (WAIT s at most), then sends it back (the
+#                                            newest loop the sweep call started, unless PRESET names one)
 # Give the calls SPECPILOT_COMMIT=<the commit> (the GPU copy's .git may be stale). Each call sends back what it
 # has: $OUT/sweep.json, $OUT/loop.tgz (the run directory, its report and the log).
 # PRESET=smollm2-twin runs the twin instead (its sweep: stock, best_first N = 32/48/64 and ar:gemv=true, LIMIT 1).
@@ -14,6 +15,10 @@ set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
 python3 bench/gpu/stage_smollm2.py assemble >/dev/null || exit 1
 preset=${PRESET:-smollm2}
+if [ "${1:-sweep}" = watch ] && [ -z "${PRESET:-}" ]; then  # the loop the sweep call started, whichever preset
+    newest=$(ls -t /tmp/o/loop-*.log 2>/dev/null | head -n 1)
+    [ -n "$newest" ] && preset=$(basename "$newest" .log) && preset=${preset#loop-}
+fi
 run=/tmp/o/loop-$preset
 mkdir -p /tmp/o
 
