@@ -55,7 +55,7 @@ class DenseConfig:
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    qk_norm: bool = False
+    qk_norm: bool | None = None  # None: the family's (Qwen3 and Qwen3.5 normalise q and k per head)
     attention_bias: bool = False
     mlp_bias: bool = False
     bos_token_id: int | None = None
@@ -67,8 +67,9 @@ class DenseConfig:
     gdn: GDNShape | None = None  # the shape of the "gdn" layers
 
     def __post_init__(self) -> None:
-        if self.family in ("qwen3", "qwen3_5"):
-            self.qk_norm = True  # Qwen3 always normalises q and k per head
+        if self.family == "qwen3" or (self.family == "qwen3_5" and self.qk_norm is None):
+            self.qk_norm = True  # Qwen3 always normalises q and k per head; a Qwen3.5-style hybrid may not
+        self.qk_norm = bool(self.qk_norm)
 
     @property
     def kinds(self) -> list[str]:
@@ -117,6 +118,8 @@ class DenseConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """The config.json a Hugging Face loader of this family would accept."""
+        if self.family == "qwen3_5":
+            return _qwen3_5_hf(self)
         arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
         eos = self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else (self.eos_token_ids or None)
         out = {
@@ -168,6 +171,32 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, scaling
 
 
+def _qwen3_5_hf(cfg: DenseConfig) -> dict[str, Any]:
+    """A Qwen3.5 text config.json. Two fields are ours (transformers' Qwen3.5 always gates and normalises q and k):
+    `attn_output_gate` and `use_qk_norm`, written only when false (a hybrid student keeping Llama attention)."""
+    names = {v: k for k, v in HF_LAYER_TYPES.items()}
+    eos = cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else (cfg.eos_token_ids or None)
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {}),
+            "partial_rotary_factor": cfg.rotated / cfg.head_dim}
+    s = cfg.gdn
+    out = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": cfg.vocab_size,
+           "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+           "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+           "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+           "rms_norm_eps": cfg.rms_norm_eps, "rope_parameters": rope, "partial_rotary_factor": rope[
+               "partial_rotary_factor"], "max_position_embeddings": cfg.max_position_embeddings,
+           "tie_word_embeddings": cfg.tie_word_embeddings, "attention_bias": cfg.attention_bias,
+           "bos_token_id": cfg.bos_token_id, "eos_token_id": eos, "layer_types": [names[k] for k in cfg.kinds]}
+    if s is not None:
+        out.update(linear_num_key_heads=s.k_heads, linear_num_value_heads=s.v_heads, linear_key_head_dim=s.k_dim,
+                   linear_value_head_dim=s.v_dim, linear_conv_kernel_dim=s.conv)
+    if not cfg.attn_output_gate:
+        out["attn_output_gate"] = False
+    if not cfg.qk_norm:
+        out["use_qk_norm"] = False
+    return out
+
+
 HF_LAYER_TYPES = {"full_attention": "attention", "linear_attention": "gdn"}  # Qwen3.5's names -> ours
 
 
@@ -190,7 +219,8 @@ def _qwen3_5(raw: dict[str, Any]) -> dict[str, Any]:
     scaling = {k: v for k, v in params.items() if k not in ("partial_rotary_factor", "mrope_section",
                                                             "mrope_interleaved")}
     return {**raw, "model_type": "qwen3_5", "rope_parameters": scaling, "layer_types": kinds,
-            "_extra": {"attn_output_gate": True, "rotary_dim": int(head_dim * factor), "gdn": gdn,
+            "_extra": {"attn_output_gate": bool(raw.get("attn_output_gate", True)),
+                       "qk_norm": bool(raw.get("use_qk_norm", True)), "rotary_dim": int(head_dim * factor), "gdn": gdn,
                        "layer_types": [HF_LAYER_TYPES[k] for k in kinds]}}
 
 
@@ -225,12 +255,11 @@ def dense_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> De
             rope_scaling=scaling,
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qk_norm=family in ("qwen3", "qwen3_5"),
             attention_bias=bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_list(raw.get("eos_token_id")),
-            **raw.get("_extra", {}),
+            **{"qk_norm": family in ("qwen3", "qwen3_5"), **raw.get("_extra", {})},
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{source}: missing or invalid field {exc}") from None

@@ -72,7 +72,8 @@ class GatedDeltaNet(nn.Module):
         if int(meta.positions[0, 0]) == 0:  # a request's first chunk: nothing before it
             state.reset()
         y = gdn.conv_chain(mixed, self.conv, state.conv)
-        o, after = prefill(*self._heads(y), g, beta, state.ssm, plan)
+        # a copy of the state goes in: it moves in place below, and a training pass's autograd keeps what went in
+        o, after = prefill(*self._heads(y), g, beta, state.ssm.clone(), plan)
         state.ssm.copy_(after)
         b, t = mixed.shape[:2]
         whole = torch.arange(t, device=mixed.device).expand(b, t)  # the chunk is the path, all of it kept

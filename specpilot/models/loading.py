@@ -231,8 +231,16 @@ def _write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
                 (tmp / name).write_text(content)
 
 
-def save_target(model: DenseTarget, folder: str | Path) -> None:
-    _write_folder(Path(folder), model.cfg.to_hf(), _split_state(model, target_sources(model.cfg)))
+def save_target(model: DenseTarget, folder: str | Path, extra: dict[str, str | bytes] | None = None,
+                max_shard_bytes: int | None = None) -> None:
+    """A hybrid (family qwen3_5) is written in Qwen3.5's layout (models/qwen3_5.export), others in their own."""
+    if model.cfg.family == "qwen3_5":
+        from specpilot.models.qwen3_5 import export
+
+        tensors = export({k: v.detach().cpu() for k, v in model.state_dict().items()}, model.cfg)
+    else:
+        tensors = _split_state(model, target_sources(model.cfg))
+    _write_folder(Path(folder), model.cfg.to_hf(), tensors, extra, max_shard_bytes)
 
 
 def save_drafter(model: DFlashDrafter, folder: str | Path, extra: dict[str, str | bytes] | None = None,
