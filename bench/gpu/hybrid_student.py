@@ -3,7 +3,7 @@
     train     --out DIR [--changed DIR] [--data .cache/distill] [--minutes M] ...: distil the student from the
               teacher for M minutes, print the learning curve, save the whole student (Qwen3.5-style folder, shards
               <= 15 MB, the teacher's tokenizer beside it) at --out and what training changed (the GDN layers
-              after stage 1, ~40 MB in bf16) at --changed: the whole student (270 MB) cannot come back from a run
+              after stage 1, ~41 MB in bf16) at --changed: the whole student (270 MB) cannot come back from a run
     check     --student DIR [--prompts N] [--json FILE]: the student loaded as a target and run by the engine (AR):
               greedy agreement with the teacher on dev prompts, and both models' AR tokens/s
     assemble  --changed DIR --out DIR: here, the whole student from what came back and the local teacher

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A hybrid distilled student of SmolLM2-135M-Instruct: 22 of its 30 attention layers replaced by Gated DeltaNet
+# A hybrid distilled student of SmolLM2-135M-Instruct: 23 of its 30 attention layers replaced by Gated DeltaNet
 # layers (Qwen3.5's 3:1 pattern), distilled from SmolLM2 (specpilot/training/hybrid_student.py). A distilled student,
 # not a released model. After the staging runs of bench/gpu/README.md (SmolLM2 under .models, the benchmark files
 # under .stage/data), in one held machine:
 #   bash bench/gpu/hybrid_student.sh distill   as drafter.sh distill (skipped when .cache/distill is there)
 #   bash bench/gpu/hybrid_student.sh train     distil for MINUTES (default 7) -> .models/smollm2-hybrid (whole,
-#                                              bf16, shards <= 15 MB); what training changed (the GDN layers, ~40 MB
+#                                              bf16, shards <= 15 MB); what training changed (the GDN layers, ~41 MB
 #                                              after stage 1) -> $OUT/smollm2-hybrid/, the learning curve printed
 #   bash bench/gpu/hybrid_student.sh check     the student as a target in the engine (AR): greedy agreement with the
 #                                              teacher on PROMPTS dev prompts, AR tokens/s -> $OUT/hybrid_check.json
