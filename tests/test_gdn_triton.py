@@ -20,6 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from specpilot.config.plan import KernelPlan  # noqa: E402
 from specpilot.kernels import gdn  # noqa: E402
 from specpilot.kernels.gdn import triton as kernels  # noqa: E402
 
@@ -251,3 +252,26 @@ def test_commit_of_nothing_keeps_the_state():
     torch.testing.assert_close(got.cpu(), gdn.commit(*cpu(k, v, g, beta, state, path), torch.tensor([-1, 0])),
                                **F32_TOL)
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# dispatch
+
+
+@pytest.mark.parametrize("kind", ["naive", "triton"])
+def test_rows_dispatch(kind):
+    plan = KernelPlan.stock(kernels=kind)
+    q, k, v, g, beta, state = args = inputs(10, 2, 5)
+    parents = torch.tensor([[-1, 0, 0, 1, 1], [0, 0, 1, 2, 3]], device=DEVICE)
+    path, accepted = padded_paths(parents, [3, 4], 5)
+    ref = cpu(*args)
+    checks = [
+        (gdn.rows_recurrent(*args, plan), gdn.recurrent(*ref)),
+        (gdn.rows_chain(*args, plan), gdn.chain_snapshots(*ref)),
+        ((gdn.rows_tree(*args, parents, plan),), (gdn.tree(*ref, parents.cpu()),)),
+        (gdn.rows_tree(*args, parents, plan, snapshots=True), gdn.tree_snapshots(*ref, parents.cpu())),
+        ((gdn.rows_commit(k, v, g, beta, state, path, accepted, plan),),
+         (gdn.commit(*cpu(k, v, g, beta, state, path, accepted)),)),
+    ]
+    for got, want in checks:
+        for x, y in zip(got, want, strict=True):
+            torch.testing.assert_close(x.cpu(), y, **F32_TOL)

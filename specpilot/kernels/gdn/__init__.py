@@ -18,8 +18,17 @@ exactly those rows from the committed state, the same operations as the stock de
 same bits; `chain_snapshots` is the stock alternative that keeps every position's state. The short conv commits the
 last K - 1 inputs along the path (`conv_state_after`). `split3` splits a float32 state exactly into three bf16 parts
 for tensor-core products.
+
+The `rows_*` functions pick the Triton kernels (`triton.py`: the same token loop, one program per walk) when the
+plan's `use_triton` says so, the references otherwise.
 """
 
+from __future__ import annotations
+
+import torch
+
+from specpilot.config.plan import KernelPlan
+from specpilot.kernels.dispatch import use_triton
 from specpilot.kernels.gdn.naive import (
     ancestors,
     chain_parents,
@@ -54,8 +63,59 @@ __all__ = [
     "l2norm",
     "recurrent",
     "root_path",
+    "rows_chain",
+    "rows_commit",
+    "rows_recurrent",
+    "rows_tree",
     "split3",
     "tree",
     "tree_by_paths",
     "tree_snapshots",
 ]
+
+
+# Each imports the Triton module only when it runs it: importing this package never imports triton (TRITON_INTERPRET
+# must be set before triton's first import).
+
+
+def rows_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state: torch.Tensor, plan: KernelPlan, normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """AR decode / short prefill: (o [B, T, Hv, Dv], state after the last row), as `recurrent`."""
+    if use_triton(k, plan):
+        from specpilot.kernels.gdn.triton import recurrent_rows
+
+        return recurrent_rows(q, k, v, g, beta, state, normalize)
+    return recurrent(q, k, v, g, beta, state, normalize)
+
+
+def rows_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               state: torch.Tensor, plan: KernelPlan, normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chain verification: (o, every row's state [B, T, Hv, Dk, Dv]), as `chain_snapshots`."""
+    if use_triton(k, plan):
+        from specpilot.kernels.gdn.triton import recurrent_rows
+
+        return recurrent_rows(q, k, v, g, beta, state, normalize, snapshots=True, final=False)
+    return chain_snapshots(q, k, v, g, beta, state, normalize)
+
+
+def rows_tree(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              state: torch.Tensor, parents: torch.Tensor, plan: KernelPlan, normalize: bool = True,
+              snapshots: bool = False):
+    """Tree verification: o [B, N, Hv, Dv] as `tree`, or with snapshots (o, states) as `tree_snapshots`."""
+    if use_triton(k, plan):
+        from specpilot.kernels.gdn.triton import tree_rows
+
+        return tree_rows(q, k, v, g, beta, state, parents, normalize, snapshots)
+    if snapshots:
+        return tree_snapshots(q, k, v, g, beta, state, parents, normalize)
+    return tree(q, k, v, g, beta, state, parents, normalize)
+
+
+def rows_commit(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+                path: torch.Tensor, accepted: torch.Tensor, plan: KernelPlan, normalize: bool = True) -> torch.Tensor:
+    """The state after the accepted path, as `commit`."""
+    if use_triton(k, plan):
+        from specpilot.kernels.gdn.triton import commit_rows
+
+        return commit_rows(k, v, g, beta, state, path, accepted, normalize)
+    return commit(k, v, g, beta, state, path, accepted, normalize)
