@@ -162,7 +162,7 @@ def test_tree_paths_are_the_root_paths(parents):
             assert path[i, j].tolist() == want + [-1] * (n - len(want))
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(parents=trees(), seed=st.integers(0, 2**16), hk=st.integers(1, 2), rep=st.integers(1, 2),
        dk=st.integers(2, 9), dv=st.integers(2, 9), block_v=st.sampled_from([2, 4, None]))
 def test_tree_rows_are_the_token_loop_along_each_root_path(parents, seed, hk, rep, dk, dv, block_v):
@@ -200,11 +200,11 @@ def test_a_chain_shaped_tree_is_the_chain_bit_for_bit(n, block_v):
 
 
 def test_a_64_node_tree():
-    """The largest tree a step verifies (N = 64): a random (bushy) tree, and two interleaved 32-long chains (node n's
-    parent n - 2) for paths of 33 rows; one head, one column block, to keep the interpreter quick."""
+    """The largest tree a step verifies (N = 64): a random (bushy) tree, and four interleaved 16-long chains (node n's
+    parent n - 4) for paths of 17 rows; one head, one column block, to keep the interpreter quick."""
     gen = torch.Generator().manual_seed(7)
     bushy = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, 64)]
-    parents = torch.tensor([bushy, [-1, 0] + list(range(62))], device=DEVICE)
+    parents = torch.tensor([bushy, [-1, 0, 0, 0] + list(range(60))], device=DEVICE)
     args = inputs(7, 2, 64, hk=1, rep=1)
     o = kernels.tree_rows(*args, parents)
     torch.testing.assert_close(o.cpu().double(), gdn.tree_by_paths(*cpu(*args), parents.cpu()), **F32_TOL)

@@ -1,8 +1,8 @@
 """Gated DeltaNet decode, chain and tree verification and commit in Triton: the naive.py references' token loop.
 
 Every entry point launches one kernel, `_walk_kernel`: a program walks a sequence of rows from the committed state,
-one delta-rule step per row (S <- e^g S; u = beta (v - S^T k); S <- S + k u^T; o = S^T q, `_step`), with its state
-tile in registers in float32. The columns of S never mix under the delta rule, so a program owns a block of BV
+one delta-rule step per row in naive._step's order (S <- e^g S; u = beta (v - S^T k); S <- S + k u^T; o = S^T q),
+its state tile in registers in float32. The columns of S never mix under the delta rule, so a program owns a block of BV
 columns of one (sequence, value head) with the whole Dk (padded to a power of two, masked) in its [BK, BV] tile.
 
   recurrent_rows  one walk over rows 0..T-1 (AR decode T = 1, chain verify, short prefill): o of every row, and
@@ -17,8 +17,9 @@ reading key head h // (Hv / Hk). Outputs are float32. Graph-safe: grids and shap
 walk's length is loaded inside the kernel (the loop bound is a device value), and the tree paths are built with a
 fixed number of gathers (pointer doubling), so nothing reads device data on the host.
 
-Tiling: BV = min(32, Dv) by default ([128, 32] float32 = 32 registers a thread over 4 warps at Dk = 128, and
-Hv * Dv / 32 programs a sequence, enough to fill the GPU for decode). Not tuned on a GPU yet: `block_v` and
+Tiling: BV = min(32, Dv) by default: [128, 32] float32 is 32 registers a thread over 4 warps at Dk = 128, and a
+sequence gets Hv * Dv / 32 programs (128 for 32 value heads of 128: about one per H100 SM at B = 1, where a
+wider block would leave SMs idle in decode). Not tuned on a GPU yet: `block_v` and
 `num_warps` are parameters, and the CPU tests run small blocks (several column blocks, masked tails) under
 Triton's interpreter.
 """
