@@ -275,3 +275,25 @@ def test_rows_dispatch(kind):
     for got, want in checks:
         for x, y in zip(got, want, strict=True):
             torch.testing.assert_close(x.cpu(), y, **F32_TOL)
+
+
+@pytest.mark.parametrize("system", ["stock", "stock:tree=best_first,nodes=8,hybrid_tree=recompute"])
+def test_the_hybrid_engine_on_the_triton_kernels_answers_as_on_the_references(system, monkeypatch):
+    """The layer's dispatch end to end (chain snapshots, tree in one pass, the recompute commit): the engine with
+    `kernels=triton` (the interpreter here) gives the references' tokens, and the GDN kernels did run."""
+    from specpilot.config import parse_system
+    from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_hybrid_config
+    from specpilot.runtime.engine import Engine
+
+    cfg = tiny_hybrid_config(vocab=64)
+    target = random_target(cfg, seed=3)
+    drafter = random_drafter(tiny_drafter_config(cfg, target_layer_ids=[0, 3], block_size=4), seed=4)
+    ran = []
+    for name in ("recurrent_rows", "tree_rows", "commit_rows"):
+        real = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _f=real, _n=name, **kw: ran.append(_n) or _f(*a, **kw))
+    out = {kind: Engine(target, drafter, parse_system(f"{system}{',' if ':' in system else ':'}kernels={kind}"),
+                        context=64).generate_one([1, 5, 7, 9, 11], 10, ()).tokens for kind in ("naive", "triton")}
+    assert out["triton"] == out["naive"] and len(out["naive"]) == 10
+    want = {"tree_rows", "commit_rows"} if "tree=" in system else {"recurrent_rows"}  # a chain: snapshots, no commit
+    assert set(ran) == want

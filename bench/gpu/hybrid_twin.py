@@ -79,7 +79,7 @@ def memory(runner: Runner, system, request, max_new: int) -> dict:
 
     def counting(self, *a, **kw):  # a step's shapes are fixed: what a captured step holds, its capture held
         if self.pending:
-            held = sum(t.numel() * t.element_size() for t in self.pending.values())
+            held = sum(t.numel() * t.element_size() for t in self.pending.values() if isinstance(t, torch.Tensor))
             pending[id(self)] = max(pending.get(id(self), 0), held)
         return commit(self, *a, **kw)
 

@@ -55,7 +55,7 @@ class GatedDeltaNet(nn.Module):
         if prefill:
             o = self._prefill(mixed, g, beta, meta, state, plan)
         else:
-            o = self._rows(mixed, g, beta, meta, state, plan.hybrid_tree == "snapshot")
+            o = self._rows(mixed, g, beta, meta, state, plan)
         o = gated_norm(o.to(qkvz.dtype), z.view(b, t, s.v_heads, s.v_dim), self.norm, self.cfg.rms_norm_eps)
         return self.wo.project(o.reshape(b, t, s.value_dim), plan, residual=residual, next_norm=next_norm)
 
@@ -80,22 +80,24 @@ class GatedDeltaNet(nn.Module):
         state.conv.copy_(gdn.conv_state_after(mixed, state.conv, whole, torch.full((b,), t - 1, device=mixed.device)))
         return o
 
-    def _rows(self, mixed, g, beta, meta: Forward, state: GDNState, snapshots: bool) -> torch.Tensor:
+    def _rows(self, mixed, g, beta, meta: Forward, state: GDNState, plan: KernelPlan) -> torch.Tensor:
         """Decode or verify rows (a chain, or a tree by meta.parents): outputs, and what the commit needs (a state
-        per row; for a tree under hybrid_tree=recompute, the rows' inputs)."""
+        per row; for a tree under hybrid_tree=recompute, the rows' inputs). The Triton kernels on CUDA
+        (kernels/gdn/triton.py), the references elsewhere."""
         if meta.visibility.tree is None:
             y = gdn.conv_chain(mixed, self.conv, state.conv)
-            o, snaps = gdn.chain_snapshots(*self._heads(y), g, beta, state.ssm)
+            o, snaps = gdn.rows_chain(*self._heads(y), g, beta, state.ssm, plan)
             state.pending = {"mixed": mixed, "snapshots": snaps}
             return o
         y = gdn.conv_tree(mixed, self.conv, state.conv, meta.parents)
         q, k, v = self._heads(y)
-        if snapshots:
-            o, snaps = gdn.tree_snapshots(q, k, v, g, beta, state.ssm, meta.parents)
+        if plan.hybrid_tree == "snapshot":
+            o, snaps = gdn.rows_tree(q, k, v, g, beta, state.ssm, meta.parents, plan, snapshots=True)
             state.pending = {"mixed": mixed, "snapshots": snaps}
             return o
         state.pending = {"mixed": mixed, "k": k, "v": v, "g": g, "beta": beta}
-        return gdn.tree(q, k, v, g, beta, state.ssm, meta.parents)
+        state.plan = plan
+        return gdn.rows_tree(q, k, v, g, beta, state.ssm, meta.parents, plan)
 
 
 def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
