@@ -1,7 +1,11 @@
 """Issue 58's GPU Must on the hybrid twin (`smollm2-hybrid-twin`: SmolLM2 x8 with 90 Gated DeltaNet layers of a
 27B-class hybrid's shape, ~59 GB; it measures cost, never correctness).
 
-    python3 bench/gpu/hybrid_twin.py [memory] [single]      (PRESET=tiny-hybrid: a CPU dry run)
+    python3 bench/gpu/hybrid_twin.py [verify] [memory] [single]      (PRESET=tiny-hybrid: a CPU dry run)
+
+verify  one GDN layer's verify kernels at the twin's shape (32 value heads, 128 x 128 states; no model): N rows as
+        a chain with snapshots (stock), as a best_first-shaped tree in one pass (recompute) and with a state per
+        node (snapshot), each checked against the reference first, then timed (CUDA events, median of 200)
 
 memory  each system on one request (MAX_NEW tokens): the bytes its GDN layers hold for the commit per step (stock's
         chain and hybrid_tree=snapshot: a state per row; recompute: the rows' inputs), counted on the GDN states,
@@ -37,12 +41,19 @@ SYSTEMS = ["stock", *TREES, "stock:tree=best_first,nodes=32"]
 
 
 def main() -> None:
-    parts = sys.argv[1:] or ["memory", "single"]
+    parts = sys.argv[1:] or ["verify", "memory", "single"]
     preset = os.environ.get("PRESET", "smollm2-hybrid-twin")
     out = Path(os.environ.get("OUT", "/tmp")) / "hybrid_twin.json"
     dep = load_deployment(preset, None)
     dep = dataclasses.replace(dep, context=int(os.environ.get("CONTEXT", str(min(dep.context, 1024)))))
     limit, max_new = int(os.environ.get("LIMIT", "1")), int(os.environ.get("MAX_NEW", "128"))
+    if "verify" in parts and torch.cuda.is_available():
+        rows = verify_kernels()
+        (out.parent / "hybrid_verify.json").write_text(json.dumps({"commit": os.environ.get("SPECPILOT_COMMIT"),
+                                                                   "gpu": torch.cuda.get_device_name(),
+                                                                   "rows": rows}, indent=1))
+    if parts == ["verify"]:
+        return
     t0 = time.time()
     target, drafter, tok = build_pair(dep)
     head = {"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("SPECPILOT_COMMIT"), "preset": preset,
@@ -68,6 +79,45 @@ def main() -> None:
             print(f"{name:52s} tau {s['tau']:.2f}  speedup {s.get('speedup_vs_ar') or 1:.3f}x  "
                   f"mismatch vs AR {100 * (s.get('mismatch_vs_ar') or 0):.2f}%", flush=True)
     out.write_text(json.dumps(head, indent=1))
+
+
+def verify_kernels(heads: int = 32, k_heads: int = 16, dim: int = 128) -> list[dict]:
+    """Chain verify (snapshots) vs tree verify (one pass; a state per node) of N rows of one GDN layer."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return [_verify(n, gen, heads, k_heads, dim) for n in (8, 16, 24, 32, 48)]
+
+
+def _verify(n: int, gen: torch.Generator, heads: int, k_heads: int, dim: int) -> dict:
+    import torch.nn.functional as F
+
+    from specpilot.kernels.gdn import naive
+    from specpilot.kernels.gdn import triton as kernels
+    from specpilot.runtime.graphs import median_ms
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    q, k = randn(1, n, k_heads, dim).bfloat16(), randn(1, n, k_heads, dim).bfloat16()
+    v, g = randn(1, n, heads, dim).bfloat16(), -F.softplus(randn(1, n, heads))
+    beta, state = torch.rand(1, n, heads, device="cuda", generator=gen), 0.1 * randn(1, heads, dim, dim)
+    # a best_first-like tree: each node's parent among the few before it (depth about n / 2)
+    parents = torch.tensor([[-1] + [max(0, i - 1 - (i % 3)) for i in range(1, n)]], device="cuda")
+    args = (q, k, v, g, beta, state)
+    chain = kernels.recurrent_rows(*args, snapshots=True, final=False)[0]
+    tree = kernels.tree_rows(*args, parents)
+    ref = naive.tree(q.float(), k.float(), v.float(), g, beta, state, parents)
+    ref_chain = naive.chain_snapshots(q.float(), k.float(), v.float(), g, beta, state)[0]
+    err = (tree - ref).abs().max().item() / ref.abs().max().item()
+    err_chain = (chain - ref_chain).abs().max().item() / ref_chain.abs().max().item()
+    t = {"chain_snapshots": median_ms(lambda: kernels.recurrent_rows(*args, snapshots=True, final=False), 200),
+         "tree_recompute": median_ms(lambda: kernels.tree_rows(*args, parents), 200),
+         "tree_snapshots": median_ms(lambda: kernels.tree_rows(*args, parents, snapshots=True), 200)}
+    row = {"rows": n, "ms": t, "tree_over_chain": t["tree_recompute"] / t["chain_snapshots"],
+           "rel_err_tree": err, "rel_err_chain": err_chain}
+    print(f"verify {n:>2} rows: chain+snapshots {t['chain_snapshots']:.4f} ms, tree {t['tree_recompute']:.4f} ms "
+          f"({row['tree_over_chain']:.2f}x), tree+snapshots {t['tree_snapshots']:.4f} ms; rel. error tree "
+          f"{err:.1e}, chain {err_chain:.1e}", flush=True)
+    return row
 
 
 def memory(runner: Runner, system, request, max_new: int) -> dict:
