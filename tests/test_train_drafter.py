@@ -8,7 +8,7 @@ import torch
 
 from specpilot.datasets import DATASETS, UserError, load_requests
 from specpilot.deployment import load_deployment
-from specpilot.fixtures.random_models import random_drafter, random_target, tiny_target_config
+from specpilot.fixtures.random_models import random_drafter, random_target, tiny_hybrid_config, tiny_target_config
 from specpilot.models.loading import load_drafter, save_drafter
 from specpilot.models.teacher import target_features
 from specpilot.runtime.engine import Engine
@@ -59,9 +59,13 @@ def test_training_fits_its_data(looping_target, trained):
     assert fit["tau"] > 3.0 and fit["tau"] <= fit["oracle_tau_top_k"] <= tc.block_size, fit
 
 
-def test_training_path_drafts_what_the_engine_drafts(target):
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_training_path_drafts_what_the_engine_drafts(target, hybrid):
     """The training path (many blocks, context written once and repeated) and the serving path (one
-    block per step, context from verify rows) draft the same tokens at the same anchors."""
+    block per step, context from verify rows) draft the same tokens at the same anchors; on a hybrid target too
+    (its taps from a batched prefill of whole sequences, the drafter recipe of the distilled hybrid)."""
+    if hybrid:
+        target = random_target(tiny_hybrid_config(vocab=300), seed=3)
     tc = TrainConfig(block_size=4, layers=1, selector_rank=8, selector_top_k=4)
     drafter = random_drafter(drafter_config(target.cfg, tc), seed=9)
     engine = RecordingEngine(target, drafter, context=96)

@@ -12,26 +12,33 @@
 #   bash bench/gpu/drafter.sh twin      the same on the x16 twin (fewer requests: TWIN_LIMIT)
 # Each call has at most 10 minutes. Knobs: TEMPLATES SELF MINUTES BATCH (distill), LAYERS RANK SEQS BLOCKS
 # TRAIN_MINUTES RESUME EVAL_EVERY (train), LIMIT TWIN_LIMIT ALSO (bench).
+# Another target (the distilled hybrid student, issue 58): TARGET=<its deployment TOML> NAME=<drafter folder name>
+# DATA=<its distillation folder> BASELINE= (none to score first), e.g. TARGET=specpilot/presets/smollm2-hybrid.toml
+# NAME=smollm2-hybrid-dflash DATA=.cache/distill-hybrid BASELINE= bash bench/gpu/drafter.sh distill (then train).
 set -euo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
-TARGET=bench/gpu/smollm2-target.toml
-NEW=${DRAFTER:-.models/smollm2-dflash-new}
+TARGET=${TARGET:-bench/gpu/smollm2-target.toml}
+NAME=${NAME:-smollm2-dflash}
+DATA=${DATA:-.cache/distill}
+NEW=${DRAFTER:-.models/$NAME-new}
 case "${1:-}" in
 distill)
     python3 bench/gpu/stage_smollm2.py assemble
     mkdir -p .cache
-    python3 -m specpilot.cli distill --deployment "$TARGET" --out .cache/distill --templates "${TEMPLATES:-120000}" \
+    python3 -m specpilot.cli distill --deployment "$TARGET" --out "$DATA" --templates "${TEMPLATES:-120000}" \
         --self-instruct "${SELF:-24000}" --max-minutes "${MINUTES:-8}" --batch "${BATCH:-1024}" --data-dir .stage/data
-    cp .cache/distill/meta.json "$OUT/distill_meta.json"  # the record; the shards stay on the machine
+    cp "$DATA/meta.json" "$OUT/distill_meta.json"  # the record; the shards stay on the machine
     ;;
 train)
     # each depth in LAYERS (e.g. "3 4") trains in its own process, all at once on the one GPU (a step leaves the
     # GPU idle most of its time) for the same minutes; the best on the dev halves becomes $NEW
     python3 bench/gpu/stage_smollm2.py assemble
-    base=(--baseline checkpoints/smollm2-dflash) pids=()
+    base=() pids=()
+    baseline=${BASELINE-checkpoints/smollm2-dflash}
+    [ -n "$baseline" ] && base=(--baseline "$baseline")
     for layers in ${LAYERS:-3}; do
-        python3 -m specpilot.cli train-drafter --deployment "$TARGET" --data .cache/distill \
-            --out ".models/smollm2-dflash-l$layers" --amp --layers "$layers" --selector-rank "${RANK:-32}" \
+        python3 -m specpilot.cli train-drafter --deployment "$TARGET" --data "$DATA" \
+            --out ".models/$NAME-l$layers" --amp --layers "$layers" --selector-rank "${RANK:-32}" \
             --block-size 16 --seqs-per-step "${SEQS:-64}" --blocks-per-seq "${BLOCKS:-16}" --steps 1000000 \
             --max-minutes "${TRAIN_MINUTES:-7.5}" --eval-every "${EVAL_EVERY:-90}" "${base[@]}" \
             ${RESUME:+--resume "$RESUME"} > "/tmp/train-l$layers.log" 2>&1 &
@@ -41,18 +48,18 @@ train)
     for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
     for layers in ${LAYERS:-3}; do tail -c 1500 "/tmp/train-l$layers.log"; done
     [ "$status" = 0 ]
-    best=$(python3 - ${LAYERS:-3} <<'PY'
-import json, sys
+    best=$(NAME=$NAME python3 - ${LAYERS:-3} <<'PY'
+import json, os, sys
 def dev(layers):
-    m = json.load(open(f".models/smollm2-dflash-l{layers}/training.json"))["metrics"]
+    m = json.load(open(f".models/{os.environ['NAME']}-l{layers}/training.json"))["metrics"]
     return m.get("dev", m)["tau"]
 print(max(sys.argv[1:], key=dev))
 PY
 )
     echo "best depth on the dev halves: $best layers"
-    rm -rf "$NEW" && cp -r ".models/smollm2-dflash-l$best" "$NEW"
-    for layers in ${LAYERS:-3}; do cp ".models/smollm2-dflash-l$layers/training.json" "$OUT/train_l$layers.json"; done
-    mkdir -p "$OUT/smollm2-dflash" && cp "$NEW"/* "$OUT/smollm2-dflash/"
+    rm -rf "$NEW" && cp -r ".models/$NAME-l$best" "$NEW"
+    for layers in ${LAYERS:-3}; do cp ".models/$NAME-l$layers/training.json" "$OUT/train_l$layers.json"; done
+    mkdir -p "$OUT/$NAME" && cp "$NEW"/* "$OUT/$NAME/"
     ;;
 bench|twin)
     # the committed drafter (old) and the new one, each on the same requests; AR runs beside each as the reference
