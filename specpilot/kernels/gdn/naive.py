@@ -158,7 +158,7 @@ def check_parents(parents: torch.Tensor) -> None:
     come from the tree builders, whose output the tree tests check."""
     if parents.dim() != 2:
         raise ValueError(f"parents must be [B, N], got {tuple(parents.shape)}")
-    if parents.is_cuda:
+    if parents.device.type != "cpu":
         return
     rest = parents[:, 1:]
     upper = torch.arange(1, parents.shape[1], device=parents.device)
