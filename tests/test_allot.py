@@ -79,7 +79,7 @@ def test_the_block_grows_with_the_drafters_confidence(conf, lift):
 def test_the_block_follows_the_chains_survival():
     assert chain_survival([0.5, 0.5, 1.0]) == [0.5, 0.25, 0.25]
     assert draft_block([1.0] * 15) == 16  # every draft certain: the longest block
-    assert draft_block([0.1] + [1.0] * 14) == 8  # the first draft unlikely: the shortest
+    assert draft_block([0.01] + [1.0] * 14) == 8  # the first draft unlikely: the shortest
     assert draft_block([0.9] * 15, floor=0.4) == 12  # the 8-block's last draft: 0.9^7 = 0.48; the 12's: 0.31
     assert draft_block([0.9] * 15, floor=0.3) == 16  # 0.31 is still likely at this floor
     with pytest.raises(ValueError, match="confidences"):
