@@ -26,6 +26,8 @@ demo: $(BIN)/specpilot
 # `make test` leaves out the few end-to-end tests marked slow (each 20-60 s on two cores: the loop, agents, the
 # ceiling, forcing workers, distillation, the Hopper build); `make test-slow` runs those, and CI runs both.
 test: $(BIN)/specpilot
+	@if [ -n "$$(ls -A .stage/held 2>/dev/null)" ]; then echo "checkpoints or bench/results are held aside for a GPU \
+	lease: python3 bench/gpu/stage_smollm2.py restore"; exit 1; fi
 	$(BIN)/ruff check specpilot tests bench
 	$(BIN)/python -m pytest -q -m "not slow"
 

