@@ -67,13 +67,17 @@ def provenance() -> dict:
 
 def system_record(engine) -> dict:
     """A system as an engine ran it: every option, the kernel plan with the tuning table it ran under, (with
-    weights=w12) what the target's projections are stored as and the bytes they hold, and (with weights=w12 or
-    fewrow=true) the path their few-row products ran on."""
+    weights=w12) what the target's projections are stored as and the bytes they hold, (with weights=fp8) the path
+    its FP8 products ran on and the bytes held, and (with weights=w12 or fewrow=true) the path their few-row
+    products ran on."""
     record = {**engine.system.to_json(), "plan": engine.plan.to_json()}
     w12 = getattr(engine, "w12_report", None)
     if w12 is not None:  # held: dense copies kept beside W12 forms count; saved only once some are freed
         record["w12"] = {k: w12[k] for k in ("bf16_bytes", "w12_bytes", "held_bytes", "dense_copy", "saved",
                                              "kept_bf16", "allocated_change_bytes") if k in w12}
+    fp8 = getattr(engine, "fp8_report", None)
+    if fp8 is not None:  # weights=fp8: what ran the products and the bytes held
+        record["fp8"] = {k: v for k, v in fp8.items() if k != "tensors"}
     kernel = getattr(engine, "kernel_record", None)
     if kernel is not None:
         record["kernel"] = kernel

@@ -698,7 +698,7 @@ def test_the_engine_begins_the_tuning_from_the_start_table_unless_the_plan_says_
 
 
 _BAD = {"kernels": "cuda", "pdl": "yes", "l2": "everything", "tune_rounds": 5, "attn_ablate": "all", "weights": "w8",
-        "w12_dense": "free", "hybrid_tree": "sometimes"}
+        "w12_dense": "free", "fp8_dense": "free", "hybrid_tree": "sometimes"}
 
 
 @pytest.mark.parametrize("name", [o.name for o in __import__("specpilot.config.options",

@@ -109,13 +109,20 @@ OPTIONS: dict[str, Option] = _options(
     Option("embed_kernel", bool, True, "the one-row step's embedding gather hands the first norm its inputs",
            "kernel"),
     Option("greedy_kernel", bool, True, "the AR step's argmax, token and position in one launch", "kernel"),
-    Option("weights", str, "bf16", "the target's projection weights: bf16, or w12 (lossless 12 bits a weight, "
+    Option("weights", str, "bf16", "the target's projection weights: bf16, w12 (lossless 12 bits a weight, "
            "checked bit for bit at load, decoded in registers by the few-row tensor-core kernel for 1..64 rows; "
-           "kernels/fewrow)", "kernel", choices=("bf16", "w12")),
+           "kernels/fewrow), or fp8 (W8A8 E4M3: the layers' weights quantized per output channel at engine build, "
+           "activations per token; torch._scaled_mm on sm_90+, an exact reference elsewhere; a different target "
+           "function, lossless only against AR with weights=fp8; weights/fp8.py)", "kernel",
+           choices=("bf16", "w12", "fp8")),
     Option("w12_dense", str, "keep", "with weights=w12, the target layers' BF16 copies: keep (beside the W12 "
            "forms; prefill and rows past 64 read them), or drop (freed: the memory W12 saves; those products "
            "decode the W12 form per call, so prefill is slower; the LM head keeps its copy)", "kernel",
            choices=("keep", "drop")),
+    Option("fp8_dense", str, "keep", "with weights=fp8, the target layers' BF16 copies: keep (beside the FP8 forms, "
+           "for other systems on the same target; weights=fp8 reads only the FP8 forms) or drop (freed: the memory "
+           "FP8 saves; the system then runs in a process of its own; the LM head and embedding keep theirs)",
+           "kernel", choices=("keep", "drop")),
     Option("fewrow", bool, False, "BF16 target projections of 1..64 rows through the few-row tensor-core kernel "
            "(kernels/fewrow; batch-invariant) in place of cuBLAS and the gemv kernels", "kernel"),
     # tuning (what the gemv step tuning offers and how long it searches)

@@ -68,6 +68,7 @@ class KernelPlan:
     greedy_kernel: bool
     weights: str
     w12_dense: str
+    fp8_dense: str
     fewrow: bool
     staged: bool
     attn_late: bool

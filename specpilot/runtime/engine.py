@@ -37,6 +37,7 @@ from specpilot.speculative.step import SpecState, SpecStep
 from specpilot.speculative.tree import TreeBuilder
 from specpilot.speculative.two_level import TwoLevelStep
 from specpilot.w12.attach import attach, claim, off_kernel
+from specpilot.weights import fp8, fp8_attach
 from specpilot.weights.dense import few_row_path
 
 
@@ -74,18 +75,25 @@ class Engine:
             raise UserError(f"fault {self.fault} needs a drafter (system stock)")
         self.use_graphs = self.system.get("graphs") and self.device.type == "cuda"
         self.w12_report = None
+        self.fp8_report = None
         # where weights=w12 / fewrow=true products run (checked before any W12 form is made)
         path = few_row_path(self.plan, self.device, target.embed.weight.dtype, self.system.get("verify") == "tlv")
-        drops = self.plan.w12_dense == "drop"
-        if drops and self.plan.weights != "w12":
-            raise UserError(f"system {self.system.name!r}: w12_dense=drop needs weights=w12 (it frees the BF16 "
-                            "copies that the W12 forms replace)")
+        for form in ("w12", "fp8"):
+            if getattr(self.plan, f"{form}_dense") == "drop" and self.plan.weights != form:
+                raise UserError(f"system {self.system.name!r}: {form}_dense=drop needs weights={form} (it frees the "
+                                f"BF16 copies that the {form.upper()} forms replace)")
+        drops = "drop" in (self.plan.w12_dense, self.plan.fp8_dense)
         claim(target, self, drops)  # no system here reads copies another one freed
         if self.plan.weights == "w12" or self.system.get("verify") == "tlv":
             # the projections' W12 forms (tlv reads their 8-bit view), made and checked once per target; under
             # w12_dense=drop the layers' dense copies freed as they go
             self.w12_report = attach(target, drop=drops)
             self._need_w12_forms()
+        if self.plan.weights == "fp8":
+            # the layers' FP8 forms, quantized once per target from its weights (weights/fp8.py); under
+            # fp8_dense=drop the dense copies freed as they go
+            self.fp8_report = {**fp8_attach.attach(target, drop=drops),
+                               "path": fp8.path(self.device, target.embed.weight.dtype)}
         self.kernel_record = None if path is None else self._kernel_record(path)
         self.lookahead = self.system.get("lookahead")
         # seam[options]: the engine's options are read

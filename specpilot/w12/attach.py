@@ -118,7 +118,7 @@ def claim(target, engine, drops: bool) -> None:
             keep = sorted({e.system.name for e, d in users.items() if not d})
             return f"system(s) {', '.join(keep)} read the BF16 copies it would free" if keep else None
         if any(dw.dense_dropped for _, dw in projections(target)):
-            return "an earlier system with w12_dense=drop freed the BF16 copies it reads"
+            return "an earlier system with w12_dense=drop or fp8_dense=drop freed the BF16 copies it reads"
         return None
 
     why = clash()

@@ -4,7 +4,8 @@
 activation and the residual add after it as separate kernels; or, for a few rows under the plan's `gemv`,
 the weight-streaming Triton GEMV that fuses them all (kernels/gemv); or, for 1..64 rows under the plan's
 `weights=w12` (once w12/attach.py gave the weight its W12 form) or `fewrow`, the few-row tensor-core kernel
-(kernels/fewrow), the residual added in its epilogue. `qkv_rope` is the one-row q/k/v
+(kernels/fewrow), the residual added in its epilogue; or, under `weights=fp8` (once weights/fp8_attach.py gave the
+weight its FP8 form), the W8A8 FP8 product of weights/fp8.py, for every row count. `qkv_rope` is the one-row q/k/v
 projection fused with rope and the K/V write (kernels/qkv_rope). `rows` gathers rows (the embedding, whose
 table a tied LM head shares). `reference` is the plain PyTorch the kernels are tested against.
 """
@@ -24,6 +25,7 @@ from specpilot.kernels.gemv.naive import gemv_naive
 from specpilot.kernels.norm import rms_norm
 from specpilot.kernels.qkv_rope import qkv_rope, qkv_rope_applies
 from specpilot.kernels.swiglu import silu_mul
+from specpilot.weights import fp8 as fp8_format
 
 
 def _kernel_takes(x) -> bool:
@@ -65,6 +67,7 @@ class DenseWeight(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.w12: fewrow.FewRowWeight | None = None  # the W12 form, checked against `weight` (w12/attach.py)
+        self.fp8: fp8_format.Fp8Weight | None = None  # the FP8 form quantized from `weight` (weights/fp8_attach.py)
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> DenseWeight:
@@ -73,29 +76,39 @@ class DenseWeight(nn.Module):
         nn.Module.__init__(self)
         self.weight, self.bias = weight, bias
         self.w12 = None
+        self.fp8 = None
         return self
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size(self.w12.w12.shape) if self.dense_dropped else self.weight.shape
+        if not self.dense_dropped:
+            return self.weight.shape
+        w12 = self.w12
+        return torch.Size(w12.w12.shape) if w12 is not None and w12.w12 is not None else self.fp8.shape
 
     @property
     def dense_dropped(self) -> bool:
-        """Whether the dense copy was freed (w12_dense=drop): `weight` is then decoded from the W12 form."""
+        """Whether the dense copy was freed (w12_dense=drop, fp8_dense=drop): `weight` is then decoded from the W12
+        form (exact) or, with none, read from the FP8 form (the FP8 target's weight, not the original)."""
         return "_dense_dtype" in self.__dict__
 
     def drop_dense(self) -> None:
-        """Free the dense copy of a weight whose W12 form was checked to hold its bits. From then on a read of
-        `weight` decodes that form into a temporary (fewrow.dense_matrix): the paths past the few-row kernel
-        (prefill, rows past 64, the CPU) stay exact and pay a decode per call."""
-        if self.w12 is None or self.w12.w12 is None:
-            raise ValueError("only a weight with a W12 form can drop its dense copy")
+        """Free the dense copy of a weight whose W12 form was checked to hold its bits, or that has its FP8 form.
+        From then on a read of `weight` decodes the W12 form into a temporary (fewrow.dense_matrix): the paths past
+        the few-row kernel (prefill, rows past 64, the CPU) stay exact and pay a decode per call. With only an FP8
+        form it dequantizes that (weights=fp8 itself reads the FP8 form on every path; w12/attach.claim keeps the
+        systems that read the BF16 copy out of the process)."""
+        if (self.w12 is None or self.w12.w12 is None) and self.fp8 is None:
+            raise ValueError("only a weight with a W12 or FP8 form can drop its dense copy")
         self.__dict__["_dense_dtype"] = self.weight.dtype
         del self._parameters["weight"]
 
     def __getattr__(self, name: str):
         if name == "weight" and "_dense_dtype" in self.__dict__:
-            return fewrow.dense_matrix(self.__dict__["w12"].w12).to(self.__dict__["_dense_dtype"])
+            w12 = self.__dict__["w12"]
+            if w12 is not None and w12.w12 is not None:
+                return fewrow.dense_matrix(w12.w12).to(self.__dict__["_dense_dtype"])
+            return self.__dict__["fp8"].matrix(self.__dict__["_dense_dtype"])
         return super().__getattr__(name)
 
     def project(self, x, plan: KernelPlan, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -105,6 +118,8 @@ class DenseWeight(nn.Module):
         streaming GEMV then returns a NormedStream for it (kernels/gemv), anything else a tensor."""
         if plan.view == "8bit" and self.w12 is not None and (_kernel_takes(x) or not stream_of(x).is_cuda):
             return self._project_view8(x, plan, norm_weight, eps, residual, gate_up)
+        if self.fp8_applies(plan):
+            return self._project_fp8(x, plan, norm_weight, eps, residual, gate_up)
         few = self.fewrow_weight(x, plan)
         if few is not None:
             return self._project_fewrow(few, x, plan, norm_weight, eps, residual, gate_up)
@@ -123,6 +138,25 @@ class DenseWeight(nn.Module):
         h = rms_norm(x, norm_weight, eps, plan) if norm_weight is not None else x
         with region("gemm"):
             y = F.linear(h, matrix, self.bias)
+        if gate_up:
+            y = silu_mul(y, plan)
+        return y if residual is None else residual + y
+
+    def fp8_applies(self, plan: KernelPlan) -> bool:
+        """Whether the plan sends this weight's products to its FP8 form (weights=fp8, once attached): every row
+        count, prefill's included, so that the FP8 model is one function."""
+        return plan.weights == "fp8" and self.fp8 is not None
+
+    def _project_fp8(self, x, plan: KernelPlan, norm_weight, eps, residual, gate_up: bool) -> torch.Tensor:
+        """The norm, the W8A8 FP8 product (weights/fp8.product: the input quantized per row), the bias, the
+        activation and the residual, one by one."""
+        x, residual = stream_of(x), stream_of(residual)
+        h = rms_norm(x, norm_weight, eps, plan) if norm_weight is not None else x
+        with region("gemm"):
+            n = self.fp8.shape[0]
+            y = fp8_format.product(h.reshape(-1, h.shape[-1]), self.fp8).view(*h.shape[:-1], n)
+            if self.bias is not None:
+                y = y + self.bias
         if gate_up:
             y = silu_mul(y, plan)
         return y if residual is None else residual + y
@@ -171,7 +205,7 @@ class DenseWeight(nn.Module):
 
     def qkv_rope_applies(self, x, plan: KernelPlan, qk_norm: bool, head_dim: int) -> bool:
         return (qkv_rope_applies(x, plan, qk_norm, head_dim) and self.fewrow_weight(x, plan) is None
-                and not (plan.view == "8bit" and self.w12 is not None))
+                and not (plan.view == "8bit" and self.w12 is not None) and not self.fp8_applies(plan))
 
     def qkv_rope(self, x, plan: KernelPlan, norm_weight, eps, positions, rope, k_cache, v_cache, slots,
                  num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
