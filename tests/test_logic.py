@@ -58,7 +58,7 @@ def test_a_parting_within_the_noise_is_a_tie_not_a_reject(tiny, monkeypatch):
 
 
 def test_what_float32_cannot_run_is_skipped_with_the_reason():
-    for system in ("stock:verify=tlv", "ar:weights=w12", "stock:fewrow=true"):
+    for system in ("stock:verify=tlv", "ar:weights=w12", "stock:fewrow=true", "ar:weights=fp8"):
         assert "BF16" in float32_only_misses(system)
     assert float32_only_misses("stock:tree=best_first,nodes=32") is None
 

@@ -12,7 +12,9 @@ the candidate is rejected with the request, the position and the gap.
 A bf16 deployment is checked on the float32 model of the same function (its target and drafter in float32; a
 twin's unwidened pair, models/twin.py); a float32 deployment on its own models. What float32 cannot show is
 reported, not guessed: a candidate whose mechanism does not run in float32 (W12's forms, the 8-bit pass of
-two-level verification, both made from BF16 weights) is "skipped" here and left to the statistical judge.
+two-level verification, both made from BF16 weights; FP8 weights, quantized from them) is "skipped" here and left to
+the statistical judge. weights=fp8 changes the target itself: the FP8 model is the target function, and a system
+with it is lossless only against AR with weights=fp8 (weights/fp8.py), which float32 does not run.
 
 The check sees a change only where AR's own output reaches it: a change of logic that alters a fraction p of AR's
 greedy choices goes unseen on n tokens with probability (1 - p)^n. So the check scores at least `cover` tokens,
@@ -42,17 +44,21 @@ EPS_FLOOR = 1e-5  # nats: where the noise measured is zero (one reduction order 
 NOISE_REQUESTS = 2  # AR outputs rescored to measure the noise
 SEES = 3.0  # a change altering 3/n of n tokens' choices is missed with probability e^-3 (5%)
 # options whose mechanism reads BF16 weights: in float32 they run nothing of their own (the engine refuses them or
-# runs the exact weights), so float32 says nothing about them
-BF16_ONLY = {"weights": "w12", "verify": "tlv", "fewrow": True}
+# runs the exact weights; weights=fp8 would run a quantized target that the float32 reference is not), so float32
+# says nothing about them
+BF16_ONLY = {"weights": ("w12", "fp8"), "verify": ("tlv",), "fewrow": (True,)}
+FP8_TARGET = ("; weights=fp8 is another target function (the FP8 model is the target: lossless means equal to AR "
+              "with weights=fp8, not to the BF16 model)")
 
 
 def float32_only_misses(system: str) -> str | None:
     """Why float32 cannot check this system's mechanism, or None."""
     s = parse(system)
-    off = [f"{k}={str(v).lower()}" for k, v in BF16_ONLY.items() if s.get(k) == v]
+    off = [f"{k}={str(s.get(k)).lower()}" for k, vs in BF16_ONLY.items() if s.get(k) in vs]
     if off:
-        return (f"{', '.join(off)} reads BF16 weights (W12 forms, the 8-bit view): its mechanism does not run in "
-                "float32, so only the statistical judge sees it")
+        return (f"{', '.join(off)} reads BF16 weights (W12 forms, the 8-bit view, FP8 forms quantized from them): its "
+                "mechanism does not run in float32, so only the statistical judge sees it"
+                + (FP8_TARGET if s.get("weights") == "fp8" else ""))
     return None
 
 

@@ -4,7 +4,9 @@ Each option the loop may set has a finite set of values to try from a system: th
 other value of a bool, a grid of an int. Left out, with the reason: options that change outputs on purpose
 (audit, diagnostic), the controller's test pad, on a CPU the options that do nothing there (CUDA_ONLY: every
 value runs the same code) and the values that only run under the Triton interpreter, and on a model without BF16
-weights the values that need them (NEEDS_BF16: the engine refuses them there).
+weights the values that need them (NEEDS_BF16: the engine refuses them there). weights=fp8 is never a move
+(NOT_MOVES): it changes the target function itself (weights/fp8.py), which the loop's judges hold every candidate
+to; a system that starts from it keeps it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from specpilot.config.system import with_options
 EXCLUDED = {"pad_us": "a deliberate slowdown for testing the controller",
             "tree_accept": "measured by replay, not searched",
             "w12_dense": "trades prefill time for memory, and frees copies the reference beside it reads",
+            "fp8_dense": "a memory choice that frees copies the reference beside it reads",
             "tune_store": "changes how long a warm-up takes, not what the step runs"}
 EXCLUDED_GROUPS = {"audit": "changes outputs on purpose", "diagnostic": "outputs are wrong by design"}
 # options that do nothing on a CPU, why: every value runs the same code there (read from the engine and kernels)
@@ -30,12 +33,18 @@ CUDA_ONLY = {
     "kernels": "auto and naive both run the PyTorch references on a CPU (triton there: its interpreter, minutes "
                "a step)",
     **dict.fromkeys(("weights", "fewrow"), "the few-row kernel: a CPU's products read the dense weights, which the "
-                                           "W12 forms were checked to hold (weights/dense.py)"),
+                                           "W12 forms were checked to hold (weights/dense.py); weights=fp8 is no "
+                                           "move anywhere (NOT_MOVES)"),
 }
 # values that read the projections' W12 forms, which only BF16 weights get (w12/attach.py): on a model served in
 # another dtype (the CPU's float32) the engine refuses them, as they would silently run the exact weights
 NEEDS_BF16 = {("weights", "w12"): "W12 forms hold BF16 weights", ("verify", "tlv"): "its 8-bit pass reads the "
               "W12 forms' 8-bit view, which BF16 weights get"}
+# values that change the target function rather than how it is computed: a deployment's choice, not a search move
+# (the judges hold a candidate to the reference's target; an FP8 candidate would be judged lossy against BF16 within
+# the statistical tolerance, not lossless against the FP8 target it is)
+NOT_MOVES = {("weights", "fp8"): "the FP8 model is another target function (weights/fp8.py): a deployment's choice, "
+             "judged against AR with weights=fp8, not a move from a BF16 system"}
 # options of the few-row GEMV step and its step tuning: with gemv off (cuBLAS) every value runs the same code
 GEMV_ONLY = {"pdl", "handoff", "ahead", "epilogue_early", "l2", "embed_kernel", "staged", "attn_late", "cluster",
              "tune_rounds", "tune_start"}
@@ -58,6 +67,8 @@ def unsearched(name: str, value, device: str = "cpu", dtype: str | None = None) 
         return searchable(name)
     if device == "cpu" and name in CUDA_ONLY:
         return f"no effect on a CPU ({CUDA_ONLY[name]})"
+    if (name, value) in NOT_MOVES:
+        return NOT_MOVES[name, value]
     if (name, value) in NEEDS_BF16 and dtype != "bfloat16":
         return f"{name}={value} needs BF16 weights ({NEEDS_BF16[name, value]}); this model's are {dtype}"
     return None
@@ -74,6 +85,8 @@ def values(name: str, system: System, device: str = "cpu", block: int | None = N
         return []  # nothing of it runs without the GEMV step
     if name == "tree_k" and system.get("tree") != "eagle2":
         return []  # only eagle2 reads it
+    if name == "weights" and system.get("weights") == "fp8":
+        return []  # the FP8 target is the system's function: moving off it changes the target (NOT_MOVES)
     if name == "hybrid_tree" and system.get("tree") == "chain":
         return []  # only a tree's Gated DeltaNet rows read it (a chain keeps its snapshots)
     current = system.get(name)
