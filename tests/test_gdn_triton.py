@@ -265,7 +265,6 @@ def test_rows_dispatch(kind):
     path, accepted = padded_paths(parents, [3, 4], 5)
     ref = cpu(*args)
     checks = [
-        (gdn.rows_recurrent(*args, plan), gdn.recurrent(*ref)),
         (gdn.rows_chain(*args, plan), gdn.chain_snapshots(*ref)),
         ((gdn.rows_tree(*args, parents, plan),), (gdn.tree(*ref, parents.cpu()),)),
         (gdn.rows_tree(*args, parents, plan, snapshots=True), gdn.tree_snapshots(*ref, parents.cpu())),

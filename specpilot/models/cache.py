@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.config.plan import KernelPlan
 from specpilot.kernels import gdn
 
 
@@ -89,7 +88,6 @@ class GDNState:
                        torch.zeros(batch, shape.conv_dim, shape.conv - 1, dtype=dtype, device=device))
         self.ssm, self.conv = tensors
         self.pending: dict | None = None
-        self.plan = None  # the kernel plan of the rows a recompute commit re-runs (set with their inputs)
 
     @property
     def length(self) -> int:
@@ -115,8 +113,7 @@ class GDNState:
         if "snapshots" in p:
             ssm = p["snapshots"][torch.arange(path.shape[0], device=path.device), last]
         else:
-            ssm = gdn.rows_commit(p["k"], p["v"], p["g"], p["beta"], self.ssm, path, accepted,
-                                  self.plan or KernelPlan.stock())
+            ssm = gdn.rows_commit(p["k"], p["v"], p["g"], p["beta"], self.ssm, path, accepted, p["plan"])
         conv = gdn.conv_state_after(p["mixed"], self.conv, path, accepted)
         if live is not None:
             keep = live.bool()

@@ -95,8 +95,7 @@ class GatedDeltaNet(nn.Module):
             o, snaps = gdn.rows_tree(q, k, v, g, beta, state.ssm, meta.parents, plan, snapshots=True)
             state.pending = {"mixed": mixed, "snapshots": snaps}
             return o
-        state.pending = {"mixed": mixed, "k": k, "v": v, "g": g, "beta": beta}
-        state.plan = plan
+        state.pending = {"mixed": mixed, "k": k, "v": v, "g": g, "beta": beta, "plan": plan}
         return gdn.rows_tree(q, k, v, g, beta, state.ssm, meta.parents, plan)
 
 

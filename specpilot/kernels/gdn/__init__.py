@@ -19,8 +19,9 @@ same bits; `chain_snapshots` is the stock alternative that keeps every position'
 last K - 1 inputs along the path (`conv_state_after`). `split3` splits a float32 state exactly into three bf16 parts
 for tensor-core products.
 
-The `rows_*` functions pick the Triton kernels (`triton.py`: the same token loop, one program per walk) when the
-plan's `use_triton` says so, the references otherwise.
+The `rows_*` functions (what the layer runs for decode and verify rows, and the commit) pick the Triton kernels
+(`triton.py`: the same token loop, one program per walk) when the plan's `use_triton` says so, the references
+otherwise.
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ __all__ = [
     "root_path",
     "rows_chain",
     "rows_commit",
-    "rows_recurrent",
     "rows_tree",
     "split3",
     "tree",
@@ -76,16 +76,6 @@ __all__ = [
 
 # Each imports the Triton module only when it runs it: importing this package never imports triton (TRITON_INTERPRET
 # must be set before triton's first import).
-
-
-def rows_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   state: torch.Tensor, plan: KernelPlan, normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """AR decode / short prefill: (o [B, T, Hv, Dv], state after the last row), as `recurrent`."""
-    if use_triton(k, plan):
-        from specpilot.kernels.gdn.triton import recurrent_rows
-
-        return recurrent_rows(q, k, v, g, beta, state, normalize)
-    return recurrent(q, k, v, g, beta, state, normalize)
 
 
 def rows_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
