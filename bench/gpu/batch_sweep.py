@@ -1,15 +1,16 @@
 """Issue 56's GPU Must: batched AR, stock and best_first at several requests in flight, on the pair or the twin.
 
     python3 bench/gpu/batch_sweep.py smollm2 [1,8,16,24,32]      (PRESET, the in-flight counts)
-    python3 bench/gpu/batch_sweep.py smollm2-twin 1,8,16
+    LIMIT=7 CHECK=4 python3 bench/gpu/batch_sweep.py smollm2-twin 1,8,16,24,32    (35 requests: 32 really in flight)
 
 Correctness first: at each count past 1, every system's batched outputs are compared token for token with the
-same system's single-request outputs on the first requests (bf16: a mismatch is reported with its first
-divergence, not hidden). Then the closed loop of `specpilot bench --in-flight N` (bench/harness.run_batched) over
-LIMIT requests per benchmark: each system's output tokens/s and speedup over batched AR. First (issue 56's Goal),
-batched AR's step at each count against the weight-and-K/V read floor (`ar_floor`). The twin serves a shorter
-context (CONTEXT, default 1024) so that 32 slots of its K/V fit beside its 56 GB on an 80 GB card. Writes
-$OUT/batch_sweep_<preset>.json after every count (a timeout keeps what was measured)."""
+same system's single-request outputs on the first CHECK requests (made once; bf16: a mismatch is reported with its
+first divergence, not hidden). Then the closed loop of `specpilot bench --in-flight N` (bench/harness.run_batched)
+over LIMIT requests per benchmark (5 benchmarks: LIMIT 7 for 32 in flight): each system's output tokens/s and
+speedup over batched AR. First (issue 56's Goal), batched AR's step at each count against the weight-and-K/V read
+floor (`ar_floor`). The twin serves a shorter context (CONTEXT, default 1024) so that 32 slots of its K/V fit beside
+its 56 GB on an 80 GB card. Writes $OUT/batch_sweep_<preset>.json after every count (a timeout keeps what was
+measured)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from specpilot.bench.harness import Runner
 from specpilot.bench.run import BenchPlan, bench_report, collect_requests, plan_systems, run_bench
 from specpilot.core.contracts import Prompted
@@ -28,6 +31,7 @@ from specpilot.runtime.pair import build_pair
 
 # SYSTEMS="stock|stock:tree=best_first,nodes=32,hybrid_tree=recompute" names others ('|' between systems)
 SYSTEMS = os.environ.get("SYSTEMS", "stock|stock:tree=best_first,nodes=32").split("|")
+CHECK = int(os.environ.get("CHECK", "8"))  # requests checked batched against alone at each count (the first ones)
 
 
 def main() -> None:
@@ -39,10 +43,13 @@ def main() -> None:
         dep = dataclasses.replace(dep, context=int(os.environ.get("CONTEXT", "1024")))
     limit, max_new = int(os.environ.get("LIMIT", "8")), int(os.environ.get("MAX_NEW", "256"))
     target, drafter, tok = build_pair(dep)
-    head = {"preset": preset, "context": dep.context, "limit": limit, "max_new_tokens": max_new,
-            "commit": os.environ.get("SPECPILOT_COMMIT"), "rows": []}
+    head = {"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("SPECPILOT_COMMIT"),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "command": " ".join(["python3", *sys.argv]), "systems": SYSTEMS, "preset": preset, "context": dep.context,
+            "limit": limit, "max_new_tokens": max_new, "rows": []}
     head["ar_floor"] = _ar_floor(target, dep.context, [n for n in counts if n > 1])
     out.write_text(json.dumps(head, indent=1))
+    alone: dict = {}  # each system's single-request outputs, made once for every count's check
     for n in counts:
         t0 = time.time()
         served = dataclasses.replace(dep, regime="batch" if n > 1 else "single", in_flight=n)
@@ -50,7 +57,7 @@ def main() -> None:
         requests = [r for r in collect_requests(plan)
                     if len(tok.chat_prompt([{"role": "user", "content": r.turns[0]}])) + max_new + 64 < dep.context]
         runner = Runner(target, drafter, tok, dep.context, max_engines=3, slots=n)
-        check = _check(runner, plan, requests[: min(n, 8)], max_new) if n > 1 else {}
+        check = _check(runner, plan, requests[: min(n, CHECK)], max_new, alone) if n > 1 else {}
         summaries = run_bench(plan, runner, requests)
         report = bench_report(plan, summaries)
         row = {"in_flight": n, "requests": len(requests), "seconds": time.time() - t0, "check": check,
@@ -66,7 +73,6 @@ def main() -> None:
 def _ar_floor(target, context: int, counts: list[int]) -> dict:
     """Batched AR's captured step at each count (every slot decoding at half the context) against the step's
     weight-and-K/V read floor at the bandwidth measured here (ceiling/floors.ar_batch, ceiling/machine)."""
-    import torch
 
     from specpilot.ceiling.floors import ar_batch
     from specpilot.ceiling.machine import bandwidth
@@ -85,7 +91,7 @@ def _ar_floor(target, context: int, counts: list[int]) -> dict:
             n = min(s for s in engine.sizes if s >= n)
             engine.live.fill_(1)
             engine.pos.fill_(position)
-            graph = StepGraph(engine._ar_batch[n].fn, use_graph=True)
+            graph = StepGraph(engine.batch_steps(False)[n, False].fn, use_graph=True)  # greedy
             graph.prepare()
             engine.pos.fill_(position)  # each replay moves every slot one on: 50 replays stay near it
             step_ms = median_ms(graph, 50)
@@ -101,8 +107,9 @@ def _ar_floor(target, context: int, counts: list[int]) -> dict:
     return {"position": position, "bandwidth_bytes_s": bw, "rows": rows}
 
 
-def _check(runner: Runner, plan: BenchPlan, requests, max_new: int) -> dict:
-    """Each system's batched outputs against its single-request outputs on `requests` (first turns)."""
+def _check(runner: Runner, plan: BenchPlan, requests, max_new: int, alone: dict) -> dict:
+    """Each system's batched outputs against its single-request outputs on `requests` (first turns); `alone`
+    keeps the single-request outputs by system and request between calls."""
     from specpilot.runtime.engine import Engine
 
     eos = tuple(runner.tokenizer.eos_ids)
@@ -111,11 +118,13 @@ def _check(runner: Runner, plan: BenchPlan, requests, max_new: int) -> dict:
     out = {}
     for system in plan.systems:
         batched = runner.engine(system).generate(asks)
-        alone = Engine(runner.target, runner.drafter if system.speculative else None, system,
-                       context=runner.context).generate(asks)
+        mine = alone.setdefault(system.name, [])
+        if len(mine) < len(asks):
+            mine += Engine(runner.target, runner.drafter if system.speculative else None, system,
+                           context=runner.context).generate(asks[len(mine):])
         diverge = [next((i for i, (a, b) in enumerate(zip(x.tokens, y.tokens, strict=False)) if a != b),
                         None if len(x.tokens) == len(y.tokens) else min(len(x.tokens), len(y.tokens)))
-                   for x, y in zip(batched, alone, strict=True)]
+                   for x, y in zip(batched, mine[: len(asks)], strict=True)]
         out[system.name] = {"equal": sum(d is None for d in diverge), "of": len(asks),
                             "first_divergence": [d for d in diverge if d is not None]}
     return out

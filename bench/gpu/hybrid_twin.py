@@ -49,7 +49,9 @@ def main() -> None:
     limit, max_new = int(os.environ.get("LIMIT", "1")), int(os.environ.get("MAX_NEW", "128"))
     if "verify" in parts and torch.cuda.is_available():
         rows = verify_kernels()
-        (out.parent / "hybrid_verify.json").write_text(json.dumps({"commit": os.environ.get("SPECPILOT_COMMIT"),
+        (out.parent / "hybrid_verify.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"),
+                                                                   "commit": os.environ.get("SPECPILOT_COMMIT"),
+                                                                   "command": " ".join(["python3", *sys.argv]),
                                                                    "gpu": torch.cuda.get_device_name(),
                                                                    "rows": rows}, indent=1))
     if parts == ["verify"]:

@@ -3,7 +3,8 @@
 # staging (and its release). For each system: the server's answers checked first (greedy: the chat answer of two
 # prompts against `specpilot generate`'s), then the closed loop at CONCURRENCY, the open loop at RATES, and the
 # Python API's batch at 16 in flight (`bench --in-flight 16`, the same requests and budget) for the server's
-# overhead. Writes $OUT/serve_<system>.json, $OUT/serve_open_<system>.json, $OUT/api16_<system>.json.
+# overhead. Writes one $OUT/serve_<system>.json a system: {"closed", "open", "api16"} (the device sends back at most 8
+# files a call), each part the JSON its command wrote.
 #   PRESET=smollm2 SYSTEMS="ar stock stock:tree=best_first,nodes=32" bash bench/gpu/serve_sweep.sh
 # Give it SPECPILOT_COMMIT=<the commit> (the GPU copy's .git may be stale).
 set -uo pipefail
@@ -37,4 +38,13 @@ for sys in "${systems[@]}"; do
     kill -TERM $pid; wait $pid
     "${cli[@]}" bench --preset "$preset" --system "$sys" --in-flight 16 "${data[@]}" --max-new-tokens "$tokens" \
         --json "$OUT/api16_$tag.json" 2>&1 | tail -n 6
+    python3 - "$OUT" "$tag" <<'PY'
+import json, pathlib, sys
+out, tag = pathlib.Path(sys.argv[1]), sys.argv[2]
+parts = {"closed": f"serve_{tag}.json", "open": f"serve_open_{tag}.json", "api16": f"api16_{tag}.json"}
+merged = {k: json.loads((out / f).read_text()) for k, f in parts.items() if (out / f).exists()}
+for f in parts.values():
+    (out / f).unlink(missing_ok=True)
+(out / f"serve_{tag}.json").write_text(json.dumps(merged, indent=1))
+PY
 done

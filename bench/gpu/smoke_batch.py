@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -93,7 +94,9 @@ def main() -> None:
                     break
     out = Path(os.environ.get("OUT", "/tmp")) / "smoke_batch.json"
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
-    out.write_text(json.dumps({"gpu": gpu, "commit": os.environ.get("SPECPILOT_COMMIT"), "rows": rows}, indent=1))
+    head = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "commit": os.environ.get("SPECPILOT_COMMIT"),
+            "command": " ".join(["python3", *sys.argv])}
+    out.write_text(json.dumps({**head, "rows": rows}, indent=1))
 
 
 def with_graphs_off(system: str) -> str:
