@@ -40,6 +40,12 @@ class Job:
         self.loop.call_soon_threadsafe(self.updates.put_nowait, item)
 
 
+def _deliver(items: list[tuple[Job, object]]) -> None:
+    """On the event loop: a step's updates, in order."""
+    for job, item in items:
+        job.updates.put_nowait(item)
+
+
 class Stats:
     """What /metrics reads: counts kept by the engine thread (plain numbers: a read sees one step or the next)."""
 
@@ -153,6 +159,7 @@ class EngineWorker:
         except Exception as exc:  # noqa: BLE001 - every request in flight is answered, the thread stays up
             self._fail_all(exc)
             return
+        out: dict[asyncio.AbstractEventLoop, list[tuple[Job, object]]] = {}
         for u in updates:
             job = self.jobs.get(u.rid)
             if job is None:
@@ -162,14 +169,17 @@ class EngineWorker:
             else:
                 self.stats.decoded += len(u.tokens)
                 self.stats.passes += 1
-            job.put(u.tokens)
+            items = out.setdefault(job.loop, [])
+            items.append((job, u.tokens))
             self.stats.add(len(u.tokens))
             if u.done:
                 job.generation = u.generation
                 del self.jobs[u.rid]
                 if self.on_done is not None:
                     self.on_done(job)
-                job.put(None)
+                items.append((job, None))
+        for loop, items in out.items():  # one wake-up of the event loop a step, not one a request
+            loop.call_soon_threadsafe(_deliver, items)
         self._count()
 
     def _count(self) -> None:
