@@ -296,3 +296,31 @@ def test_the_hybrid_engine_on_the_triton_kernels_answers_as_on_the_references(sy
     assert out["triton"] == out["naive"] and len(out["naive"]) == 10
     want = {"tree_rows", "commit_rows"} if "tree=" in system else {"recurrent_rows"}  # a chain: snapshots, no commit
     assert set(ran) == want
+
+
+def test_a_forward_builds_its_tree_paths_once_for_all_its_gdn_layers(monkeypatch):
+    """tree_paths is a few dozen small launches; every GDN layer of a verify pass walks the same tree, so the
+    layers share one build (Forward.derived) and the tokens stay the references'."""
+    from specpilot.config import parse_system
+    from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_hybrid_config
+    from specpilot.runtime.engine import Engine
+
+    cfg = tiny_hybrid_config(vocab=64)
+    target = random_target(cfg, seed=3)
+    drafter = random_drafter(tiny_drafter_config(cfg, target_layer_ids=[0, 3], block_size=4), seed=4)
+    calls = {"tree_paths": 0, "tree_rows": 0}
+    for name in calls:
+        real = getattr(kernels, name)
+
+        def counted(*a, _f=real, _n=name, **kw):
+            calls[_n] += 1
+            return _f(*a, **kw)
+
+        monkeypatch.setattr(kernels, name, counted)
+    system = "stock:tree=best_first,nodes=8,hybrid_tree=recompute"
+    out = {kind: Engine(target, drafter, parse_system(f"{system},kernels={kind}"), context=64)
+           .generate_one([1, 5, 7, 9, 11], 10, ()).tokens for kind in ("naive", "triton")}
+    gdn_layers = cfg.layer_types.count("gdn")
+    assert out["triton"] == out["naive"]
+    assert gdn_layers > 1 and calls["tree_paths"] >= 1
+    assert calls["tree_rows"] == gdn_layers * calls["tree_paths"]  # one build a verify pass, used by every layer

@@ -5,7 +5,8 @@
 
 verify  one GDN layer's verify kernels at the twin's shape (32 value heads, 128 x 128 states; no model): N rows as
         a chain with snapshots (stock), as a best_first-shaped tree in one pass (recompute) and with a state per
-        node (snapshot), each checked against the reference first, then timed (CUDA events, median of 200)
+        node (snapshot), each checked against the reference first, then timed per call inside a CUDA graph of 30
+        calls (as a step runs them, one a layer); the tree with its paths built once and built every call
 
 memory  each system on one request (MAX_NEW tokens): the bytes its GDN layers hold for the commit per step (stock's
         chain and hybrid_tree=snapshot: a state per row; recompute: the rows' inputs), counted on the GDN states,
@@ -89,12 +90,16 @@ def verify_kernels(heads: int = 32, k_heads: int = 16, dim: int = 128) -> list[d
     return [_verify(n, gen, heads, k_heads, dim) for n in (8, 16, 24, 32, 48)]
 
 
-def _verify(n: int, gen: torch.Generator, heads: int, k_heads: int, dim: int) -> dict:
+def _verify(n: int, gen: torch.Generator, heads: int, k_heads: int, dim: int, calls: int = 30) -> dict:
+    """Each kernel checked against the reference, then timed as the engine runs it: `calls` calls back to back in one
+    CUDA graph (a step runs one a GDN layer), the graph's median replay over 50 divided by `calls`. The tree is
+    timed with its paths built once for all calls (what a verify pass does since session 42) and built in every
+    call (before), and the paths' build alone."""
     import torch.nn.functional as F
 
     from specpilot.kernels.gdn import naive
     from specpilot.kernels.gdn import triton as kernels
-    from specpilot.runtime.graphs import median_ms
+    from specpilot.runtime.graphs import StepGraph, median_ms
 
     def randn(*shape):
         return torch.randn(*shape, device="cuda", generator=gen)
@@ -105,19 +110,29 @@ def _verify(n: int, gen: torch.Generator, heads: int, k_heads: int, dim: int) ->
     # a best_first-like tree: each node's parent among the few before it (depth about n / 2)
     parents = torch.tensor([[-1] + [max(0, i - 1 - (i % 3)) for i in range(1, n)]], device="cuda")
     args = (q, k, v, g, beta, state)
+    paths = kernels.tree_paths(parents)
     chain = kernels.recurrent_rows(*args, snapshots=True, final=False)[0]
-    tree = kernels.tree_rows(*args, parents)
+    tree = kernels.tree_rows(*args, parents, paths=paths)
     ref = naive.tree(q.float(), k.float(), v.float(), g, beta, state, parents)
     ref_chain = naive.chain_snapshots(q.float(), k.float(), v.float(), g, beta, state)[0]
     err = (tree - ref).abs().max().item() / ref.abs().max().item()
     err_chain = (chain - ref_chain).abs().max().item() / ref_chain.abs().max().item()
-    t = {"chain_snapshots": median_ms(lambda: kernels.recurrent_rows(*args, snapshots=True, final=False), 200),
-         "tree_recompute": median_ms(lambda: kernels.tree_rows(*args, parents), 200),
-         "tree_snapshots": median_ms(lambda: kernels.tree_rows(*args, parents, snapshots=True), 200)}
-    row = {"rows": n, "ms": t, "tree_over_chain": t["tree_recompute"] / t["chain_snapshots"],
-           "rel_err_tree": err, "rel_err_chain": err_chain}
-    print(f"verify {n:>2} rows: chain+snapshots {t['chain_snapshots']:.4f} ms, tree {t['tree_recompute']:.4f} ms "
-          f"({row['tree_over_chain']:.2f}x), tree+snapshots {t['tree_snapshots']:.4f} ms; rel. error tree "
+
+    def per_call(fn) -> float:
+        graph = StepGraph(lambda: [fn() for _ in range(calls)], use_graph=True)
+        graph.prepare()
+        return median_ms(graph, 50) / calls
+
+    t = {"chain_snapshots": per_call(lambda: kernels.recurrent_rows(*args, snapshots=True, final=False)),
+         "tree_recompute": per_call(lambda: kernels.tree_rows(*args, parents, paths=paths)),
+         "tree_recompute_paths_each_call": per_call(lambda: kernels.tree_rows(*args, parents)),
+         "tree_paths_alone": per_call(lambda: kernels.tree_paths(parents)),
+         "tree_snapshots": per_call(lambda: kernels.tree_rows(*args, parents, snapshots=True, paths=paths))}
+    row = {"rows": n, "ms_per_call": t, "calls_per_graph": calls, "tree_over_chain": t["tree_recompute"] /
+           t["chain_snapshots"], "rel_err_tree": err, "rel_err_chain": err_chain}
+    print(f"verify {n:>2} rows, ms a layer: chain+snapshots {t['chain_snapshots']:.4f}, tree {t['tree_recompute']:.4f} "
+          f"({row['tree_over_chain']:.2f}x; paths built each call {t['tree_recompute_paths_each_call']:.4f}, the "
+          f"build alone {t['tree_paths_alone']:.4f}), tree+snapshots {t['tree_snapshots']:.4f}; rel. error tree "
           f"{err:.1e}, chain {err_chain:.1e}", flush=True)
     return row
 

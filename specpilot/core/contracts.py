@@ -73,6 +73,9 @@ class Forward:
     visibility: Visibility
     parents: torch.Tensor | None = None
     view: str = "exact"
+    # what the layers derive from the rows' shape alone (a tree's paths, a conv's windows), made by the first layer
+    # that needs it and shared by the others: one computation a forward, not one a layer
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         if self.view not in VIEWS:

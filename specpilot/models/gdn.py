@@ -85,18 +85,19 @@ class GatedDeltaNet(nn.Module):
         per row; for a tree under hybrid_tree=recompute, the rows' inputs). The Triton kernels on CUDA
         (kernels/gdn/triton.py), the references elsewhere."""
         if meta.visibility.tree is None:
-            y = gdn.conv_chain(mixed, self.conv, state.conv)
+            y = gdn.conv_chain(mixed, self.conv, state.conv, meta.derived)
             o, snaps = gdn.rows_chain(*self._heads(y), g, beta, state.ssm, plan)
             state.pending = {"mixed": mixed, "snapshots": snaps}
             return o
-        y = gdn.conv_tree(mixed, self.conv, state.conv, meta.parents)
+        y = gdn.conv_tree(mixed, self.conv, state.conv, meta.parents, meta.derived)
         q, k, v = self._heads(y)
         if plan.hybrid_tree == "snapshot":
-            o, snaps = gdn.rows_tree(q, k, v, g, beta, state.ssm, meta.parents, plan, snapshots=True)
+            o, snaps = gdn.rows_tree(q, k, v, g, beta, state.ssm, meta.parents, plan, snapshots=True,
+                                     memo=meta.derived)
             state.pending = {"mixed": mixed, "snapshots": snaps}
             return o
         state.pending = {"mixed": mixed, "k": k, "v": v, "g": g, "beta": beta, "plan": plan}
-        return gdn.rows_tree(q, k, v, g, beta, state.ssm, meta.parents, plan)
+        return gdn.rows_tree(q, k, v, g, beta, state.ssm, meta.parents, plan, memo=meta.derived)
 
 
 def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

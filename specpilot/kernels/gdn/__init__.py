@@ -42,6 +42,7 @@ from specpilot.kernels.gdn.naive import (
     conv_tree,
     join3,
     l2norm,
+    once,
     recurrent,
     root_path,
     split3,
@@ -61,6 +62,7 @@ __all__ = [
     "conv_state_after",
     "conv_tree",
     "join3",
+    "once",
     "l2norm",
     "recurrent",
     "root_path",
@@ -75,7 +77,8 @@ __all__ = [
 
 
 # Each imports the Triton module only when it runs it: importing this package never imports triton (TRITON_INTERPRET
-# must be set before triton's first import).
+# must be set before triton's first import). `memo`: a dict shared by the layers of one forward (Forward.derived),
+# so what depends on the rows' shape alone (a tree's paths) is built once a forward, not once a layer.
 
 
 def rows_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -90,12 +93,13 @@ def rows_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
 
 def rows_tree(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               state: torch.Tensor, parents: torch.Tensor, plan: KernelPlan, normalize: bool = True,
-              snapshots: bool = False):
+              snapshots: bool = False, memo: dict | None = None):
     """Tree verification: o [B, N, Hv, Dv] as `tree`, or with snapshots (o, states) as `tree_snapshots`."""
     if use_triton(k, plan):
-        from specpilot.kernels.gdn.triton import tree_rows
+        from specpilot.kernels.gdn.triton import tree_paths, tree_rows
 
-        return tree_rows(q, k, v, g, beta, state, parents, normalize, snapshots)
+        paths = once(memo, "tree_paths", lambda: tree_paths(parents))
+        return tree_rows(q, k, v, g, beta, state, parents, normalize, snapshots, paths=paths)
     if snapshots:
         return tree_snapshots(q, k, v, g, beta, state, parents, normalize)
     return tree(q, k, v, g, beta, state, parents, normalize)

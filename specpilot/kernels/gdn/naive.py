@@ -166,6 +166,16 @@ def check_parents(parents: torch.Tensor) -> None:
         raise ValueError("parents[:, n] must lie in [0, n) for n > 0 (nodes in topological order)")
 
 
+def once(memo: dict | None, key, make):
+    """memo[key], made by make() the first time (always made when memo is None): what the layers of one forward
+    share (Forward.derived)."""
+    if memo is None:
+        return make()
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]
+
+
 def chain_parents(batch: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[B, N]: a chain as a tree, parents[:, n] = n - 1 (the root's -1)."""
     return (torch.arange(n, device=device) - 1).expand(batch, n).contiguous()
@@ -305,22 +315,25 @@ def _window_rows(conv_state: torch.Tensor, parents: torch.Tensor) -> torch.Tenso
     return torch.stack(cols[::-1], dim=-1)
 
 
-def conv_tree(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+def conv_tree(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, parents: torch.Tensor,
+              memo: dict | None = None) -> torch.Tensor:
     """Depthwise causal conv1d + SiLU over a tree: y [B, N, C] in x's dtype (math in float32).
 
-    x [B, N, C] the rows' inputs, weight [C, K], conv_state [B, C, K - 1] the last committed inputs (oldest first).
+    x [B, N, C] the rows' inputs, weight [C, K], conv_state [B, C, K - 1] the last committed inputs (oldest first);
+    memo: the forward's shared dict (the windows' rows are made once for its layers).
     Node n's window is its ancestor path, then the conv state for the positions before the root."""
     b, n, c = x.shape
-    rows = _window_rows(conv_state, parents)  # [B, N, K]
+    rows = once(memo, ("conv_windows", conv_state.shape[-1]), lambda: _window_rows(conv_state, parents))  # [B, N, K]
     joined = torch.cat([conv_state.transpose(1, 2).float(), x.float()], dim=1)  # [B, K - 1 + N, C]
     win = _gather_rows(joined, rows.reshape(b, -1)).reshape(b, n, -1, c)  # [B, N, K, C]
     y = (win * weight.float().t()).sum(dim=2)
     return F.silu(y).to(x.dtype)
 
 
-def conv_chain(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
+def conv_chain(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+               memo: dict | None = None) -> torch.Tensor:
     """The chain case of conv_tree (parents n - 1): transformers' causal_conv1d_update token by token."""
-    return conv_tree(x, weight, conv_state, chain_parents(x.shape[0], x.shape[1], x.device))
+    return conv_tree(x, weight, conv_state, chain_parents(x.shape[0], x.shape[1], x.device), memo)
 
 
 def conv_state_after(x: torch.Tensor, conv_state: torch.Tensor, path: torch.Tensor,

@@ -185,11 +185,12 @@ def tree_paths(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def tree_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               state: torch.Tensor, parents: torch.Tensor, normalize: bool = True, snapshots: bool = False,
-              block_v: int | None = None, num_warps: int | None = None):
+              block_v: int | None = None, num_warps: int | None = None, paths=None):
     """Tree verification, rows [B, N] in topological order: o [B, N, Hv, Dv] (naive.tree), node n's the token loop
     along its root..n path from `state`; with snapshots=True (o, states [B, N, Hv, Dk, Dv]) (naive.tree_snapshots).
-    A program per (node, head, column block) walks its own path: nothing is shared between nodes."""
-    path, lengths = tree_paths(parents)
+    A program per (node, head, column block) walks its own path: nothing is shared between nodes. paths: what
+    tree_paths(parents) gives, when the caller made it already (once for all the layers of a forward)."""
+    path, lengths = tree_paths(parents) if paths is None else paths
     o, snaps, _ = _walk(q, k, v, g, beta, state, out=True, every_row=False, snap=snapshots, final=False,
                         walks=parents.shape[1], path=path, lengths=lengths, normalize=normalize, block_v=block_v,
                         num_warps=num_warps)
