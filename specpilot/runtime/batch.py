@@ -9,10 +9,15 @@ position it is parked at. A free slot parks at 0; from its admission until its p
 request's prompt length, so the junk of the steps in between lands past the prompt, where the request writes
 before it reads. Outputs are per row (greedy, or sampled by the row's own seed), so each request's tokens are those
 it gets alone (tests/test_batch.py).
+
+With `batch_fallback=auto` each decode step is either the speculative one or an anchor step (each request's anchor
+verified alone, no drafting: speculative/step.AnchorStep), as speculative/allot.Fallback chooses from both steps'
+costs, timed here once the graphs are captured (all slots parked), and the requests' recent acceptance.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -23,6 +28,7 @@ from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.models.dense import Mode
 from specpilot.runtime.scheduler import Scheduler, size_for
+from specpilot.speculative.allot import Fallback
 
 CHUNK = 256  # prompt tokens prefilled a step, over all slots
 
@@ -67,9 +73,10 @@ class Batcher:
     parked (a capture's warm-up runs would move a decoding row)."""
 
     def __init__(self, engine, base: str | None = None, chunk: int = CHUNK, kinds: tuple[bool, ...] = (False, True),
-                 in_flight: int | None = None):
+                 in_flight: int | None = None, costs: tuple[dict[int, float], dict[int, float]] | None = None):
         """kinds: the step kinds to capture (False greedy, True sampling); a request of a kind not captured is
-        refused at submit. in_flight: requests at once, at most the engine's slots (default all of them)."""
+        refused at submit. in_flight: requests at once, at most the engine's slots (default all of them). costs:
+        (speculative, anchor) seconds a step by batch size for batch_fallback=auto (default: timed here)."""
         self.engine, self.spec = engine, (base or engine.system.base) == "stock"
         if self.spec and engine.drafter is None:
             raise UserError("system 'stock' needs a drafter in the deployment")
@@ -82,15 +89,22 @@ class Batcher:
         self.kinds = kinds
         self._next = 0
         steps = engine.batch_steps(self.spec)
+        anchors = engine.anchor_steps() if self.spec else {}
+        self.fallback: Fallback | None = None
         with torch.inference_mode():
             engine.live.zero_()  # every slot parked at 0 while the steps are captured (warm-ups move nothing)
             engine.pos.zero_()
-            for (_, sampled), step in steps.items():
+            for (_, sampled), step in [*steps.items(), *anchors.items()]:
                 if sampled in kinds:
                     step.prepare()
+            if anchors:
+                kind = False not in kinds  # the greedy kind (False) where it is captured, else the sampling one
+                if costs is None and kind not in engine.step_costs:  # timed once an engine
+                    engine.step_costs[kind] = _step_costs(engine, steps, anchors, kind)
+                self.fallback = Fallback(*(costs or engine.step_costs[kind]), steps=engine.step_kinds)
             if self.spec:
                 engine.state.ctx_count.zero_()
-        self.steps = steps
+        self.steps, self.anchors = steps, anchors
         engine.requests += 1
 
     @property
@@ -116,6 +130,8 @@ class Batcher:
             self.engine.pos[slot] = 0
         self.live.pop(rid, None)
         self.sched.forget(rid)
+        if self.fallback is not None:
+            self.fallback.forget(rid)
 
     @torch.inference_mode()
     def step(self) -> list[Update]:
@@ -133,9 +149,13 @@ class Batcher:
                 out.append(self._took(rid, slot, [int(engine.token[slot])]))
         if work.decode:
             highest, sampled = max(work.decode), any(self.live[r].request.samples for r in work.decode.values())
-            values = _decode(engine, self.steps[size_for(highest, engine.sizes), sampled], work.decode, self.spec)
+            size = size_for(highest, engine.sizes)
+            spec = self.fallback is None or self.fallback.speculate(work.decode.values(), size)
+            values = _decode(engine, (self.steps if spec else self.anchors)[size, sampled], work.decode, self.spec)
             for slot, rid in work.decode.items():
                 self.live[rid].accepted.append(len(values[slot]))
+                if self.fallback is not None and spec:
+                    self.fallback.saw(rid, len(values[slot]))
                 out.append(self._took(rid, slot, values[slot]))
         return out
 
@@ -146,6 +166,8 @@ class Batcher:
             return Update(rid, new)
         self.sched.finish(rid)
         self.sched.forget(rid)
+        if self.fallback is not None:
+            self.fallback.forget(rid)
         self.engine.pos[slot] = 0  # a free slot parks at 0 (what it writes stays in the first rows a step writes)
         del self.live[rid]
         gen = live.generation()  # cut at its stop token or budget: a pass may have committed past them
@@ -165,6 +187,28 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
     while batcher.busy:
         done.update((u.rid, u.generation) for u in batcher.step() if u.done)
     return [done[rid] for rid in ids]
+
+
+def _step_costs(engine, steps: dict, anchors: dict, kind: bool, reps: int = 5
+                ) -> tuple[dict[int, float], dict[int, float]]:
+    """Seconds of the speculative and the anchor step at each batch size (the median of `reps` runs after one
+    warm-up, every slot parked: what a parked row computes, a decoding one does; its attention reads less), of one
+    kind (the greedy one where captured: the sampling kind's costs differ little, the same passes)."""
+    out: tuple[dict[int, float], dict[int, float]] = ({}, {})
+    for table, graphs in zip(out, (steps, anchors), strict=True):
+        for n in engine.sizes:
+            step = graphs[n, kind]
+            times = []
+            for _ in range(reps + 1):
+                if engine.device.type == "cuda":
+                    torch.cuda.synchronize(engine.device)
+                t0 = time.perf_counter()
+                step()
+                if engine.device.type == "cuda":
+                    torch.cuda.synchronize(engine.device)
+                times.append(time.perf_counter() - t0)
+            table[n] = statistics.median(times[1:])
+    return out
 
 
 def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: bool, sampled: bool) -> bool:

@@ -33,7 +33,7 @@ from specpilot.runtime.padding import Pad
 from specpilot.runtime.scheduler import batch_sizes
 from specpilot.speculative.drafter import DFlash
 from specpilot.speculative.sequoia import parse_accept
-from specpilot.speculative.step import SpecState, SpecStep
+from specpilot.speculative.step import AnchorStep, SpecState, SpecStep
 from specpilot.speculative.tree import TreeBuilder
 from specpilot.speculative.two_level import TwoLevelStep
 from specpilot.w12.attach import attach, claim, off_kernel
@@ -124,6 +124,9 @@ class Engine:
         self._views = {n: (self.cache.rows(0, n), self.sampler.rows(0, n)) for n in self.sizes}
         self._ar_batch = {v: StepGraph(partial(self._ar_rows, *v), self.use_graphs, pool) for v in self._variants}
         self._spec_batch: dict[tuple[int, bool], StepGraph] = {}
+        self._anchor_batch: dict[tuple[int, bool], StepGraph] = {}  # batch_fallback=auto's steps (batches only)
+        self.step_costs: dict[bool, tuple] = {}  # batch_fallback=auto: the steps' costs by kind, timed once
+        self.step_kinds = {"speculative": 0, "anchor": 0}  # batch_fallback=auto: the steps each kind ran
         self._pool = pool
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
@@ -183,6 +186,14 @@ class Engine:
             step.sampling = sampled
         self._spec_batch = {v: StepGraph(partial(self._spec_rows, v), self.use_graphs, self._pool)
                             for v in self._variants}
+        if self.system.speculative and self.system.get("batch_fallback") == "auto" and self.sizes:
+            self._anchor_steps = {(n, sampled): AnchorStep(self.target, self.draft.rows(0, n), self._views[n][0],
+                                                           self.state.rows(n), *args[4:], ctx_rows=self.spec.ctx_rows)
+                                  for n, sampled in self._variants}
+            for (_, sampled), step in self._anchor_steps.items():
+                step.sampling = sampled
+            self._anchor_batch = {v: StepGraph(partial(self._anchor_rows, v), self.use_graphs, self._pool)
+                                  for v in self._variants}
         # results record what ran: the drafter's block, not "0"
         self.system = self.system.resolving(block_size=self.block, nodes=self.system.get("nodes") or self.block)
 
@@ -252,12 +263,21 @@ class Engine:
         self._spec_steps[variant]()
         self.pad()
 
+    def _anchor_rows(self, variant: tuple[int, bool]) -> None:
+        """The anchor step of slots 0..n-1 (batch_fallback=auto: no drafting), greedy or sampling."""
+        self._anchor_steps[variant]()
+        self.pad()
+
     def batch_steps(self, spec: bool) -> dict[tuple[int, bool], StepGraph]:
         """The step graph of each (batch size, sampling) (slots > 1), AR's or the speculative one."""
         return self._spec_batch if spec else self._ar_batch
 
+    def anchor_steps(self) -> dict[tuple[int, bool], StepGraph]:
+        """batch_fallback=auto's anchor step graphs by (batch size, sampling); empty when the option is off."""
+        return self._anchor_batch
+
     def _graphs(self) -> list[StepGraph]:
-        return [self._ar, *self._ar_batch.values(), *self._spec_batch.values()] + (
+        return [self._ar, *self._ar_batch.values(), *self._spec_batch.values(), *self._anchor_batch.values()] + (
             [self._spec] if self.block else [])
 
     # ----- a decode state kept for repeated step timings ---------------------------------------------

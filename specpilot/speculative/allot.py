@@ -16,14 +16,16 @@ for every request. The draft block per request is the shortest of the offered bl
 with probability below `floor` (drafts past it, less likely still, would not pay): confident requests draft long,
 unsure ones short.
 
-Not wired into the engine yet: a batched verify of unequal rows per request is the next step (issue 59).
+`allot` and `draft_block` are not wired into the engine yet (a batched verify of unequal rows per request is the
+next step, issue 59). `Fallback` is: a batch's choice each step between its speculative step and an anchor step
+(each request's anchor verified alone, no drafting: AR's pass), `batch_fallback=auto`.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -102,3 +104,59 @@ def draft_block(confidence: Sequence[float], blocks: Sequence[int] = (8, 12, 16)
         if b == choices[-1] or reach[b - 2] < floor:
             return b
     return choices[-1]
+
+
+@dataclass
+class Fallback:
+    """Speculate this step, or verify the anchors alone? Speculating commits the requests' expected tokens a step at
+    spec_cost[size] seconds; an anchor step one token each at anchor_cost[size] (the costs measured at start-up, by
+    captured batch size). A request's expectation is the moving average (weight `alpha` on the newest) of what its
+    speculative steps committed; a request not seen yet takes the average over all requests' steps, and before any
+    step the batch speculates. While anchor steps win, every `probe`-th step speculates anyway, so that the
+    expectations follow the text (an anchor step says nothing about acceptance)."""
+
+    spec_cost: dict[int, float]
+    anchor_cost: dict[int, float]
+    alpha: float = 0.25
+    probe: int = 16
+    expected: dict[Hashable, float] = field(default_factory=dict)
+    overall: float | None = None
+    since: int = 0  # anchor steps in a row
+    steps: dict[str, int] = field(default_factory=lambda: {"speculative": 0, "anchor": 0})
+
+    def __post_init__(self):
+        if set(self.spec_cost) != set(self.anchor_cost) or not self.spec_cost:
+            raise ValueError("the two steps' costs must be given at the same batch sizes")
+        if min(*self.spec_cost.values(), *self.anchor_cost.values()) <= 0:
+            raise ValueError("step costs must be positive")
+        if not 0 < self.alpha <= 1 or self.probe < 1:
+            raise ValueError("alpha must be in (0, 1] and probe at least 1")
+
+    def speculate(self, requests: Iterable[Hashable], size: int) -> bool:
+        """The choice for a step of `size` (a captured batch size) whose decoding requests are `requests`."""
+        reqs = list(requests)
+        if self.overall is None or self.rate(reqs, size) >= len(reqs) / self.anchor_cost[size]:
+            self.since = 0
+        else:
+            self.since += 1
+            if self.since < self.probe:
+                self.steps["anchor"] += 1
+                return False
+            self.since = 0
+        self.steps["speculative"] += 1
+        return True
+
+    def rate(self, requests: Sequence[Hashable], size: int) -> float:
+        """Tokens a second a speculative step is expected to commit."""
+        return sum(self.expected.get(r, self.overall) for r in requests) / self.spec_cost[size]
+
+    def saw(self, request: Hashable, committed: int) -> None:
+        """What a speculative step committed for a request (its accepted drafts and the bonus token)."""
+        if committed < 1:
+            raise ValueError("a step commits at least one token")
+        old = self.expected.get(request, self.overall if self.overall is not None else committed)
+        self.expected[request] = (1 - self.alpha) * old + self.alpha * committed
+        self.overall = committed if self.overall is None else (1 - self.alpha) * self.overall + self.alpha * committed
+
+    def forget(self, request: Hashable) -> None:
+        self.expected.pop(request, None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from specpilot.config.plan import KernelPlan
-from specpilot.core.contracts import Proposal, Verdict
+from specpilot.core.contracts import Proposal, Verdict, chain
 from specpilot.core.regions import region
 from specpilot.kernels.sample import SamplerRows, pick
 from specpilot.models.cache import Cache
@@ -108,8 +108,9 @@ class SpecStep:
         self.cache.commit(verdict.path, verdict.accepted, s.pos, in_place=proposal.chain, live=s.live)
         path = None if proposal.chain else verdict.path
         s.out[:, 0] = verdict.accepted
-        s.out[:, 1:] = verdict.tokens
-        s.ctx_feats.copy_(feats if path is None else feats.gather(1, path[..., None].expand(-1, -1, feats.shape[2])))
+        s.out[:, 1 : 1 + verdict.tokens.shape[1]] = verdict.tokens  # (an anchor step's one row: the rest unread)
+        kept = feats if path is None else feats.gather(1, path[..., None].expand(-1, -1, feats.shape[2]))
+        s.ctx_feats[:, : kept.shape[1]].copy_(kept)
         if s.live is None:
             moved, bonus = verdict.accepted + 1, verdict.bonus
         else:  # a parked row keeps its token (a request whose prefill just ended holds its first one there)
@@ -117,3 +118,27 @@ class SpecStep:
         s.ctx_count.copy_(moved)
         s.token.copy_(bonus)
         s.pos.add_(moved)
+
+
+class AnchorStep(SpecStep):
+    """A target pass over each request's anchor alone, no drafting: AR's next token (the row's argmax, or its sample
+    at the same position), and the drafter told the rows the last step committed, as after any step, so that a
+    speculative step can follow it. A batch's per-step fallback where speculating would commit fewer tokens a
+    second (`batch_fallback=auto`: runtime/batch.py); built with its speculative step's arguments and context
+    rows."""
+
+    def __init__(self, *args, ctx_rows: torch.Tensor | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if ctx_rows is not None:  # the speculative step's (two-level verification's context holds two rounds)
+            self.ctx_rows = ctx_rows
+        self.one = torch.zeros(1, dtype=torch.int64, device=self.target.device)
+        self.no_parent = (self.one - 1)[None]
+
+    def propose(self, s: SpecState) -> Proposal:
+        return chain(s.token, s.token[:, None][:, :0], s.pos, self.one, self.no_parent)
+
+    def accept(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
+        logits = distort(logits, self.fault)  # no drafts: nothing for an accepting fault to force through
+        if self.sampling:
+            return accept_predicted(proposal, pick(logits, proposal.positions + 1, self.state.sampler))
+        return accept_greedy(proposal, logits)
