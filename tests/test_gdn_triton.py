@@ -300,7 +300,8 @@ def test_the_hybrid_engine_on_the_triton_kernels_answers_as_on_the_references(sy
 
 def test_a_forward_builds_its_tree_paths_once_for_all_its_gdn_layers(monkeypatch):
     """tree_paths is a few dozen small launches; every GDN layer of a verify pass walks the same tree, so the
-    layers share one build (Forward.derived) and the tokens stay the references'."""
+    layers share one build (Forward.derived), as the layers of a commit share its walk (Cache.commit's memo), and
+    the tokens stay the references'."""
     from specpilot.config import parse_system
     from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_hybrid_config
     from specpilot.runtime.engine import Engine
@@ -308,7 +309,7 @@ def test_a_forward_builds_its_tree_paths_once_for_all_its_gdn_layers(monkeypatch
     cfg = tiny_hybrid_config(vocab=64)
     target = random_target(cfg, seed=3)
     drafter = random_drafter(tiny_drafter_config(cfg, target_layer_ids=[0, 3], block_size=4), seed=4)
-    calls = {"tree_paths": 0, "tree_rows": 0}
+    calls = {"tree_paths": 0, "tree_rows": 0, "commit_path": 0, "commit_rows": 0}
     for name in calls:
         real = getattr(kernels, name)
 
@@ -324,3 +325,4 @@ def test_a_forward_builds_its_tree_paths_once_for_all_its_gdn_layers(monkeypatch
     assert out["triton"] == out["naive"]
     assert gdn_layers > 1 and calls["tree_paths"] >= 1
     assert calls["tree_rows"] == gdn_layers * calls["tree_paths"]  # one build a verify pass, used by every layer
+    assert calls["commit_path"] >= 1 and calls["commit_rows"] == gdn_layers * calls["commit_path"]

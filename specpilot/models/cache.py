@@ -52,7 +52,7 @@ class AttentionState:
         return cls(0, 0, 0, 0, k.dtype, k.device, (k[None], v[None], 0))
 
     def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False,
-               live: torch.Tensor | None = None) -> None:
+               live: torch.Tensor | None = None, memo: dict | None = None) -> None:
         """Keep the accepted path: `path` [B, P] are the verified rows (slot start + r) of the path in order, the
         first accepted [B] + 1 of them kept, to sit at slots start, start + 1, ...; in_place: the path is there
         already (a chain accepts a prefix of its rows, and row r sits at slot start + r), so nothing moves. Rows
@@ -101,22 +101,24 @@ class GDNState:
         self.conv.zero_()
 
     def commit(self, path: torch.Tensor, accepted: torch.Tensor, start: torch.Tensor, in_place: bool = False,
-               live: torch.Tensor | None = None) -> None:
+               live: torch.Tensor | None = None, memo: dict | None = None) -> None:
         """The state after the accepted path (path [B, P]: the verified rows in order; the first accepted + 1
         kept): the kept state of its last row, or (a tree under hybrid_tree=recompute) the state recomputed along
         the path in float32 (the same sequence of operations as decoding it token by token). live [B]: rows
-        where 0 keep their state (a batch's parked rows)."""
+        where 0 keep their state (a batch's parked rows). memo: a dict shared by the layers of one commit (what
+        depends on the path alone is made once)."""
         p, self.pending = self.pending, None
         if p is None:
             return
-        last = path.gather(1, accepted[:, None])[:, 0]  # the kept path's last row
         if "snapshots" in p:
-            ssm = p["snapshots"][torch.arange(path.shape[0], device=path.device), last]
+            picks = gdn.once(memo, "snapshot_picks", lambda: (torch.arange(path.shape[0], device=path.device),
+                                                               path.gather(1, accepted[:, None])[:, 0]))
+            ssm = p["snapshots"][picks]  # the kept path's last row's state
         else:
-            ssm = gdn.rows_commit(p["k"], p["v"], p["g"], p["beta"], self.ssm, path, accepted, p["plan"])
-        conv = gdn.conv_state_after(p["mixed"], self.conv, path, accepted)
+            ssm = gdn.rows_commit(p["k"], p["v"], p["g"], p["beta"], self.ssm, path, accepted, p["plan"], memo=memo)
+        conv = gdn.conv_state_after(p["mixed"], self.conv, path, accepted, memo)
         if live is not None:
-            keep = live.bool()
+            keep = gdn.once(memo, "live", live.bool)
             ssm = torch.where(keep[:, None, None, None], ssm, self.ssm)
             conv = torch.where(keep[:, None, None], conv, self.conv)
         self.ssm.copy_(ssm)
@@ -173,8 +175,9 @@ class Cache:
         if stacked is not None:
             move_rows(stacked, path, start)
             return
+        memo: dict = {}  # what the layers' commits derive from the path alone, made once (GDN layers)
         for state in self.layers:
-            state.commit(path, accepted, start, in_place, live)
+            state.commit(path, accepted, start, in_place, live, memo)
 
     def _stack(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(K, V) [layers, B, Hkv, L, D] when every layer is a view of one stacked tensor, in order."""

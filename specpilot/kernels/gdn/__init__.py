@@ -106,10 +106,12 @@ def rows_tree(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
 
 def rows_commit(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
-                path: torch.Tensor, accepted: torch.Tensor, plan: KernelPlan, normalize: bool = True) -> torch.Tensor:
-    """The state after the accepted path, as `commit`."""
+                path: torch.Tensor, accepted: torch.Tensor, plan: KernelPlan, normalize: bool = True,
+                memo: dict | None = None) -> torch.Tensor:
+    """The state after the accepted path, as `commit` (memo: the commit's dict shared by its layers)."""
     if use_triton(k, plan):
-        from specpilot.kernels.gdn.triton import commit_rows
+        from specpilot.kernels.gdn.triton import commit_path, commit_rows
 
-        return commit_rows(k, v, g, beta, state, path, accepted, normalize)
+        walk = once(memo, "commit_path", lambda: commit_path(path, accepted))
+        return commit_rows(k, v, g, beta, state, path, accepted, normalize, walk=walk)
     return commit(k, v, g, beta, state, path, accepted, normalize)

@@ -337,13 +337,15 @@ def conv_chain(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
 
 
 def conv_state_after(x: torch.Tensor, conv_state: torch.Tensor, path: torch.Tensor,
-                     accepted: torch.Tensor) -> torch.Tensor:
+                     accepted: torch.Tensor, memo: dict | None = None) -> torch.Tensor:
     """[B, C, K - 1] in conv_state's dtype: the last K - 1 inputs along the accepted path path[b, :accepted[b] + 1],
-    older ones from the old conv state where the path is shorter than K - 1."""
+    older ones from the old conv state where the path is shorter than K - 1. memo: the commit's shared dict."""
     held = conv_state.shape[-1]
-    rows = _gather_rows(x, path.clamp(0, x.shape[1] - 1)).transpose(1, 2).to(conv_state.dtype)  # [B, C, P]
+    rows_at = once(memo, ("conv_path", x.shape[1]), lambda: path.clamp(0, x.shape[1] - 1))
+    rows = _gather_rows(x, rows_at).transpose(1, 2).to(conv_state.dtype)  # [B, C, P]
     joined = torch.cat([conv_state, rows], dim=2)  # path row t sits at held + t
-    first = (accepted + 1).reshape(-1, 1) + torch.arange(held, device=x.device)  # the K - 1 ending at row accepted
+    # the K - 1 ending at row accepted
+    first = once(memo, ("conv_kept", held), lambda: (accepted + 1).reshape(-1, 1) + torch.arange(held, device=x.device))
     return joined.gather(2, first.unsqueeze(1).expand(-1, joined.shape[1], -1))
 
 

@@ -197,13 +197,19 @@ def tree_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     return (o, snaps) if snapshots else o
 
 
+def commit_path(path: torch.Tensor, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The commit's one walk a sequence as the kernel reads it: (path [B, 1, P] int32, lengths [B, 1] int32)."""
+    lengths = (accepted.reshape(-1, 1) + 1).clamp(0, path.shape[1]).to(torch.int32)
+    return path.to(torch.int32).unsqueeze(1).contiguous(), lengths.contiguous()
+
+
 def commit_rows(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
                 path: torch.Tensor, accepted: torch.Tensor, normalize: bool = True, block_v: int | None = None,
-                num_warps: int | None = None) -> torch.Tensor:
+                num_warps: int | None = None, walk=None) -> torch.Tensor:
     """The state after rows path[b, :accepted[b] + 1] (root first; entries past them ignored), [B, Hv, Dk, Dv]
-    (naive.commit): recurrent_rows's kernel and step, so the bits of decoding those tokens one at a time."""
-    lengths = (accepted.reshape(-1, 1) + 1).clamp(0, path.shape[1]).to(torch.int32)
+    (naive.commit): recurrent_rows's kernel and step, so the bits of decoding those tokens one at a time. walk:
+    commit_path(path, accepted), when the caller made it already (once for all the layers of a commit)."""
+    walk_path, lengths = commit_path(path, accepted) if walk is None else walk
     _, _, fin = _walk(None, k, v, g, beta, state, out=False, every_row=False, snap=False, final=True,
-                      path=path.to(torch.int32).unsqueeze(1).contiguous(), lengths=lengths.contiguous(),
-                      normalize=normalize, block_v=block_v, num_warps=num_warps)
+                      path=walk_path, lengths=lengths, normalize=normalize, block_v=block_v, num_warps=num_warps)
     return fin
