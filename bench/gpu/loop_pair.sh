@@ -42,7 +42,8 @@ sweep)
                  --system stock:tree=best_first,nodes=64 --system ar:gemv=true)
         limit=${LIMIT:-1}
     fi
-    timeout -k 20 "${SWEEP_S:-330}" python3 -m specpilot.cli bench --preset "$preset" --system stock "${systems[@]}" \
+    # SWEEP_S=0: no sweep, the loop alone (e.g. ROUNDS=3 BUDGET=1200 for the twin's three-round Goal)
+    [ "${SWEEP_S:-330}" -gt 0 ] && timeout -k 20 "${SWEEP_S:-330}" python3 -m specpilot.cli bench --preset "$preset" --system stock "${systems[@]}" \
         --limit "$limit" --max-new-tokens 256 --json "$OUT/sweep.json" 2>&1 | tail -n 25
     rm -rf "$run"
     # SAMPLE=1: under the sampling profiler (bench/gpu/sampled.py), where the loop's wall time went, in
