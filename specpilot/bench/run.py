@@ -60,10 +60,9 @@ def run_bench(plan: BenchPlan, runner: Runner, requests: list[Request], progress
                                         "output_tokens_per_s": rate[name],
                                         "speedup_over_batched_ar": rate[name] / rate[ar]}
             engine = runner.engine(systems[name])
-            if engine.anchor_steps():  # batch_fallback=auto: how many steps of each kind ran, and their costs
-                summaries[name]["batch"].update(steps=dict(engine.step_kinds), step_costs_s={
-                    "greedy" if not sampled else "sampled": {"speculative": spec, "anchor": anchor}
-                    for sampled, (spec, anchor) in engine.step_costs.items()})
+            if engine.width_steps():  # batch_rows=auto: the steps each width ran, and the widths' costs
+                summaries[name]["batch"].update(steps_by_rows=dict(engine.step_rows), step_costs_s={
+                    "sampled" if sampled else "greedy": table for sampled, table in engine.step_costs.items()})
     for system in plan.systems:  # the complete configuration each system ran under, tuning table included
         summaries[system.name]["config"] = system_record(runner.engine(system))
     if plan.oracle and runner.drafter is not None:

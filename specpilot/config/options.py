@@ -77,10 +77,11 @@ OPTIONS: dict[str, Option] = _options(
            bases=("stock",), choices=("chain", "ddtree", "best_first", "eagle2", "sequoia")),
     Option("nodes", int, 0, "rows verified per step, the anchor included: 0 = the block size; a tree may hold "
            "more than the block (a chain no more)", "engine", bases=("stock",), minimum=0, maximum=512),
-    Option("batch_fallback", str, "off", "with several requests in flight: off (stock: every step drafts and "
-           "verifies) or auto (a step verifies each request's anchor alone, without drafting, when the step costs "
-           "measured at start-up and the requests' recent acceptance say speculating would commit fewer tokens a "
-           "second; the tokens are the same either way)", "engine", bases=("stock",), choices=("off", "auto")),
+    Option("batch_rows", str, "fixed", "with several requests in flight: fixed (stock: every step verifies the "
+           "system's rows) or auto (each step verifies, for every request alike, the anchor alone without drafting, "
+           "a shorter chain of 4 or 8 rows (chain systems), or the system's rows: whichever the step costs measured "
+           "at start-up and the requests' recent acceptance say commits the most tokens a second; the tokens are the "
+           "same either way)", "engine", bases=("stock",), choices=("fixed", "auto")),
     Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands (at most the drafter's "
            "candidates per position)", "engine", bases=("stock",),
            minimum=1, maximum=64),

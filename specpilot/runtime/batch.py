@@ -10,9 +10,10 @@ request's prompt length, so the junk of the steps in between lands past the prom
 before it reads. Outputs are per row (greedy, or sampled by the row's own seed), so each request's tokens are those
 it gets alone (tests/test_batch.py).
 
-With `batch_fallback=auto` each decode step is either the speculative one or an anchor step (each request's anchor
-verified alone, no drafting: speculative/step.AnchorStep), as speculative/allot.Fallback chooses from both steps'
-costs, timed here once the graphs are captured (all slots parked), and the requests' recent acceptance.
+With `batch_rows=auto` each decode step verifies, for every request alike, the system's rows, a shorter chain, or
+the anchor alone (no drafting: speculative/step.AnchorStep), as speculative/allot.RowsChoice chooses from the
+steps' costs, timed here once an engine after the graphs are captured (all slots parked), and the requests' recent
+acceptance.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.models.dense import Mode
 from specpilot.runtime.scheduler import Scheduler, size_for
-from specpilot.speculative.allot import Fallback
+from specpilot.speculative.allot import RowsChoice
 
 CHUNK = 256  # prompt tokens prefilled a step, over all slots
 
@@ -73,10 +74,10 @@ class Batcher:
     parked (a capture's warm-up runs would move a decoding row)."""
 
     def __init__(self, engine, base: str | None = None, chunk: int = CHUNK, kinds: tuple[bool, ...] = (False, True),
-                 in_flight: int | None = None, costs: tuple[dict[int, float], dict[int, float]] | None = None):
+                 in_flight: int | None = None, costs: dict[int, dict[int, float]] | None = None):
         """kinds: the step kinds to capture (False greedy, True sampling); a request of a kind not captured is
         refused at submit. in_flight: requests at once, at most the engine's slots (default all of them). costs:
-        (speculative, anchor) seconds a step by batch size for batch_fallback=auto (default: timed here)."""
+        batch_rows=auto's seconds a step by rows and batch size (default: timed here, once an engine)."""
         self.engine, self.spec = engine, (base or engine.system.base) == "stock"
         if self.spec and engine.drafter is None:
             raise UserError("system 'stock' needs a drafter in the deployment")
@@ -89,22 +90,23 @@ class Batcher:
         self.kinds = kinds
         self._next = 0
         steps = engine.batch_steps(self.spec)
-        anchors = engine.anchor_steps() if self.spec else {}
-        self.fallback: Fallback | None = None
+        widths = {engine.full_rows: steps, **engine.width_steps()} if self.spec and engine.width_steps() else {}
+        self.rows: RowsChoice | None = None
         with torch.inference_mode():
             engine.live.zero_()  # every slot parked at 0 while the steps are captured (warm-ups move nothing)
             engine.pos.zero_()
-            for (_, sampled), step in [*steps.items(), *anchors.items()]:
-                if sampled in kinds:
-                    step.prepare()
-            if anchors:
+            for graphs in widths.values() or [steps]:
+                for (_, sampled), step in graphs.items():
+                    if sampled in kinds:
+                        step.prepare()
+            if widths:
                 kind = False not in kinds  # the greedy kind (False) where it is captured, else the sampling one
                 if costs is None and kind not in engine.step_costs:  # timed once an engine
-                    engine.step_costs[kind] = _step_costs(engine, steps, anchors, kind)
-                self.fallback = Fallback(*(costs or engine.step_costs[kind]), steps=engine.step_kinds)
+                    engine.step_costs[kind] = _step_costs(engine, widths, kind)
+                self.rows = RowsChoice(costs or engine.step_costs[kind], steps=engine.step_rows)
             if self.spec:
                 engine.state.ctx_count.zero_()
-        self.steps, self.anchors = steps, anchors
+        self.steps, self.widths = steps, widths
         engine.requests += 1
 
     @property
@@ -130,8 +132,8 @@ class Batcher:
             self.engine.pos[slot] = 0
         self.live.pop(rid, None)
         self.sched.forget(rid)
-        if self.fallback is not None:
-            self.fallback.forget(rid)
+        if self.rows:
+            self.rows.forget(rid)
 
     @torch.inference_mode()
     def step(self) -> list[Update]:
@@ -150,12 +152,13 @@ class Batcher:
         if work.decode:
             highest, sampled = max(work.decode), any(self.live[r].request.samples for r in work.decode.values())
             size = size_for(highest, engine.sizes)
-            spec = self.fallback is None or self.fallback.speculate(work.decode.values(), size)
-            values = _decode(engine, (self.steps if spec else self.anchors)[size, sampled], work.decode, self.spec)
+            rows = self.rows.choose(work.decode.values(), size) if self.rows else None
+            step = (self.steps if rows is None else self.widths[rows])[size, sampled]
+            values = _decode(engine, step, work.decode, self.spec)
             for slot, rid in work.decode.items():
                 self.live[rid].accepted.append(len(values[slot]))
-                if self.fallback is not None and spec:
-                    self.fallback.saw(rid, len(values[slot]))
+                if self.rows:
+                    self.rows.saw(rid, len(values[slot]), rows)
                 out.append(self._took(rid, slot, values[slot]))
         return out
 
@@ -166,8 +169,8 @@ class Batcher:
             return Update(rid, new)
         self.sched.finish(rid)
         self.sched.forget(rid)
-        if self.fallback is not None:
-            self.fallback.forget(rid)
+        if self.rows:
+            self.rows.forget(rid)
         self.engine.pos[slot] = 0  # a free slot parks at 0 (what it writes stays in the first rows a step writes)
         del self.live[rid]
         gen = live.generation()  # cut at its stop token or budget: a pass may have committed past them
@@ -189,25 +192,24 @@ def run_batch(engine, requests: list[Prompted], base: str | None = None, arrival
     return [done[rid] for rid in ids]
 
 
-def _step_costs(engine, steps: dict, anchors: dict, kind: bool, reps: int = 5
-                ) -> tuple[dict[int, float], dict[int, float]]:
-    """Seconds of the speculative and the anchor step at each batch size (the median of `reps` runs after one
-    warm-up, every slot parked: what a parked row computes, a decoding one does; its attention reads less), of one
-    kind (the greedy one where captured: the sampling kind's costs differ little, the same passes)."""
-    out: tuple[dict[int, float], dict[int, float]] = ({}, {})
-    for table, graphs in zip(out, (steps, anchors), strict=True):
+def _step_costs(engine, widths: dict[int, dict], kind: bool, reps: int = 5) -> dict[int, dict[int, float]]:
+    """Seconds of each width's step at each batch size (the median of `reps` runs after one warm-up, every slot
+    parked: what a parked row computes, a decoding one does; its attention reads less), of one kind (the greedy one
+    where captured: the sampling kind's costs differ little, the same passes)."""
+    cuda = engine.device.type == "cuda"
+    out: dict[int, dict[int, float]] = {}
+    for rows, graphs in widths.items():
         for n in engine.sizes:
-            step = graphs[n, kind]
             times = []
             for _ in range(reps + 1):
-                if engine.device.type == "cuda":
+                if cuda:
                     torch.cuda.synchronize(engine.device)
                 t0 = time.perf_counter()
-                step()
-                if engine.device.type == "cuda":
+                graphs[n, kind]()
+                if cuda:
                     torch.cuda.synchronize(engine.device)
                 times.append(time.perf_counter() - t0)
-            table[n] = statistics.median(times[1:])
+            out.setdefault(rows, {})[n] = statistics.median(times[1:])
     return out
 
 

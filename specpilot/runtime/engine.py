@@ -124,9 +124,12 @@ class Engine:
         self._views = {n: (self.cache.rows(0, n), self.sampler.rows(0, n)) for n in self.sizes}
         self._ar_batch = {v: StepGraph(partial(self._ar_rows, *v), self.use_graphs, pool) for v in self._variants}
         self._spec_batch: dict[tuple[int, bool], StepGraph] = {}
-        self._anchor_batch: dict[tuple[int, bool], StepGraph] = {}  # batch_fallback=auto's steps (batches only)
-        self.step_costs: dict[bool, tuple] = {}  # batch_fallback=auto: the steps' costs by kind, timed once
-        self.step_kinds = {"speculative": 0, "anchor": 0}  # batch_fallback=auto: the steps each kind ran
+        # batch_rows=auto (batches only): the narrower steps' graphs by (rows, batch size, sampling), the costs of
+        # every width by kind (timed once: runtime/batch.py) and the steps each width ran
+        self._width_batch: dict[tuple[int, int, bool], StepGraph] = {}
+        self.step_costs: dict[bool, dict[int, dict[int, float]]] = {}
+        self.step_rows: dict[int, int] = {}
+        self.full_rows = 0
         self._pool = pool
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
@@ -186,16 +189,32 @@ class Engine:
             step.sampling = sampled
         self._spec_batch = {v: StepGraph(partial(self._spec_rows, v), self.use_graphs, self._pool)
                             for v in self._variants}
-        if self.system.speculative and self.system.get("batch_fallback") == "auto" and self.sizes:
-            self._anchor_steps = {(n, sampled): AnchorStep(self.target, self.draft.rows(0, n), self._views[n][0],
-                                                           self.state.rows(n), *args[4:], ctx_rows=self.spec.ctx_rows)
-                                  for n, sampled in self._variants}
-            for (_, sampled), step in self._anchor_steps.items():
-                step.sampling = sampled
-            self._anchor_batch = {v: StepGraph(partial(self._anchor_rows, v), self.use_graphs, self._pool)
-                                  for v in self._variants}
+        self.full_rows = rows
+        self._width_steps = {(w, n, sampled): self._narrower(w, n, sampled, args)
+                             for w in self._batch_widths(tlv) for n, sampled in self._variants}
+        self._width_batch = {k: StepGraph(partial(self._width_rows, k), self.use_graphs, self._pool)
+                             for k in self._width_steps}
         # results record what ran: the drafter's block, not "0"
         self.system = self.system.resolving(block_size=self.block, nodes=self.system.get("nodes") or self.block)
+
+    def _batch_widths(self, tlv: bool) -> tuple[int, ...]:
+        """batch_rows=auto's steps below the full one, by rows: 1 (the anchor alone), and 4 and 8 for a chain."""
+        if not (self.system.speculative and self.system.get("batch_rows") == "auto" and self.sizes):
+            return ()
+        chain = self.builder is None and not tlv
+        return (1, *(w for w in (4, 8) if chain and w < self.block))
+
+    def _narrower(self, rows: int, n: int, sampled: bool, args: tuple) -> SpecStep:
+        """A batch step of slots 0..n-1 verifying `rows` rows a request: the anchor step, or a shorter chain (the
+        drafter drafting a shorter block); the full step's state and drafter context rows."""
+        cache, state = self._views[n][0], self.state.rows(n)
+        if rows == 1:
+            step = AnchorStep(self.target, self.draft.rows(0, n), cache, state, *args[4:], ctx_rows=self.spec.ctx_rows)
+        else:
+            step = SpecStep(self.target, self.draft.narrowed(rows).rows(0, n), cache, state, self.plan, self.fault,
+                            None, self.forward, ctx_rows=self.spec.ctx_rows)
+        step.sampling = sampled
+        return step
 
     def _builder(self) -> TreeBuilder | None:
         """The system's tree builder (None: stock's chain at the block size, the released behaviour)."""
@@ -263,21 +282,24 @@ class Engine:
         self._spec_steps[variant]()
         self.pad()
 
-    def _anchor_rows(self, variant: tuple[int, bool]) -> None:
-        """The anchor step of slots 0..n-1 (batch_fallback=auto: no drafting), greedy or sampling."""
-        self._anchor_steps[variant]()
+    def _width_rows(self, key: tuple[int, int, bool]) -> None:
+        """A narrower step (rows, batch size, sampling) of slots 0..n-1 (batch_rows=auto)."""
+        self._width_steps[key]()
         self.pad()
 
     def batch_steps(self, spec: bool) -> dict[tuple[int, bool], StepGraph]:
         """The step graph of each (batch size, sampling) (slots > 1), AR's or the speculative one."""
         return self._spec_batch if spec else self._ar_batch
 
-    def anchor_steps(self) -> dict[tuple[int, bool], StepGraph]:
-        """batch_fallback=auto's anchor step graphs by (batch size, sampling); empty when the option is off."""
-        return self._anchor_batch
+    def width_steps(self) -> dict[int, dict[tuple[int, bool], StepGraph]]:
+        """batch_rows=auto's narrower step graphs: rows -> (batch size, sampling) -> graph; empty when fixed."""
+        out: dict[int, dict[tuple[int, bool], StepGraph]] = {}
+        for (w, n, sampled), graph in self._width_batch.items():
+            out.setdefault(w, {})[n, sampled] = graph
+        return out
 
     def _graphs(self) -> list[StepGraph]:
-        return [self._ar, *self._ar_batch.values(), *self._spec_batch.values(), *self._anchor_batch.values()] + (
+        return [self._ar, *self._ar_batch.values(), *self._spec_batch.values(), *self._width_batch.values()] + (
             [self._spec] if self.block else [])
 
     # ----- a decode state kept for repeated step timings ---------------------------------------------

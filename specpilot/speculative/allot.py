@@ -17,8 +17,8 @@ with probability below `floor` (drafts past it, less likely still, would not pay
 unsure ones short.
 
 `allot` and `draft_block` are not wired into the engine yet (a batched verify of unequal rows per request is the
-next step, issue 59). `Fallback` is: a batch's choice each step between its speculative step and an anchor step
-(each request's anchor verified alone, no drafting: AR's pass), `batch_fallback=auto`.
+next step, issue 59). `RowsChoice` is: the rows every request's step verifies, chosen each step among the anchor
+alone (no drafting: AR's pass), shorter chains and the system's rows (`batch_rows=auto`).
 """
 
 from __future__ import annotations
@@ -107,56 +107,70 @@ def draft_block(confidence: Sequence[float], blocks: Sequence[int] = (8, 12, 16)
 
 
 @dataclass
-class Fallback:
-    """Speculate this step, or verify the anchors alone? Speculating commits the requests' expected tokens a step at
-    spec_cost[size] seconds; an anchor step one token each at anchor_cost[size] (the costs measured at start-up, by
-    captured batch size). A request's expectation is the moving average (weight `alpha` on the newest) of what its
-    speculative steps committed; a request not seen yet takes the average over all requests' steps, and before any
-    step the batch speculates. While anchor steps win, every `probe`-th step speculates anyway, so that the
-    expectations follow the text (an anchor step says nothing about acceptance)."""
+class RowsChoice:
+    """How many rows each request's step verifies, the same for all (`batch_rows=auto`): 1 (the anchor alone, no
+    drafting), a shorter chain, or the system's full rows (the largest key of `costs`: rows -> captured batch size
+    -> seconds a step, measured at start-up). The step chosen commits the most expected tokens a second.
 
-    spec_cost: dict[int, float]
-    anchor_cost: dict[int, float]
+    A step of w rows is taken to commit min(c, w) tokens of a request where a full step commits c (a chain of w rows
+    is a prefix of a longer one's; for a tree only w = 1 and the full rows are offered). Each request's expectation
+    for w is the moving average (weight `alpha` on the newest) of min(committed, w) over its steps of w rows or more;
+    w = 1 commits 1. A request not seen yet takes the average over all requests, and before any step the batch runs
+    full steps. After `probe` steps in a row below the full rows a full step runs, so that the expectations of the
+    wide steps follow the text."""
+
+    costs: dict[int, dict[int, float]]
     alpha: float = 0.25
     probe: int = 16
-    expected: dict[Hashable, float] = field(default_factory=dict)
-    overall: float | None = None
-    since: int = 0  # anchor steps in a row
-    steps: dict[str, int] = field(default_factory=lambda: {"speculative": 0, "anchor": 0})
+    expected: dict[Hashable, dict[int, float]] = field(default_factory=dict)
+    overall: dict[int, float] = field(default_factory=dict)
+    since: int = 0  # steps in a row below the full rows
+    steps: dict[int, int] = field(default_factory=dict)  # steps run, by rows
 
     def __post_init__(self):
-        if set(self.spec_cost) != set(self.anchor_cost) or not self.spec_cost:
-            raise ValueError("the two steps' costs must be given at the same batch sizes")
-        if min(*self.spec_cost.values(), *self.anchor_cost.values()) <= 0:
+        sizes = [set(t) for t in self.costs.values()]
+        if 1 not in self.costs or len(self.costs) < 2 or any(s != sizes[0] for s in sizes) or not sizes[0]:
+            raise ValueError("costs of the one-row step and at least one wider step, at the same batch sizes")
+        if min(c for t in self.costs.values() for c in t.values()) <= 0:
             raise ValueError("step costs must be positive")
         if not 0 < self.alpha <= 1 or self.probe < 1:
             raise ValueError("alpha must be in (0, 1] and probe at least 1")
+        self.full = max(self.costs)
+        for w in self.costs:
+            self.steps.setdefault(w, 0)
 
-    def speculate(self, requests: Iterable[Hashable], size: int) -> bool:
-        """The choice for a step of `size` (a captured batch size) whose decoding requests are `requests`."""
+    def choose(self, requests: Iterable[Hashable], size: int) -> int:
+        """The rows of a step of `size` (a captured batch size) whose decoding requests are `requests`."""
         reqs = list(requests)
-        if self.overall is None or self.rate(reqs, size) >= len(reqs) / self.anchor_cost[size]:
-            self.since = 0
-        else:
-            self.since += 1
-            if self.since < self.probe:
-                self.steps["anchor"] += 1
-                return False
-            self.since = 0
-        self.steps["speculative"] += 1
-        return True
+        best = self.full
+        if self.overall:
+            rates = {w: self.rate(reqs, w, size) for w in self.costs}
+            best = max(rates, key=lambda w: (rates[w], w))  # a tie goes to the wider step
+        self.since = self.since + 1 if best != self.full else 0
+        if self.since >= self.probe:
+            best, self.since = self.full, 0
+        self.steps[best] += 1
+        return best
 
-    def rate(self, requests: Sequence[Hashable], size: int) -> float:
-        """Tokens a second a speculative step is expected to commit."""
-        return sum(self.expected.get(r, self.overall) for r in requests) / self.spec_cost[size]
+    def rate(self, requests: Sequence[Hashable], rows: int, size: int) -> float:
+        """Tokens a second a step of `rows` rows is expected to commit."""
+        return sum(self.expect(r, rows) for r in requests) / self.costs[rows][size]
 
-    def saw(self, request: Hashable, committed: int) -> None:
-        """What a speculative step committed for a request (its accepted drafts and the bonus token)."""
+    def expect(self, request: Hashable, rows: int) -> float:
+        if rows == 1:
+            return 1.0
+        return self.expected.get(request, {}).get(rows, self.overall.get(rows, float(rows)))
+
+    def saw(self, request: Hashable, committed: int, rows: int) -> None:
+        """What a step of `rows` rows committed for a request (its accepted drafts and the bonus token)."""
         if committed < 1:
             raise ValueError("a step commits at least one token")
-        old = self.expected.get(request, self.overall if self.overall is not None else committed)
-        self.expected[request] = (1 - self.alpha) * old + self.alpha * committed
-        self.overall = committed if self.overall is None else (1 - self.alpha) * self.overall + self.alpha * committed
+        mine = self.expected.setdefault(request, {})
+        for w in self.costs:
+            if 1 < w <= rows:
+                seen = min(committed, w)
+                mine[w] = (1 - self.alpha) * mine.get(w, self.overall.get(w, seen)) + self.alpha * seen
+                self.overall[w] = (1 - self.alpha) * self.overall.get(w, seen) + self.alpha * seen
 
     def forget(self, request: Hashable) -> None:
         self.expected.pop(request, None)

@@ -103,3 +103,11 @@ class DFlash:
         view = copy.copy(self)
         view.cache, view.last = self.cache.rows(first, last), None
         return view
+
+    def narrowed(self, block: int) -> DFlash:
+        """The same drafter and cache drafting a shorter block (2..its block): a shorter chain's drafts."""
+        if not 2 <= block <= self.block:
+            raise ValueError(f"a narrowed block must be in 2..{self.block}, got {block}")
+        view = copy.copy(self)
+        view.block, view.masks, view.last = block, self.masks[:, : block - 1], None
+        return view

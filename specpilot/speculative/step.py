@@ -54,10 +54,12 @@ class SpecStep:
     """The stock speculative step of one target and drafter over their caches (see the module docstring)."""
 
     def __init__(self, target: DenseTarget, drafter: Drafter, cache: Cache, state: SpecState, plan: KernelPlan,
-                 fault: str = "none", builder: TreeBuilder | None = None, forward: Callable | None = None):
+                 fault: str = "none", builder: TreeBuilder | None = None, forward: Callable | None = None,
+                 ctx_rows: torch.Tensor | None = None):
         """drafter: what proposes (speculative/drafter.py; it keeps its own cache); builder: a tree builder (None:
         stock's chain); forward: what runs the target's pass (default the target itself; a model-level fault's
-        wrapper: runtime/faults.faulty)."""
+        wrapper: runtime/faults.faulty); ctx_rows: the rows of the state's ctx_feats the drafter is told of (default
+        this step's own rows; a narrower step of a batch takes its engine's full step's, whose state it shares)."""
         self.target, self.drafter, self.cache, self.state = target, drafter, cache, state
         self.forward = forward or target
         self.plan, self.fault = plan, fault
@@ -65,7 +67,7 @@ class SpecStep:
         self.proposer = ChainProposer(drafter, device) if builder is None else TreeProposer(drafter, device, builder)
         self.hidden_layers = drafter.taps
         self.sampling = False  # static (a captured step either samples or takes the argmax): the engine sets it
-        self.ctx_rows = self.proposer.index  # the rows of the state's ctx_feats
+        self.ctx_rows = self.proposer.index if ctx_rows is None else ctx_rows  # the rows of the state's ctx_feats
 
     def __call__(self) -> None:
         s = self.state
@@ -123,14 +125,11 @@ class SpecStep:
 class AnchorStep(SpecStep):
     """A target pass over each request's anchor alone, no drafting: AR's next token (the row's argmax, or its sample
     at the same position), and the drafter told the rows the last step committed, as after any step, so that a
-    speculative step can follow it. A batch's per-step fallback where speculating would commit fewer tokens a
-    second (`batch_fallback=auto`: runtime/batch.py); built with its speculative step's arguments and context
-    rows."""
+    speculative step can follow it. A batch's one-row step where speculating would commit fewer tokens a second
+    (`batch_rows=auto`: runtime/batch.py); built with its speculative step's arguments and context rows."""
 
-    def __init__(self, *args, ctx_rows: torch.Tensor | None = None, **kwargs):
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if ctx_rows is not None:  # the speculative step's (two-level verification's context holds two rounds)
-            self.ctx_rows = ctx_rows
         self.one = torch.zeros(1, dtype=torch.int64, device=self.target.device)
         self.no_parent = (self.one - 1)[None]
 
