@@ -267,6 +267,15 @@ def test_the_loop_needs_a_drafter(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_loop_refuses_a_batch_deployment_it_cannot_tune_yet(tmp_path):
+    path = tmp_path / "dep.toml"
+    path.write_text('name = "b"\nregime = "batch"\nin_flight = 8\n' + TINY.replace('tokenizer = "bytes"\n', "")
+                    .replace("[target]", 'tokenizer = "bytes"\n[drafter]\nrandom = { block_size = 4 }\n[target]'))
+    assert_one_line_error(specpilot("loop", "--deployment", path, "--run-dir", tmp_path / "run"), "regime single only",
+                          "--in-flight 8")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_resume_under_another_set_up_is_refused(tmp_path):
     with RunDir(tmp_path / "run") as rd:
         rd.same_run({"deployment": {"seed": 0}, "limit": 3})

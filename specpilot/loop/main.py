@@ -147,6 +147,10 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
     if a.dep.drafter is None:
         raise UserError(f"deployment {a.dep.name} has no drafter: the loop tunes speculative decoding from the "
                         "drafter's stock behaviour (train one with `specpilot train-drafter`)")
+    if a.dep.regime != "single":  # its gate, forcing and finals time one request at a time
+        raise UserError(f"deployment {a.dep.name} is of regime {a.dep.regime} ({a.dep.in_flight} in flight): the loop "
+                        "tunes regime single only for now; compare batched systems with `specpilot bench "
+                        f"--in-flight {a.dep.in_flight} --system ...` (e.g. stock:batch_rows=auto)")
     counts = {"--rounds": a.rounds, "--limit": a.limit, "--max-new-tokens": a.max_new_tokens,
               "--sealed-tokens": a.sealed, "--directions": a.directions}
     for flag, value in counts.items():
