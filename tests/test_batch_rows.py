@@ -195,3 +195,11 @@ def test_a_request_forgotten_takes_the_average_and_bad_inputs_are_refused():
             RowsChoice(bad)
     with pytest.raises(ValueError):
         rule.saw("b", 0, 8)
+
+
+def test_two_level_verification_offers_its_full_step_and_the_anchor():
+    import torch
+
+    target, drafter = (m.to(torch.bfloat16) for m in _pair("dense"))  # (its 8-bit pass needs BF16 weights' W12 forms)
+    engine = Engine(target, drafter, parse_system("stock:verify=tlv,batch_rows=auto"), context=CONTEXT, slots=2)
+    assert set(engine.width_steps()) == {1} and engine.full_rows == 16  # both rounds' rows: all a step may commit

@@ -189,7 +189,7 @@ class Engine:
             step.sampling = sampled
         self._spec_batch = {v: StepGraph(partial(self._spec_rows, v), self.use_graphs, self._pool)
                             for v in self._variants}
-        self.full_rows = rows
+        self.full_rows = self.rows  # (two-level verification: both rounds, all a step may commit)
         self._width_steps = {(w, n, sampled): self._narrower(w, n, sampled, args)
                              for w in self._batch_widths(tlv) for n, sampled in self._variants}
         self._width_batch = {k: StepGraph(partial(self._width_rows, k), self.use_graphs, self._pool)
