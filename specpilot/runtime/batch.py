@@ -242,5 +242,7 @@ def _decode(engine, step, rows: dict[int, int], spec: bool) -> dict[int, list[in
     engine.live.copy_(mask)
     with region("decode"):
         step()
+        if engine.device.type == "cuda":  # wait with the GIL released: a server's event loop runs meanwhile
+            torch.cuda.current_stream(engine.device).synchronize()
         values = (engine.state.out if spec else engine.token).tolist()
     return {slot: values[slot][1 : values[slot][0] + 2] if spec else [values[slot]] for slot in rows}
