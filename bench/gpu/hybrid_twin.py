@@ -31,12 +31,16 @@ from pathlib import Path
 
 import torch
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the verify dry run's kernels, before triton is first imported
+
 from specpilot.bench.harness import Runner
 from specpilot.bench.run import BenchPlan, bench_report, collect_requests, plan_systems, run_bench
 from specpilot.deployment import load_deployment
 from specpilot.models.cache import GDNState
 from specpilot.runtime.pair import build_pair
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TREES = [f"stock:tree=best_first,nodes={n},hybrid_tree=recompute" for n in (8, 16, 24, 32, 48)]
 SYSTEMS = ["stock", *TREES, "stock:tree=best_first,nodes=32"]
 
@@ -48,12 +52,14 @@ def main() -> None:
     dep = load_deployment(preset, None)
     dep = dataclasses.replace(dep, context=int(os.environ.get("CONTEXT", str(min(dep.context, 1024)))))
     limit, max_new = int(os.environ.get("LIMIT", "1")), int(os.environ.get("MAX_NEW", "128"))
-    if "verify" in parts and torch.cuda.is_available():
-        rows = verify_kernels()
+    if "verify" in parts:  # on the CPU a dry run: small heads under Triton's interpreter, wall-clock times
+        rows = verify_kernels() if torch.cuda.is_available() else verify_kernels(4, 2, 8)
         (out.parent / "hybrid_verify.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"),
+                                                                   "device": DEV,
                                                                    "commit": os.environ.get("SPECPILOT_COMMIT"),
                                                                    "command": " ".join(["python3", *sys.argv]),
-                                                                   "gpu": torch.cuda.get_device_name(),
+                                                                   "gpu": torch.cuda.get_device_name() if DEV ==
+                                                                   "cuda" else None,
                                                                    "rows": rows}, indent=1))
     if parts == ["verify"]:
         return
@@ -86,15 +92,27 @@ def main() -> None:
 
 def verify_kernels(heads: int = 32, k_heads: int = 16, dim: int = 128) -> list[dict]:
     """Chain verify (snapshots) vs tree verify (one pass; a state per node) of N rows of one GDN layer."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEV).manual_seed(0)
     return [_verify(n, gen, heads, k_heads, dim) for n in (8, 16, 24, 32, 48)]
+
+
+RECORDED = Path(__file__).with_name("trees_best_first_48.json")  # real best_first trees (SmolLM2 pair, CPU)
+
+
+def _trees(n: int, deep: bool) -> list[list[int]]:
+    """Trees of n nodes: a deep synthetic one (each node's parent among the few before it: depth about n / 2), or
+    four recorded best_first trees cut to their n best nodes (depths 2-7: what a verify pass meets)."""
+    if deep:
+        return [[-1] + [max(0, i - 1 - (i % 3)) for i in range(1, n)]]
+    recorded = json.loads(RECORDED.read_text())["parents"]
+    return [recorded[len(recorded) * k // 5][:n] for k in range(1, 5)]
 
 
 def _verify(n: int, gen: torch.Generator, heads: int, k_heads: int, dim: int, calls: int = 30) -> dict:
     """Each kernel checked against the reference, then timed as the engine runs it: `calls` calls back to back in one
     CUDA graph (a step runs one a GDN layer), the graph's median replay over 50 divided by `calls`. The tree is
     timed with its paths built once for all calls (what a verify pass does since session 42) and built in every
-    call (before), and the paths' build alone."""
+    call (before), and the paths' build alone; on a deep synthetic tree and on recorded best_first trees (mean)."""
     import torch.nn.functional as F
 
     from specpilot.kernels.gdn import naive
@@ -102,39 +120,57 @@ def _verify(n: int, gen: torch.Generator, heads: int, k_heads: int, dim: int, ca
     from specpilot.runtime.graphs import StepGraph, median_ms
 
     def randn(*shape):
-        return torch.randn(*shape, device="cuda", generator=gen)
+        return torch.randn(*shape, device=DEV, generator=gen)
 
     q, k = randn(1, n, k_heads, dim).bfloat16(), randn(1, n, k_heads, dim).bfloat16()
     v, g = randn(1, n, heads, dim).bfloat16(), -F.softplus(randn(1, n, heads))
-    beta, state = torch.rand(1, n, heads, device="cuda", generator=gen), 0.1 * randn(1, heads, dim, dim)
-    # a best_first-like tree: each node's parent among the few before it (depth about n / 2)
-    parents = torch.tensor([[-1] + [max(0, i - 1 - (i % 3)) for i in range(1, n)]], device="cuda")
+    beta, state = torch.rand(1, n, heads, device=DEV, generator=gen), 0.1 * randn(1, heads, dim, dim)
     args = (q, k, v, g, beta, state)
-    paths = kernels.tree_paths(parents)
-    chain = kernels.recurrent_rows(*args, snapshots=True, final=False)[0]
-    tree = kernels.tree_rows(*args, parents, paths=paths)
-    ref = naive.tree(q.float(), k.float(), v.float(), g, beta, state, parents)
-    ref_chain = naive.chain_snapshots(q.float(), k.float(), v.float(), g, beta, state)[0]
-    err = (tree - ref).abs().max().item() / ref.abs().max().item()
-    err_chain = (chain - ref_chain).abs().max().item() / ref_chain.abs().max().item()
 
     def per_call(fn) -> float:
+        if DEV == "cpu":  # the dry run: one call, wall clock
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
         graph = StepGraph(lambda: [fn() for _ in range(calls)], use_graph=True)
         graph.prepare()
         return median_ms(graph, 50) / calls
 
-    t = {"chain_snapshots": per_call(lambda: kernels.recurrent_rows(*args, snapshots=True, final=False)),
-         "tree_recompute": per_call(lambda: kernels.tree_rows(*args, parents, paths=paths)),
-         "tree_recompute_paths_each_call": per_call(lambda: kernels.tree_rows(*args, parents)),
-         "tree_paths_alone": per_call(lambda: kernels.tree_paths(parents)),
-         "tree_snapshots": per_call(lambda: kernels.tree_rows(*args, parents, snapshots=True, paths=paths))}
-    row = {"rows": n, "ms_per_call": t, "calls_per_graph": calls, "tree_over_chain": t["tree_recompute"] /
-           t["chain_snapshots"], "rel_err_tree": err, "rel_err_chain": err_chain}
-    print(f"verify {n:>2} rows, ms a layer: chain+snapshots {t['chain_snapshots']:.4f}, tree {t['tree_recompute']:.4f} "
-          f"({row['tree_over_chain']:.2f}x; paths built each call {t['tree_recompute_paths_each_call']:.4f}, the "
-          f"build alone {t['tree_paths_alone']:.4f}), tree+snapshots {t['tree_snapshots']:.4f}; rel. error tree "
-          f"{err:.1e}, chain {err_chain:.1e}", flush=True)
+    chain = kernels.recurrent_rows(*args, snapshots=True, final=False)[0]
+    ref_chain = naive.chain_snapshots(q.float(), k.float(), v.float(), g, beta, state)[0]
+    row = {"rows": n, "calls_per_graph": calls, "rel_err_chain": _rel(chain, ref_chain),
+           "ms_per_call": {"chain_snapshots": per_call(lambda: kernels.recurrent_rows(*args, snapshots=True,
+                                                                                      final=False))}}
+    for shape in ("deep", "best_first"):
+        t, errs = {}, []
+        for tree in _trees(n, shape == "deep"):
+            parents = torch.tensor([tree], device=DEV)
+            paths = kernels.tree_paths(parents)
+            errs.append(_rel(kernels.tree_rows(*args, parents, paths=paths),
+                             naive.tree(q.float(), k.float(), v.float(), g, beta, state, parents)))
+            times = {"tree_recompute": per_call(lambda p=parents, w=paths: kernels.tree_rows(*args, p, paths=w)),
+                     "tree_recompute_paths_each_call": per_call(lambda p=parents: kernels.tree_rows(*args, p)),
+                     "tree_paths_alone": per_call(lambda p=parents: kernels.tree_paths(p)),
+                     "tree_snapshots": per_call(lambda p=parents, w=paths: kernels.tree_rows(*args, p, snapshots=True,
+                                                                                            paths=w))}
+            for key, ms in times.items():
+                t.setdefault(key, []).append(ms)
+        row[shape] = {"ms_per_call": {key: sum(v) / len(v) for key, v in t.items()}, "trees": len(errs),
+                      "rel_err_tree": max(errs)}
+        row[shape]["tree_over_chain"] = row[shape]["ms_per_call"]["tree_recompute"] / row["ms_per_call"][
+            "chain_snapshots"]
+    c, d, b = row["ms_per_call"]["chain_snapshots"], row["deep"], row["best_first"]
+    print(f"verify {n:>2} rows, ms a layer: chain+snapshots {c:.4f}; tree (paths once) deep "
+          f"{d['ms_per_call']['tree_recompute']:.4f} ({d['tree_over_chain']:.2f}x), best_first "
+          f"{b['ms_per_call']['tree_recompute']:.4f} ({b['tree_over_chain']:.2f}x); paths each call "
+          f"{b['ms_per_call']['tree_recompute_paths_each_call']:.4f}, the build alone "
+          f"{b['ms_per_call']['tree_paths_alone']:.4f}; tree+snapshots {b['ms_per_call']['tree_snapshots']:.4f}; "
+          f"rel. error <= {max(d['rel_err_tree'], b['rel_err_tree'], row['rel_err_chain']):.1e}", flush=True)
     return row
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return (got - want).abs().max().item() / want.abs().max().item()
 
 
 def memory(runner: Runner, system, request, max_new: int) -> dict:
