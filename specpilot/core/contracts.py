@@ -73,6 +73,10 @@ class Forward:
     visibility: Visibility
     parents: torch.Tensor | None = None
     view: str = "exact"
+    # the rows computed, as flat indices into [B, T] (ascending; a static count): the projections and MLPs run on
+    # these rows alone, packed as [1, len(packed)], and each attention or recurrent core on the padded [B, T] layout
+    # (a shared row budget: rows outside it are never accepted). None: every row
+    packed: torch.Tensor | None = None
     # what the layers derive from the rows' shape alone (a tree's paths, a conv's windows), made by the first layer
     # that needs it and shared by the others: one computation a forward, not one a layer
     derived: dict = field(default_factory=dict, repr=False, compare=False)
@@ -80,6 +84,16 @@ class Forward:
     def __post_init__(self):
         if self.view not in VIEWS:
             raise ValueError(f"weight view {self.view!r} is not one of {VIEWS}")
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """Packed rows [1, P, ...] -> the padded [B, T, ...] layout (zeros where no row was computed)."""
+        b, t = self.positions.shape
+        out = x.new_zeros(b * t, *x.shape[2:])
+        return out.index_copy_(0, self.packed, x[0]).view(b, t, *x.shape[2:])
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """The padded [B, T, ...] layout -> the packed rows [1, P, ...]."""
+        return x.reshape(-1, *x.shape[2:]).index_select(0, self.packed)[None]
 
     @classmethod
     def consecutive(cls, positions: torch.Tensor, view: str = "exact") -> Forward:

@@ -103,6 +103,15 @@ class DenseTarget(nn.Module):
         if meta.view != plan.view:
             plan = plan.but(view=meta.view)
         eps = self.cfg.rms_norm_eps if eps is None else eps
+        if meta.packed is not None:  # only the packed rows run (a shared row budget); the rest come back as zeros
+            if mode is Mode.PREFILL:
+                raise ValueError("a prefill runs every row: packed rows are for decode and verify passes")
+            logits, hidden = self._forward(meta.pack(tokens), meta, cache, mode, plan, hidden_layers, layers, eps, head)
+            return meta.unpack(logits), None if hidden is None else meta.unpack(hidden)
+        return self._forward(tokens, meta, cache, mode, plan, hidden_layers, layers, eps, head)
+
+    def _forward(self, tokens, meta: Forward, cache: Cache, mode: Mode, plan: KernelPlan, hidden_layers, layers,
+                 eps: float, head) -> tuple[torch.Tensor, torch.Tensor | None]:
         h, hidden, fused = self._trunk(tokens, meta, cache, hidden_layers, plan, layers, eps, mode is Mode.PREFILL)
         if mode is Mode.PREFILL:
             h = stream_of(h)[:, -1:]
@@ -122,7 +131,8 @@ class DenseTarget(nn.Module):
         def attn(i, layer, h, **kw):
             if isinstance(layer, GDNBlock):
                 return layer.mixer(h, meta, cache[index[i]], prefill, plan, **kw)
-            return layer.attn(h, meta.positions, self.rope, cache[index[i]], meta.slots, meta.visibility, plan, **kw)
+            return layer.attn(h, meta.positions, self.rope, cache[index[i]], meta.slots, meta.visibility, plan,
+                              meta=meta, **kw)
 
         index = list(range(len(self.layers))) if which is None else list(which)
         layers = [self.layers[i] for i in index]
@@ -130,7 +140,7 @@ class DenseTarget(nn.Module):
             x = embed.embed_handoff(tokens, self.embed.weight, layers[0].attn_norm, plan)
         else:
             x = self.embed.rows(tokens)
-        fused = gemv_applies(x, plan)
+        fused = gemv_applies(x, plan) and meta.packed is None  # (packed rows: the projections' cuBLAS path)
         h, kept = run_layers(x, layers, self.norm, eps, attn, lambda i, layer, h, **kw: layer.mlp(h, plan, **kw),
                              plan, hidden_layers, fused=fused)
         hidden = torch.cat([kept[i] for i in hidden_layers], -1) if kept else None

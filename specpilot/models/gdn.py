@@ -44,7 +44,9 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x, meta: Forward, state: GDNState, prefill: bool, plan: KernelPlan, norm_weight=None,
                 residual=None, next_norm=None):
-        """The layer's output for rows x [B, T, H] (normed, or un-normed with norm_weight: see run_layers)."""
+        """The layer's output for rows x [B, T, H] (normed, or un-normed with norm_weight: see run_layers); with
+        packed rows (meta.packed) x holds those rows alone, [1, P, H], and the conv and recurrence run on the padded
+        [B, T] layout."""
         s = self.shape
         b, t = stream_of(x).shape[:2]
         qkvz = self.w_qkvz.project(x, plan, norm_weight=norm_weight, eps=self.cfg.rms_norm_eps)
@@ -54,6 +56,8 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(ba[..., s.v_heads :] + self.dt_bias.float())
         if prefill:
             o = self._prefill(mixed, g, beta, meta, state, plan)
+        elif meta.packed is not None:
+            o = meta.pack(self._rows(meta.unpack(mixed), meta.unpack(g), meta.unpack(beta), meta, state, plan))
         else:
             o = self._rows(mixed, g, beta, meta, state, plan)
         o = gated_norm(o.to(qkvz.dtype), z.view(b, t, s.v_heads, s.v_dim), self.norm, self.cfg.rms_norm_eps)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from specpilot.config.plan import KernelPlan
+from specpilot.core.contracts import Forward
 from specpilot.kernels.attention import attend
 from specpilot.kernels.gemv import stream_of
 from specpilot.kernels.norm import add_rms_norm, rms_norm
@@ -91,14 +92,18 @@ class Attention(nn.Module):
             self.wgate = DenseWeight(cfg.hidden_size, cfg.q_dim, bias=cfg.attention_bias)
 
     def _prologue(self, x, positions, rope: RopeTable, state: AttentionState, slots, want_q: bool,
-                  plan: KernelPlan, norm_weight=None):
-        """q [B, T, Hq, D] (or None without want_q); the rows' K/V written into the state at their slots."""
+                  plan: KernelPlan, norm_weight=None, meta: Forward | None = None):
+        """q [B, T, Hq, D] (or None without want_q); the rows' K/V written into the state at their slots. meta with
+        packed rows: x holds those rows alone, and the projection is unpacked to [B, T] for the rest."""
         cfg = self.cfg
         qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
-        if want_q and self.wqkv.qkv_rope_applies(x, plan, cfg.qk_norm, cfg.head_dim):  # one launch, not two
+        packed = meta is not None and meta.packed is not None
+        if want_q and not packed and self.wqkv.qkv_rope_applies(x, plan, cfg.qk_norm, cfg.head_dim):  # one launch
             return self.wqkv.qkv_rope(x, plan, norm_weight, cfg.rms_norm_eps, positions, rope, state.k, state.v,
                                       slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         qkv = self.wqkv.project(x, plan, norm_weight=norm_weight, eps=cfg.rms_norm_eps)
+        if packed:
+            qkv = meta.unpack(qkv)
         return rope_qkv(qkv, positions, rope.cos, rope.sin, qn, kn, cfg.rms_norm_eps, state.k, state.v, slots,
                         cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, plan, want_q)
 
@@ -107,11 +112,14 @@ class Attention(nn.Module):
         self._prologue(x, positions, rope, state, slots, False, plan)
 
     def forward(self, x, positions, rope: RopeTable, state: AttentionState, slots, vis: Visibility,
-                plan: KernelPlan, norm_weight=None, residual=None, next_norm=None):
+                plan: KernelPlan, norm_weight=None, residual=None, next_norm=None, meta: Forward | None = None):
         """Attention of normed rows x; or, fused, of rms_norm(x, norm_weight) with the output added to
-        `residual` and handed to the norm `next_norm` (see `run_layers`)."""
-        q = self._prologue(x, positions, rope, state, slots, True, plan, norm_weight=norm_weight)
+        `residual` and handed to the norm `next_norm` (see `run_layers`). meta with packed rows (Forward.packed):
+        x holds those rows alone; the projections run on them, the core on the padded [B, T] layout."""
+        q = self._prologue(x, positions, rope, state, slots, True, plan, norm_weight=norm_weight, meta=meta)
         o = attend(q, state.k, state.v, vis, self.cfg.head_dim ** -0.5, plan).flatten(2)
+        if meta is not None and meta.packed is not None:
+            o = meta.pack(o)
         if self.cfg.attn_output_gate:
             gate = self.wgate.project(x, plan, norm_weight=norm_weight, eps=self.cfg.rms_norm_eps)
             o = o * torch.sigmoid(gate)
