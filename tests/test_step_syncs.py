@@ -67,7 +67,8 @@ def steps_checked(monkeypatch):
 
 @pytest.mark.parametrize("hybrid", [False, True])
 @pytest.mark.parametrize("system", ["ar", "stock", "stock:tree=best_first,nodes=8",
-                                    "stock:tree=best_first,nodes=8,hybrid_tree=recompute"])
+                                    "stock:tree=best_first,nodes=8,hybrid_tree=recompute", "stock:batch_rows=auto",
+                                    "stock:tree=best_first,nodes=8,batch_budget=7"])
 @pytest.mark.parametrize("slots", [1, 3])
 def test_no_step_reads_a_device_value_on_the_host(steps_checked, hybrid, system, slots):
     cfg = (tiny_hybrid_config if hybrid else tiny_target_config)(vocab=64)

@@ -82,6 +82,10 @@ OPTIONS: dict[str, Option] = _options(
            "a shorter chain of 4 or 8 rows (chain systems), or the system's rows: whichever the step costs measured "
            "at start-up and the requests' recent acceptance say commits the most tokens a second; the tokens are the "
            "same either way)", "engine", bases=("stock",), choices=("fixed", "auto")),
+    Option("batch_budget", int, 0, "with several requests in flight: the rows a step verifies in all (0: each "
+           "request its own `nodes`): every request's root, then the likeliest nodes of all the requests' trees "
+           "(tree=best_first or ddtree; at most the batch's requests x nodes)", "engine", bases=("stock",),
+           minimum=0, maximum=4096),
     Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands (at most the drafter's "
            "candidates per position)", "engine", bases=("stock",),
            minimum=1, maximum=64),

@@ -185,6 +185,7 @@ class Proposal:
     index: torch.Tensor  # [R] int64: 0 .. R - 1 (made once per engine: a captured step allocates nothing)
     chain: bool  # static: parents are r - 1 and slots are positions (accepted paths are prefixes, in place)
     path_rows: int = 0  # static: the longest path (0: all R rows, a chain)
+    packed: torch.Tensor | None = None  # the rows the verify pass computes (Forward.packed; None: all)
 
     @property
     def rows(self) -> int:
@@ -201,7 +202,8 @@ class Proposal:
 
     def forward(self, view: str = "exact") -> Forward:
         """The verify pass's metadata (a chain's parents are implied: None)."""
-        return Forward(self.positions, self.slots, self.visibility, None if self.chain else self.parents, view)
+        return Forward(self.positions, self.slots, self.visibility, None if self.chain else self.parents, view,
+                       packed=self.packed)
 
 
 def chain(anchor: torch.Tensor, drafts: torch.Tensor, start: torch.Tensor, index: torch.Tensor,

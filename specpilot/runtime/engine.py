@@ -180,11 +180,13 @@ class Engine:
                                sampler=self.sampler)
         self.rows = 2 * rows if tlv else rows  # slots a step writes past pos
         args = (self.target, self.draft, self.cache, self.state, self.plan, self.fault, self.builder, self.forward)
-        make = (lambda *a: TwoLevelStep(*a, rows=rows, path=self.block)) if tlv else SpecStep
+        make = (lambda *a, **kw: TwoLevelStep(*a, rows=rows, path=self.block)) if tlv else SpecStep
         self.spec = make(*args)
+        budget = self._budget(tlv)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
         self._spec_steps = {(n, sampled): make(self.target, self.draft.rows(0, n), self._views[n][0],
-                                               self.state.rows(n), *args[4:]) for n, sampled in self._variants}
+                                               self.state.rows(n), *args[4:], budget=budget(n))
+                            for n, sampled in self._variants}
         for (_, sampled), step in self._spec_steps.items():
             step.sampling = sampled
         self._spec_batch = {v: StepGraph(partial(self._spec_rows, v), self.use_graphs, self._pool)
@@ -196,6 +198,17 @@ class Engine:
                              for k in self._width_steps}
         # results record what ran: the drafter's block, not "0"
         self.system = self.system.resolving(block_size=self.block, nodes=self.system.get("nodes") or self.block)
+
+    def _budget(self, tlv: bool):
+        """batch_budget's rows at each batch size n (0: none): the option's, within n (a root each) and n x nodes."""
+        budget = self.system.get("batch_budget") if self.system.speculative else 0
+        if budget and (tlv or self.builder is None or self.builder.builder not in ("best_first", "ddtree")):
+            raise UserError(f"system {self.system.name!r}: batch_budget shares a batch's rows by the trees' path "
+                            "scores: it needs tree=best_first or tree=ddtree (rows in score order), without verify=tlv")
+        if budget and self.system.get("batch_rows") == "auto":
+            raise UserError(f"system {self.system.name!r}: batch_budget and batch_rows=auto both set a step's rows: "
+                            "choose one")
+        return lambda n: max(n, min(budget, n * self.builder.rows)) if budget else 0
 
     def _batch_widths(self, tlv: bool) -> tuple[int, ...]:
         """batch_rows=auto's steps below the full one, by rows: 1 (the anchor alone), and 4 and 8 for a chain."""

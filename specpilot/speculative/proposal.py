@@ -51,7 +51,7 @@ class TreeProposer(ChainProposer):
     def propose(self, anchor: torch.Tensor, start: torch.Tensor) -> Proposal:
         lattice = self.lattice(anchor, start)
         with region("tree"):
-            tree = self.builder(lattice)
+            tree = self._tree = self.builder(lattice)
             seen = tree.ancestors(lattice.depth)
         return Proposal(tokens=tree.tokens, positions=start[:, None] + tree.depth, slots=start[:, None] + self.rows,
                         visibility=Visibility(cache_len=start, start=start, tree=seen), parents=tree.parents,

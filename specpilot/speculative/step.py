@@ -25,6 +25,7 @@ from specpilot.models.cache import Cache
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.runtime.faults import distort, force_first_draft
 from specpilot.speculative.accept import accept_greedy, accept_predicted
+from specpilot.speculative.budget import BudgetProposer
 from specpilot.speculative.drafter import Drafter
 from specpilot.speculative.proposal import ChainProposer, TreeProposer
 from specpilot.speculative.tree import TreeBuilder
@@ -55,16 +56,22 @@ class SpecStep:
 
     def __init__(self, target: DenseTarget, drafter: Drafter, cache: Cache, state: SpecState, plan: KernelPlan,
                  fault: str = "none", builder: TreeBuilder | None = None, forward: Callable | None = None,
-                 ctx_rows: torch.Tensor | None = None):
+                 ctx_rows: torch.Tensor | None = None, budget: int = 0):
         """drafter: what proposes (speculative/drafter.py; it keeps its own cache); builder: a tree builder (None:
         stock's chain); forward: what runs the target's pass (default the target itself; a model-level fault's
         wrapper: runtime/faults.faulty); ctx_rows: the rows of the state's ctx_feats the drafter is told of (default
-        this step's own rows; a narrower step of a batch takes its engine's full step's, whose state it shares)."""
+        this step's own rows; a narrower step of a batch takes its engine's full step's, whose state it shares);
+        budget: the rows a batch step verifies in all, shared by its requests (speculative/budget.py; 0: none)."""
         self.target, self.drafter, self.cache, self.state = target, drafter, cache, state
         self.forward = forward or target
         self.plan, self.fault = plan, fault
         device = target.device
-        self.proposer = ChainProposer(drafter, device) if builder is None else TreeProposer(drafter, device, builder)
+        if budget:
+            self.proposer = BudgetProposer(drafter, device, builder, budget, state.live)
+        elif builder is not None:
+            self.proposer = TreeProposer(drafter, device, builder)
+        else:
+            self.proposer = ChainProposer(drafter, device)
         self.hidden_layers = drafter.taps
         self.sampling = False  # static (a captured step either samples or takes the argmax): the engine sets it
         self.ctx_rows = self.proposer.index if ctx_rows is None else ctx_rows  # the rows of the state's ctx_feats

@@ -1,0 +1,84 @@
+"""A step's verify rows shared by the requests in flight (`batch_budget`, issue 59's first mechanism), on the device.
+
+Each request's tree is built at the system's `nodes`; the budget T of rows a batch step verifies in all then goes
+to the likeliest nodes over all requests: every request keeps its root, and the other T - B rows are the nodes of
+highest path log-probability (a node survives verification about as often as the drafter's probability of its
+whole path). A best-first tree lists its rows in score order (`speculative/tree.best_paths`), so what a request
+gets is a prefix of its rows: a tree again. The verify pass computes only those rows (core/contracts
+Forward.packed); the others are marked never to be accepted. The reference rule with a cost model is
+`speculative/allot.allot`; here T is fixed per captured batch size, so that the step is one graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.core.contracts import DraftTree, Lattice, Proposal
+from specpilot.speculative.proposal import TreeProposer
+from specpilot.speculative.tree import TreeBuilder, child_scores
+
+NEVER = -1  # the token of a row outside the budget: no prediction equals it, so it is never accepted
+
+
+def path_scores(tree: DraftTree, scores: torch.Tensor) -> torch.Tensor:
+    """[B, N] float32: each row's summed child score (log p(child | parent)) along its root path, the root's 0.
+    scores: child_scores(lattice, builder) [B, D, K, K]. Graph-safe: one gather, then D rounds of adding the
+    parent's total (a node's depth is at most D)."""
+    b, n = tree.parents.shape
+    d, k = scores.shape[1], scores.shape[-1]
+    parents = tree.parents.clamp(min=0)
+    parent_cand = tree.cand.gather(1, parents)  # the root's candidate is 0: the anchor, depth 0's parent
+    at = (tree.depth - 1).clamp(min=0) * k * k + parent_cand * k + tree.cand
+    edge = torch.where(tree.depth == 0, 0.0, scores.reshape(b, -1).gather(1, at))
+    total = edge
+    for _ in range(d):
+        total = edge + torch.where(tree.depth == 0, 0.0, total.gather(1, parents))
+    return total
+
+
+def allot_rows(scores: torch.Tensor, budget: int, live: torch.Tensor | None = None) -> torch.Tensor:
+    """[B] int64: the rows each request verifies (its root included) when `budget` rows go to the roots and then
+    the highest path scores [B, N] over all requests (rows in score order, non-increasing after the root); parked
+    requests (live 0) keep their root alone where live requests can use the rows."""
+    b, n = scores.shape
+    if not b <= budget <= b * n:
+        raise ValueError(f"a budget of {budget} rows for {b} requests of at most {n} rows each")
+    rest = scores[:, 1:].float()
+    if live is not None:
+        rest = torch.where(live.bool()[:, None], rest, torch.finfo(rest.dtype).min)
+    counts = torch.zeros(b, dtype=torch.int64, device=scores.device)
+    if budget > b:
+        top = rest.reshape(-1).topk(budget - b).indices
+        counts.scatter_add_(0, top // (n - 1), torch.ones_like(top))
+    return counts + 1
+
+
+def packed_rows(counts: torch.Tensor, n: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(valid [B, N] bool: each request's first counts[b] rows; packed [budget]: their flat indices, ascending).
+    Graph-safe: the indices come from a sort with a static count, no host read."""
+    b = counts.shape[0]
+    valid = torch.arange(n, device=counts.device)[None] < counts[:, None]
+    flat = torch.arange(b * n, device=counts.device)
+    order = (valid.reshape(-1).logical_not().to(torch.int64) * (b * n) + flat).argsort()
+    return valid, order[:budget]
+
+
+class BudgetProposer(TreeProposer):
+    """A tree per request at the builder's nodes, then the batch's `budget` rows allotted (allot_rows): the rows
+    outside it carry NEVER and the verify pass computes only the rows inside (Proposal.packed)."""
+
+    def __init__(self, drafter, device, builder: TreeBuilder, budget: int, live: torch.Tensor | None):
+        super().__init__(drafter, device, builder)
+        if builder.builder not in ("best_first", "ddtree"):
+            raise ValueError(f"a row budget needs rows in score order (best_first, ddtree), not {builder.builder}")
+        self.budget, self.live = budget, live
+
+    def propose(self, anchor: torch.Tensor, start: torch.Tensor) -> Proposal:
+        proposal = super().propose(anchor, start)
+        lattice: Lattice = self.last
+        scores = path_scores(self._tree, child_scores(lattice, self.builder.builder))
+        counts = allot_rows(scores, self.budget, self.live)
+        valid, packed = packed_rows(counts, self.builder.rows, self.budget)
+        proposal.tokens = torch.where(valid, proposal.tokens, NEVER)
+        proposal.packed = packed
+        return proposal
