@@ -90,7 +90,8 @@ class Batcher:
         self.kinds = kinds
         self._next = 0
         steps = engine.batch_steps(self.spec)
-        widths = {engine.full_rows: steps, **engine.width_steps()} if self.spec and engine.width_steps() else {}
+        narrower = engine.width_steps() if self.spec else {}
+        widths = {engine.full_rows: steps, **narrower} if narrower else {}
         self.rows: RowsChoice | None = None
         with torch.inference_mode():
             engine.live.zero_()  # every slot parked at 0 while the steps are captured (warm-ups move nothing)

@@ -126,7 +126,7 @@ class Engine:
         self._spec_batch: dict[tuple[int, bool], StepGraph] = {}
         # batch_rows=auto (batches only): the narrower steps' graphs by (rows, batch size, sampling), the costs of
         # every width by kind (timed once: runtime/batch.py) and the steps each width ran
-        self._width_batch: dict[tuple[int, int, bool], StepGraph] = {}
+        self._width_batch: dict[int, dict[tuple[int, bool], StepGraph]] = {}  # rows -> (size, sampling) -> graph
         self.step_costs: dict[bool, dict[int, dict[int, float]]] = {}
         self.step_rows: dict[int, int] = {}
         self.full_rows = 0
@@ -194,8 +194,9 @@ class Engine:
         self.full_rows = self.rows  # (two-level verification: both rounds, all a step may commit)
         self._width_steps = {(w, n, sampled): self._narrower(w, n, sampled, args)
                              for w in self._batch_widths(tlv) for n, sampled in self._variants}
-        self._width_batch = {k: StepGraph(partial(self._width_rows, k), self.use_graphs, self._pool)
-                             for k in self._width_steps}
+        for w, n, sampled in self._width_steps:
+            self._width_batch.setdefault(w, {})[n, sampled] = StepGraph(partial(self._width_rows, (w, n, sampled)),
+                                                                        self.use_graphs, self._pool)
         # results record what ran: the drafter's block, not "0"
         self.system = self.system.resolving(block_size=self.block, nodes=self.system.get("nodes") or self.block)
 
@@ -306,13 +307,11 @@ class Engine:
 
     def width_steps(self) -> dict[int, dict[tuple[int, bool], StepGraph]]:
         """batch_rows=auto's narrower step graphs: rows -> (batch size, sampling) -> graph; empty when fixed."""
-        out: dict[int, dict[tuple[int, bool], StepGraph]] = {}
-        for (w, n, sampled), graph in self._width_batch.items():
-            out.setdefault(w, {})[n, sampled] = graph
-        return out
+        return self._width_batch
 
     def _graphs(self) -> list[StepGraph]:
-        return [self._ar, *self._ar_batch.values(), *self._spec_batch.values(), *self._width_batch.values()] + (
+        return [self._ar, *self._ar_batch.values(), *self._spec_batch.values(),
+                *(g for graphs in self._width_batch.values() for g in graphs.values())] + (
             [self._spec] if self.block else [])
 
     # ----- a decode state kept for repeated step timings ---------------------------------------------

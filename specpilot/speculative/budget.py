@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.core.contracts import DraftTree, Lattice, Proposal
+from specpilot.core.contracts import DraftTree, Proposal
+from specpilot.core.regions import region
 from specpilot.speculative.proposal import TreeProposer
 from specpilot.speculative.tree import TreeBuilder, child_scores
 
@@ -74,9 +75,11 @@ class BudgetProposer(TreeProposer):
         self.budget, self.live = budget, live
 
     def propose(self, anchor: torch.Tensor, start: torch.Tensor) -> Proposal:
-        proposal = super().propose(anchor, start)
-        lattice: Lattice = self.last
-        scores = path_scores(self._tree, child_scores(lattice, self.builder.builder))
+        lattice = self.lattice(anchor, start)
+        with region("tree"):
+            tree = self.builder(lattice)
+            scores = path_scores(tree, child_scores(lattice, self.builder.builder))
+        proposal = self.rows_of(lattice, tree, start)
         counts = allot_rows(scores, self.budget, self.live)
         valid, packed = packed_rows(counts, self.builder.rows, self.budget)
         proposal.tokens = torch.where(valid, proposal.tokens, NEVER)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.core.contracts import Lattice, Proposal, Visibility, chain
+from specpilot.core.contracts import DraftTree, Lattice, Proposal, Visibility, chain
 from specpilot.core.regions import region
 from specpilot.speculative.drafter import Drafter
 from specpilot.speculative.tree import TreeBuilder
@@ -51,7 +51,12 @@ class TreeProposer(ChainProposer):
     def propose(self, anchor: torch.Tensor, start: torch.Tensor) -> Proposal:
         lattice = self.lattice(anchor, start)
         with region("tree"):
-            tree = self._tree = self.builder(lattice)
+            tree = self.builder(lattice)
+        return self.rows_of(lattice, tree, start)
+
+    def rows_of(self, lattice: Lattice, tree: DraftTree, start: torch.Tensor) -> Proposal:
+        """The verify rows of a tree built on `lattice`, after position `start`."""
+        with region("tree"):
             seen = tree.ancestors(lattice.depth)
         return Proposal(tokens=tree.tokens, positions=start[:, None] + tree.depth, slots=start[:, None] + self.rows,
                         visibility=Visibility(cache_len=start, start=start, tree=seen), parents=tree.parents,

@@ -104,7 +104,8 @@ class SpecStep:
             verdict = accept_predicted(proposal, pick(logits, proposal.positions + 1, self.state.sampler))
         else:
             verdict = accept_greedy(proposal, logits)
-        if self.fault in ("unverified_accept", "rare_unverified"):
+        forcing = self.fault in ("unverified_accept", "rare_unverified")
+        if forcing and proposal.drafts.shape[1]:  # (an anchor step has no draft to force through)
             verdict = force_first_draft(verdict, proposal.drafts, self.state.pos if self.fault == "rare_unverified"
                                         else None)
         return verdict
@@ -142,9 +143,3 @@ class AnchorStep(SpecStep):
 
     def propose(self, s: SpecState) -> Proposal:
         return chain(s.token, s.token[:, None][:, :0], s.pos, self.one, self.no_parent)
-
-    def accept(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
-        logits = distort(logits, self.fault)  # no drafts: nothing for an accepting fault to force through
-        if self.sampling:
-            return accept_predicted(proposal, pick(logits, proposal.positions + 1, self.state.sampler))
-        return accept_greedy(proposal, logits)
