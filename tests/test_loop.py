@@ -164,6 +164,27 @@ def test_a_budget_starts_no_round_the_last_one_says_will_not_fit(tmp_path):
     assert not any(name.startswith("round-2") for name in run.ran)
 
 
+def test_each_round_may_use_its_share_of_the_budget_left(tmp_path):
+    """Three rounds of a 300-s budget: round 1 plans with about 100 s (its survey's deadline and its gates), round 2
+    with half of what round 1 left, the last with all of it."""
+    loop, run, _ = synthetic_loop(tmp_path, rounds=3)
+    run.budget_s = 300.0
+    seen = []
+    real = loop.round
+
+    def round_(r, start):
+        seen.append((r, loop._left(), run.left()))
+        return real(r, start)
+
+    loop.round = round_
+    with run:
+        loop.loop()
+    assert [r for r, _, _ in seen] == [1, 2]  # round 2 keeps its start: converged
+    for r, mine, left in seen:
+        assert mine == pytest.approx(left / (4 - r), abs=1.0)
+    assert seen[0][1] < 101.0
+
+
 def test_a_budget_spent_inside_a_round_keeps_the_rounds_that_ended(tmp_path):
     loop, run, _ = synthetic_loop(tmp_path, rounds=3)
     real = run.once

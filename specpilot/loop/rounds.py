@@ -73,8 +73,9 @@ class Loop:
     # Phase 1 on several devices (loop/slots.py): `launch_slots(round, start, directions)` runs the directions in
     # processes of their own, one per device, and returns what it did; `slot` = (k, n) in such a process: it
     # measures directions i with i % n == k into the run directory and returns after Phase 1
-    launch_slots: Callable[[int, str, int], dict] | None = None
+    launch_slots: Callable[[int, str, int, float | None], dict] | None = None
     slot: tuple[int, int] | None = None
+    _round_stop: float | None = None  # with a budget, when this round's share of it ends (loop())
     _runner: Runner | None = None
     _gate: Gate | None = None
     _releases: int = 0  # how often the models were released (a round's evidence is handed the new ones)
@@ -171,7 +172,7 @@ class Loop:
         if self.slot is None and self.launch_slots is not None and len(directions) > 1 and not all(
                 self.run.done(f"{name}/phase-1/d{i}/evidence") for i in mine):
             # the slots measure the directions' steps; the loop below reads them back in order
-            out["slots"] = self.launch_slots(r, start, len(directions))
+            out["slots"] = self.launch_slots(r, start, len(directions), self._left())
             self.run.refresh()
         for i in mine:
             step, d = f"{name}/phase-1/d{i}", directions[i]
@@ -252,7 +253,7 @@ class Loop:
     def _deadline(self, share: float | None = None) -> float | None:
         """With a budget, a step's share (default: the survey's) of what is left after the sealed final's estimate:
         gates need the rest."""
-        left = self.run.left()
+        left = self._left()
         if left is None:
             return None
         if share is None:
@@ -432,6 +433,14 @@ class Loop:
                             self.run.once(f"{step}/gate", lambda: self.gate.judge(start, cand)))
         return out
 
+    def _left(self) -> float | None:
+        """Seconds this round may still use: its share of the budget (what was left when it started, over the
+        rounds still to run), so that round 1's survey and gates leave the later rounds theirs; None: no budget."""
+        left = self.run.left()
+        if left is None or self._round_stop is None:
+            return left
+        return min(left, self._round_stop - time.monotonic())
+
     def _sealed_estimate(self) -> float:
         """Seconds the sealed final will take, from the gates measured so far: an A/B run (the start's A/A is
         measured once and stock's serves the final) and forcing at the sealed outputs' length. A gate that recorded
@@ -452,7 +461,7 @@ class Loop:
         """With a budget, why a step of this kind ("evidence" or "gate") is not started: what is left would not
         hold it (as long as the longest one measured) and then the sealed final (_sealed_estimate), which a round
         must end with. None: it runs (also when it finished before: a resumed run reads it back)."""
-        have = self.run.left()
+        have = self._left()
         if have is None or self.run.done(step):
             return None
         need = max((v for k, v in self.run.seconds.items() if k.endswith(f"/{kind}")), default=0.0)
@@ -513,10 +522,14 @@ class Loop:
         start, rounds, converged, stopped, errors = "stock", [], None, None, []
         for r in range(1, self.plan.rounds + 1):
             have = self.run.left()
-            if rounds and have is not None and have < rounds[-1]["seconds"]:
-                stopped = (f"round {r} not started: round {r - 1} took {rounds[-1]['seconds']:.0f} s and "
+            # a round fits its share (_left): it will not fit less than the shortest round so far took
+            shortest = min((x["seconds"] for x in rounds), default=0.0)
+            if rounds and have is not None and have < shortest:
+                stopped = (f"round {r} not started: the shortest round so far took {shortest:.0f} s and "
                            f"{max(have, 0):.0f} s of the budget are left")
                 break
+            if have is not None:
+                self._round_stop = time.monotonic() + have / (self.plan.rounds - r + 1)
             mark = len(self.run.touched)
             try:
                 rounds.append(self.round(r, start))

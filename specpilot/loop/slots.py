@@ -32,16 +32,17 @@ def check_devices(slots: list[str], on_cpu: bool) -> None:
         raise UserError(f"--gpus takes CUDA device numbers (e.g. 0,1), got {','.join(slots)}")
 
 
-def launch(a, run, r: int, start: str, count: int) -> dict:
-    """Round r's Phase 1 in min(devices, directions) processes; waits for all. -> what ran where and how long
-    (wall seconds). A process that fails stops the loop with its log's last line."""
+def launch(a, run, r: int, start: str, count: int, budget_s: float | None = None) -> dict:
+    """Round r's Phase 1 in min(devices, directions) processes, each given the round's budget_s (default: the run's
+    left); waits for all. -> what ran where and how long (wall seconds). A process that fails stops the loop with
+    its log's last line."""
     n = min(len(a.slots), count)
     logs = run.root / "slots"
     logs.mkdir(exist_ok=True)
     cores = sorted(os.sched_getaffinity(0))
     args = {f.name: getattr(a, f.name) for f in dataclasses.fields(a)
             if f.name not in ("dep", "agent_budget", "slots", "slot", "resume")}
-    args.update(run_dir=str(a.run_dir), datasets=a.dep.datasets, budget_s=run.left())
+    args.update(run_dir=str(a.run_dir), datasets=a.dep.datasets, budget_s=run.left() if budget_s is None else budget_s)
     t0, procs = time.monotonic(), []
     for k in range(n):
         env = dict(os.environ)
