@@ -6,6 +6,7 @@
 # overhead. Writes one $OUT/serve_<system>.json a system: {"closed", "open", "api16"} (the device sends back at most 8
 # files a call), each part the JSON its command wrote.
 #   PRESET=smollm2 SYSTEMS="ar stock stock:tree=best_first,nodes=32" bash bench/gpu/serve_sweep.sh
+# RATES=none skips the open loop (e.g. CONCURRENCY=16 RATES=none: the overhead Goal alone).
 # Give it SPECPILOT_COMMIT=<the commit> (the GPU copy's .git may be stale).
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
@@ -33,8 +34,8 @@ for sys in "${systems[@]}"; do
     done
     "${cli[@]}" bench serve --url http://127.0.0.1:8000 --concurrency "${CONCURRENCY:-1,8,16,24,32}" "${data[@]}" \
         --max-tokens "$tokens" --json "$OUT/serve_$tag.json" 2>&1 | tail -n 12
-    "${cli[@]}" bench serve --url http://127.0.0.1:8000 --rate "${RATES:-4,16}" --max-concurrency 32 "${data[@]}" \
-        --max-tokens "$tokens" --json "$OUT/serve_open_$tag.json" 2>&1 | tail -n 8
+    [ "${RATES:-4,16}" != none ] && "${cli[@]}" bench serve --url http://127.0.0.1:8000 --rate "${RATES:-4,16}" \
+        --max-concurrency 32 "${data[@]}" --max-tokens "$tokens" --json "$OUT/serve_open_$tag.json" 2>&1 | tail -n 8
     kill -TERM $pid; wait $pid
     "${cli[@]}" bench --preset "$preset" --system "$sys" --in-flight 16 "${data[@]}" --max-new-tokens "$tokens" \
         --json "$OUT/api16_$tag.json" 2>&1 | tail -n 6
