@@ -1,7 +1,8 @@
 """Issue 56's GPU Must: batched AR, stock and best_first at several requests in flight, on the pair or the twin.
 
     python3 bench/gpu/batch_sweep.py smollm2 [1,8,16,24,32]      (PRESET, the in-flight counts)
-    LIMIT=7 CHECK=4 python3 bench/gpu/batch_sweep.py smollm2-twin 1,8,16,24,32    (35 requests: 32 really in flight)
+    LIMIT=7 CHECK=4 LIMIT_ONE=2 python3 bench/gpu/batch_sweep.py smollm2-twin 1,8,16,24,32    (35 requests: 32 in
+    flight; 10 at one in flight)
 
 Correctness first: at each count past 1, every system's batched outputs are compared token for token with the
 same system's single-request outputs on the first CHECK requests (made once; bf16: a mismatch is reported with its
@@ -15,6 +16,7 @@ measured)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -56,6 +58,9 @@ def main() -> None:
         plan = BenchPlan(served, plan_systems(SYSTEMS), dep.datasets, dep.split, limit, max_new)
         requests = [r for r in collect_requests(plan)
                     if len(tok.chat_prompt([{"role": "user", "content": r.turns[0]}])) + max_new + 64 < dep.context]
+        if n == 1:  # one at a time the twin takes ~6 min for 35 requests of 3 systems: LIMIT_ONE a benchmark
+            plan = dataclasses.replace(plan, limit=int(os.environ.get("LIMIT_ONE", str(limit))))
+            requests = [r for r in collect_requests(plan) if r in requests]
         runner = Runner(target, drafter, tok, dep.context, max_engines=3, slots=n)
         check = _check(runner, plan, requests[: min(n, CHECK)], max_new, alone) if n > 1 else {}
         summaries = run_bench(plan, runner, requests)
@@ -68,6 +73,7 @@ def main() -> None:
         out.write_text(json.dumps(head, indent=1))
         print(_line(row), flush=True)
         runner.close()
+        _free()
 
 
 def _ar_floor(target, context: int, counts: list[int]) -> dict:
@@ -103,8 +109,16 @@ def _ar_floor(target, context: int, counts: list[int]) -> dict:
                   f"({step_ms / floor_ms:.2f}x)", flush=True)
             del graph
     del engine
-    torch.cuda.empty_cache()
+    _free()
     return {"position": position, "bandwidth_bytes_s": bw, "rows": rows}
+
+
+def _free() -> None:
+    """Hand back what dropped engines held: an engine's graphs and closures hold it in reference cycles, so without
+    a collection the 32-slot engine of `_ar_floor` stayed and the twin's first count of 16 ran out of memory on an
+    H100 (2026-12-06)."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _check(runner: Runner, plan: BenchPlan, requests, max_new: int, alone: dict) -> dict:
@@ -122,6 +136,7 @@ def _check(runner: Runner, plan: BenchPlan, requests, max_new: int, alone: dict)
         if len(mine) < len(asks):
             mine += Engine(runner.target, runner.drafter if system.speculative else None, system,
                            context=runner.context).generate(asks[len(mine):])
+            _free()  # the single-request engine, before the next system's batched one
         diverge = [next((i for i, (a, b) in enumerate(zip(x.tokens, y.tokens, strict=False)) if a != b),
                         None if len(x.tokens) == len(y.tokens) else min(len(x.tokens), len(y.tokens)))
                    for x, y in zip(batched, mine[: len(asks)], strict=True)]

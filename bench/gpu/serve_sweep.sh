@@ -6,7 +6,8 @@
 # overhead. Writes one $OUT/serve_<system>.json a system: {"closed", "open", "api16"} (the device sends back at most 8
 # files a call), each part the JSON its command wrote.
 #   PRESET=smollm2 SYSTEMS="ar stock stock:tree=best_first,nodes=32" bash bench/gpu/serve_sweep.sh
-# RATES=none skips the open loop (e.g. CONCURRENCY=16 RATES=none: the overhead Goal alone).
+# RATES=none skips the open loop; CONCURRENCY=16 RATES=none MAX_IN_FLIGHT=16: the overhead Goal alone, the server's
+# engine of as many slots as the API's batch (`bench --in-flight 16`), so that both run the same steps.
 # Give it SPECPILOT_COMMIT=<the commit> (the GPU copy's .git may be stale).
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site SPECPILOT_MODELS=.models SPECPILOT_DATA_DIR=.stage/data PYTHONUNBUFFERED=1
@@ -22,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
 for sys in "${systems[@]}"; do
     tag=${sys//[:,=]/_}
     log=/tmp/serve_$tag.log
-    "${cli[@]}" serve --preset "$preset" --system "$sys" --port 8000 --max-in-flight 32 >"$log" 2>&1 &
+    "${cli[@]}" serve --preset "$preset" --system "$sys" --port 8000 --max-in-flight "${MAX_IN_FLIGHT:-32}" >"$log" 2>&1 &
     pid=$!
     for _ in $(seq 300); do grep -q " at http" "$log" && break; kill -0 $pid 2>/dev/null || break; sleep 1; done
     grep " at http" "$log" || { echo "$sys: the server did not start"; tail -5 "$log"; continue; }
