@@ -65,7 +65,7 @@ _MANUAL_HINTS: dict[str, str] = {
 }
 
 # Short, varied prompts so the tiny CPU preset and demos run with no data files at all.
-# 16 prompts leave both halves non-empty (13 dev, 3 sealed); tests check this.
+# 32 prompts: 21 dev, 11 sealed (both halves non-empty, tests check this; a tiny loop at 3 in flight needs 9).
 _BUILTIN: tuple[str, ...] = (
     "A bakery sells muffins for $3 each and cookies for $1.50 each. Maya buys 4 muffins and 6 cookies. "
     "How much does she spend in total?",
@@ -84,6 +84,22 @@ _BUILTIN: tuple[str, ...] = (
     "Compose a polite email asking a colleague to reschedule tomorrow's meeting to Friday.",
     "Name three causes of the French Revolution and briefly explain each one.",
     "Write a bash one-liner that counts the lines in every .txt file in the current directory.",
+    "A shop discounts a $80 jacket by 25% and then adds 10% sales tax. What is the final price?",
+    "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
+    "Why do we have seasons on Earth? Answer in a short paragraph.",
+    "Suggest a three-day itinerary for a first visit to Rome.",
+    "Translate into Spanish: 'Please close the window before you leave the room.'",
+    "Explain what a hash table is and why lookups in it are usually fast.",
+    "Tom is three times as old as his son. In twelve years he will be twice as old. How old is Tom now?",
+    "Write a haiku about the first snow of winter.",
+    "What are the main differences between TCP and UDP?",
+    "Give a packing list for a weekend hiking trip in the mountains.",
+    "Write a regular expression that matches a date in the form YYYY-MM-DD.",
+    "Describe the water cycle in four steps.",
+    "A tank fills in 6 hours with one pipe and in 4 hours with another. How long do both pipes take together?",
+    "Write a short thank-you note to a neighbour who watered your plants while you were away.",
+    "What were the main causes of the First World War?",
+    "Write a JavaScript function that removes duplicate values from an array.",
 )
 
 

@@ -267,12 +267,13 @@ def test_the_loop_needs_a_drafter(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_the_loop_refuses_a_batch_deployment_it_cannot_tune_yet(tmp_path):
+def test_the_loop_refuses_a_batch_deployment_its_data_cannot_time(tmp_path):
+    """Eight in flight need three closed loops of eight a split: the built-in prompts hold 11 sealed ones."""
     path = tmp_path / "dep.toml"
     path.write_text('name = "b"\nregime = "batch"\nin_flight = 8\n' + TINY.replace('tokenizer = "bytes"\n', "")
                     .replace("[target]", 'tokenizer = "bytes"\n[drafter]\nrandom = { block_size = 4 }\n[target]'))
-    assert_one_line_error(specpilot("loop", "--deployment", path, "--run-dir", tmp_path / "run"), "regime single only",
-                          "--in-flight 8")
+    assert_one_line_error(specpilot("loop", "--deployment", path, "--run-dir", tmp_path / "run"),
+                          "8 requests in flight", "24 requests a split", "11 sealed", "serve fewer requests in flight")
     assert not (tmp_path / "run").exists()
 
 

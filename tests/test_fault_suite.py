@@ -48,7 +48,8 @@ def runner(request):
 
 @pytest.fixture(scope="module")
 def all_requests():
-    return load_requests("builtin", "all")
+    # the 16 prompts the built-in set had when the figures below were measured (it holds 32 since 2026-12-06)
+    return [r for r in load_requests("builtin", "all") if int(r.id.split("/")[1]) < 16]
 
 
 @pytest.fixture(scope="module")

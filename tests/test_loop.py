@@ -29,6 +29,7 @@ class Planted:
     timings spread by 1%."""
 
     hybrid = False  # a dense target
+    in_flight = 1  # one request at a time
 
     def __init__(self):
         self.calls = 0
@@ -285,6 +286,7 @@ class ShortRuns:
     """Evidence where tau from a short run (2 requests) reads 15% above the replayed tau of the recorded lattices
     for every system alike: block sizes need short runs, the start is replayed."""
     hybrid = False  # a dense target
+    in_flight = 1  # one request at a time
 
     def predict(self, system, run=False, ref=None):
         short = run or system.get("block_size") != 0
@@ -311,6 +313,7 @@ def test_short_run_candidates_are_held_to_the_start_measured_the_same_way():
 class SlowSpeculation:
     """Speculation loses here (stock predicted at 0.5x AR), a tree gains 60% over stock and is still 0.8x AR."""
     hybrid = False  # a dense target
+    in_flight = 1  # one request at a time
 
     def predict(self, system, run=False, ref=None):
         s = 1.0 if not system.speculative else 0.8 if system.get("tree") != "chain" else 0.5
@@ -337,6 +340,7 @@ class Rows:
     """Replayed tau per (builder, budget) and a step cost nondecreasing in the budget, both drawn at random; the
     bound is Evidence.bound's: tau over the dearest step timed so far at no more rows."""
     hybrid = False  # a dense target
+    in_flight = 1  # one request at a time
 
     def __init__(self, taus: dict, costs: dict, bounded: bool):
         self.taus, self.costs, self.bounded, self.timed = taus, costs, bounded, {}
@@ -969,6 +973,7 @@ def test_phase_3_s_evidence_stops_at_its_deadline():
 
     class Counting:
         hybrid = False
+        in_flight = 1
 
         def predict(self, system, run=False, ref=None):
             asked.append(system.name)

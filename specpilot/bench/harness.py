@@ -54,6 +54,7 @@ class Runner:
         # A search that visits dozens of systems keeps only this many engines (each holds its own K/V caches and
         # captured graphs: ~1 GB apiece on a 28B target); None keeps every one.
         self.max_engines = max_engines
+        self._single: Runner | None = None  # single()
 
     @staticmethod
     def _key(system: System, slot: int) -> str:
@@ -100,8 +101,22 @@ class Runner:
         if dropped:
             free_gpu()
 
+    def single(self) -> Runner:
+        """This runner's models one request at a time (itself where it has one slot): under regime batch what a
+        single request's step timings, recordings and profiles need (an engine of several slots serves its requests
+        together). Made once; its engines are its own, its kernel plans (and their step tuning) shared."""
+        if self.slots == 1:
+            return self
+        if self._single is None:
+            self._single = Runner(self.target, self.drafter, self.tokenizer, self.context, self.max_engines)
+            self._single._plans = self._plans
+        return self._single
+
     def close(self) -> None:
         """Drop the engines and the models: whoever still holds this runner keeps no GPU memory alive."""
+        if self._single is not None:
+            self._single.close()
+            self._single = None
         self._engines.clear()
         self._plans.clear()
         self._warm.clear()
@@ -203,32 +218,60 @@ def run_request_major(runner: Runner, systems: dict[str, System], requests: list
 
 def run_batched(runner: Runner, systems: dict[str, System], requests: list[Request], max_new_tokens: int,
                 progress: Callable[[], None] | None = None) -> tuple[dict[str, list[TurnRecord]], dict[str, float]]:
-    """Regime batch, closed loop: each system's engine holds `runner.slots` requests in flight; every request's
-    first turn is submitted at once, then every second turn (each on its own first answer), and so on. Returns
-    the records (each turn's prefill_s from its admission) and each system's wall seconds over all its turns."""
+    """Regime batch, closed loop, each system in turn (run_closed). Returns the records (each turn's prefill_s
+    from its admission) and each system's wall seconds over all its turns."""
     for system in systems.values():
         runner.warmup(system)
-    records: dict[str, list[TurnRecord]] = {key: [] for key in systems}
+    records: dict[str, list[TurnRecord]] = {}
     seconds: dict[str, float] = {}
-    eos = tuple(runner.tokenizer.eos_ids)
     for key, system in systems.items():
-        engine = runner.engine(system)
-        chats: list[list[dict[str, str]]] = [[] for _ in requests]
-        t0 = time.perf_counter()
-        for k in range(max(len(r.turns) for r in requests)):
-            live = [i for i, r in enumerate(requests) if k < len(r.turns)]
-            prompts = []
-            for i in live:
-                chats[i].append({"role": "user", "content": requests[i].turns[k]})
-                prompts.append(runner.tokenizer.chat_prompt(chats[i]))
-            gens = engine.generate([Prompted(p, max_new_tokens, eos) for p in prompts])
-            for i, prompt, gen in zip(live, prompts, gens, strict=True):
-                chats[i].append({"role": "assistant", "content": runner.tokenizer.decode(gen.tokens)})
-                r = requests[i]
-                rid = r.id if len(r.turns) == 1 else f"{r.id}#turn{k + 1}"
-                records[key].append(TurnRecord(rid, r.dataset, k + 1, prompt, gen.tokens, gen.prefill_s,
-                                               gen.decode_s, gen.accepted))
-        seconds[key] = time.perf_counter() - t0
+        records[key], seconds[key] = run_closed(runner, system, requests, max_new_tokens)
         if progress:
             progress()
     return records, seconds
+
+
+def run_closed(runner: Runner, system: System, requests: list[Request], max_new_tokens: int, slot: int = 0
+               ) -> tuple[list[TurnRecord], float]:
+    """One closed loop of `requests` on the system's engine (slot: as engine()) of `runner.slots` requests in flight:
+    every request's first turn submitted at once, then every second turn (each on its own first answer), and so on.
+    -> (the records, request by request and turn by turn; the wall seconds over all turns)."""
+    engine = runner.engine(system, slot)
+    eos = tuple(runner.tokenizer.eos_ids)
+    chats: list[list[dict[str, str]]] = [[] for _ in requests]
+    done: list[list[TurnRecord]] = [[] for _ in requests]
+    t0 = time.perf_counter()
+    for k in range(max((len(r.turns) for r in requests), default=0)):
+        live = [i for i, r in enumerate(requests) if k < len(r.turns)]
+        prompts = []
+        for i in live:
+            chats[i].append({"role": "user", "content": requests[i].turns[k]})
+            prompts.append(runner.tokenizer.chat_prompt(chats[i]))
+        gens = engine.generate([Prompted(p, max_new_tokens, eos) for p in prompts])
+        for i, prompt, gen in zip(live, prompts, gens, strict=True):
+            chats[i].append({"role": "assistant", "content": runner.tokenizer.decode(gen.tokens)})
+            r = requests[i]
+            rid = r.id if len(r.turns) == 1 else f"{r.id}#turn{k + 1}"
+            done[i].append(TurnRecord(rid, r.dataset, k + 1, prompt, gen.tokens, gen.prefill_s, gen.decode_s,
+                                      gen.accepted))
+    return [rec for recs in done for rec in recs], time.perf_counter() - t0
+
+
+def closed_generate(runner: Runner) -> Callable:
+    """forcing/run.Generate on `runner`'s batched engines: the requests' turn records made `runner.slots` in flight
+    (closed loop), as a batch deployment serves them, each request's handed to keep."""
+    from specpilot.config.env import parse
+
+    def generate(name: str, requests: list[Request], max_new: int, progress, keep) -> dict[str, list[TurnRecord]]:
+        records = run_closed(runner, parse(name), requests, max_new)[0] if requests else []
+        out: dict[str, list[TurnRecord]] = {r.id: [] for r in requests}
+        for rec in records:
+            out[rec.id.split("#")[0]].append(rec)
+            if progress:
+                progress()
+        for rid, recs in out.items():
+            if keep:
+                keep(rid, recs)
+        return out
+
+    return generate

@@ -97,6 +97,11 @@ def loop(
                                                   "it sees a change of logic that alters 3/N of AR's choices at 95%. "
                                                   "Default: 2048 on a GPU, the gate's requests alone on a CPU.")
                     ] = None,
+    in_flight: Annotated[int | None, typer.Option(
+        "--in-flight", help="Tune for this many requests served at once (regime batch, continuous batching): the "
+                            "gate times closed loops of that many requests (three at least: --limit defaults to "
+                            "as many), the float32 check and token forcing run them batched, and the batch's "
+                            "verify rows are searched first (batch_rows, batch_budget).")] = None,
     dataset: Datasets = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -125,12 +130,19 @@ def loop(
     dep = load_deployment(preset, deployment)
     if dataset:
         dep = dataclasses.replace(dep, datasets=list(dataset))
+    named = naming(preset, deployment)
+    if in_flight is not None:
+        if in_flight < 1:
+            raise UserError(f"--in-flight must be at least 1, got {in_flight}")
+        dep = dataclasses.replace(dep, regime="batch" if in_flight > 1 else "single", in_flight=in_flight)
+        named = {**named, "in_flight": in_flight}  # the timing workers serve the same batch
+    units = 3 * dep.in_flight if dep.regime == "batch" else GATE_REQUESTS
     folder = run_dir or Path("runs") / f"loop-{dep.name}"
     check_folder_path(folder, make_parents=True)  # a file on the way fails here, not after a round's work
     if not resume:
         folder.parent.mkdir(parents=True, exist_ok=True)
-    args = LoopArgs(dep, naming(preset, deployment),
-                    folder, rounds, agent, limit if limit is not None else -(-GATE_REQUESTS // len(dep.datasets)),
+    args = LoopArgs(dep, named,
+                    folder, rounds, agent, limit if limit is not None else -(-units // len(dep.datasets)),
                     max_new_tokens if max_new_tokens is not None else min(dep.max_new_tokens, LOOP_TOKENS), resume,
                     budget, data_dir,
                     sealed_tokens, Budget(agent_wall, agent_turns, agent_usd), jail, directions, master,

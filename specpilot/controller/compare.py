@@ -208,7 +208,7 @@ class InProcessWorker(_Asks):
     def __init__(self, side: Side, spec: dict, runner, also: str | list[str] | None = None):
         import specpilot
         from specpilot.config.env import parse
-        from specpilot.controller.worker import prepare, requests_of, slots
+        from specpilot.controller.worker import prepare, requests_of, slots, units
 
         self.side, self.runner, self.max_new_tokens = side, runner, spec.get("max_new_tokens")
         self.systems = [side.system] + ([also] if isinstance(also, str) else list(also or []))
@@ -219,8 +219,8 @@ class InProcessWorker(_Asks):
         self.requests = requests_of(spec)
         runner.keep([(parse(n), slot) for n, slot in zip(self.systems, slots(self.systems), strict=True)])
         self.sides, configs = self._guard(lambda: prepare(runner, spec, self.systems, self.requests))
-        self.hello = {**hello, "requests": sorted(self.requests), "config": configs[self.systems[0]],
-                      "configs": configs}
+        self.hello = {**hello, "requests": sorted(units(self.requests, runner.slots)), "in_flight": runner.slots,
+                      "config": configs[self.systems[0]], "configs": configs}
         self._reply: dict | None = None
 
     def _guard(self, work: Callable):
@@ -447,7 +447,11 @@ def measure(a: Side, b: Side, spec: dict, block: int, gpu: str | None, timeout: 
             hello_a, hello_b = ({**w.hello, "config": w.hello.get("configs", {}).get(s.system)} for s in (a, b))
             if on_start:
                 on_start(hello_a)
-            if spec.get("cpu"):
+            served = w.hello.get("in_flight", 1)
+            if spec.get("in_flight", served) != served:
+                raise UserError(f"the worker serves {served} requests in flight where the timing asked for "
+                                f"{spec['in_flight']}")
+            if spec.get("cpu") and served == 1:
                 rows_a, rows_b = lockstep(w, w.hello["requests"], reps, noise)
             else:
                 rows_a, rows_b = interleaved(partial(w.run, side=0), partial(w.run, side=1), w.hello["requests"], 1,
@@ -486,8 +490,8 @@ def alone(side: Side, spec: dict, gpu: str | None, timeout: float, reps: int, cl
 
 
 def _mode(spec: dict, alternating: bool) -> str:
-    if alternating:
-        return "lockstep" if spec.get("cpu") else "alternating"
+    if alternating:  # a batch's units (spec "in_flight") run whole, never step by step
+        return "lockstep" if spec.get("cpu") and spec.get("in_flight", 1) == 1 else "alternating"
     return "one at a time" if spec.get("one_copy") else "interleaved"
 
 
@@ -500,7 +504,7 @@ class StaleAA(UserError):
     """An earlier A/A run that cannot give this run its noise: another side A, code, deployment or budget."""
 
 
-SAME_SETUP = ("preset", "deployment_sha256", "max_new_tokens", "threads")
+SAME_SETUP = ("preset", "deployment_sha256", "max_new_tokens", "threads", "in_flight")
 
 
 def setup_of(spec: dict) -> dict:
@@ -509,7 +513,8 @@ def setup_of(spec: dict) -> dict:
     dep = spec.get("deployment")
     return {"preset": spec.get("preset"), "deployment": dep,
             "deployment_sha256": hashlib.sha256(Path(dep).read_bytes()).hexdigest() if dep else None,
-            "max_new_tokens": spec.get("max_new_tokens"), "threads": spec.get("threads")}
+            "max_new_tokens": spec.get("max_new_tokens"), "threads": spec.get("threads"),
+            "in_flight": spec.get("in_flight")}
 
 
 def aa_mismatch(aa: dict, a: Side, spec: dict, mode: str, clock: str, in_process: bool = False) -> str | None:

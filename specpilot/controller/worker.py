@@ -4,6 +4,9 @@ The controller starts this file as a script (from the controller's own install) 
 to the system's worktree, so `specpilot` is imported from there; the worker reports the hash of the
 code it actually imported, then serves one JSON command per line on stdin:
   {"run": [request ids], "side": i, "system": name} -> {"rows": [{"id", "tokens", "decode_s", "prefill_s", "steps"}]}
+Under regime batch (the deployment's `in_flight` > 1) the ids the worker offers and runs are timing units
+(`units`): a closed loop of that many requests in flight, one row each (its tokens all its requests' in order, its
+decode_s the loop's wall time, prefills included: the batch's throughput is what is judged).
   {"lockstep": [request ids], "first": 0 or 1} -> {"rows": [A's rows], "rows_b": [B's rows]}
   {"outputs": [request ids], "system": name, "max_new_tokens": n} -> {"rows": [{"id", "prompt", "tokens"}, ...]}
 One worker may serve two systems of its tree (the controller's alternating mode); they share the models. A
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -62,13 +66,20 @@ def main() -> None:
         torch.set_num_threads(spec["threads"])
     hello = {"code_hash": code_hash(Path(specpilot.__file__).parent), "package": specpilot.__file__}
     dep = load_deployment(spec.get("preset"), spec.get("deployment"))
+    if spec.get("in_flight", 1) > 1:  # the loop's --in-flight: its deployment served as a batch
+        import dataclasses
+
+        dep = dataclasses.replace(dep, regime="batch", in_flight=spec["in_flight"])
     names = spec.get("systems") or [spec["system"]]
     requests = requests_of(spec)
     speculative = any(parse(name).base == "stock" for name in names)
     target, drafter, tok = build_pair(dep, with_drafter=speculative)
-    runner = Runner(target, drafter, tok, dep.context)
+    # under regime batch its engines hold `in_flight` requests (an older tree's deployment and harness: one)
+    in_flight = getattr(dep, "in_flight", 1)
+    runner = Runner(target, drafter, tok, dep.context, **({"slots": in_flight} if in_flight > 1 else {}))
     sides, configs = prepare(runner, spec, names, requests)
-    _reply({**hello, "requests": sorted(requests), "config": configs[names[0]], "configs": configs})
+    _reply({**hello, "requests": sorted(units(requests, in_flight)), "in_flight": in_flight,
+            "config": configs[names[0]], "configs": configs})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("quit"):
@@ -87,6 +98,19 @@ def requests_of(spec: dict) -> dict:
             for r in load_requests(d, spec.get("split", "dev"), spec.get("data_dir"), spec.get("limit"))}
 
 
+def units(requests: dict, slots: int) -> dict[str, list[str]]:
+    """What one timed run serves -> the request ids it runs: a request where one is in flight; under regime batch
+    (slots > 1) a closed loop of `slots` requests ("batch-000", ...), the datasets taken in turn so that each unit
+    mixes them (a last unit may be shorter)."""
+    if slots <= 1:
+        return {rid: [rid] for rid in requests}
+    by_dataset: dict[str, list[str]] = {}
+    for rid in sorted(requests):
+        by_dataset.setdefault(requests[rid].dataset, []).append(rid)
+    order = [rid for tier in itertools.zip_longest(*by_dataset.values()) for rid in tier if rid is not None]
+    return {f"batch-{k:03d}": order[i : i + slots] for k, i in enumerate(range(0, len(order), slots))}
+
+
 def prepare(runner, spec: dict, names: list[str], requests: dict) -> tuple[list, dict]:
     """(each side's system and engine slot, each system's complete configuration), every engine the timing uses
     built and warmed up (graphs captured) first: a worker's set-up, and the controller's when it times this
@@ -97,7 +121,8 @@ def prepare(runner, spec: dict, names: list[str], requests: dict) -> tuple[list,
 
     parsed = {name: parse(name) for name in names}
     sides = [(parsed[name], slot) for name, slot in zip(names, slots(names), strict=True)]
-    lockstep = spec.get("cpu") and len(names) == 2 and spec.get("timing", True)  # forcing's workers time nothing
+    # forcing's workers time nothing; a batch's engines serve their requests together, never step by step
+    lockstep = spec.get("cpu") and len(names) == 2 and spec.get("timing", True) and getattr(runner, "slots", 1) == 1
     if not lockstep:
         check_slots(runner, sides)
     for system, slot in sides:
@@ -126,6 +151,9 @@ def serve(cmd: dict, runner, names: list[str], sides: list, requests: dict, max_
     """One command's reply (the module docstring lists them)."""
     from specpilot.bench.harness import run_lockstep
 
+    batched = getattr(runner, "slots", 1) > 1  # an older tree's harness has one slot
+    if batched:
+        from specpilot.bench.harness import run_closed
     if "lockstep" in cmd:  # {"lockstep": [ids], "first": 0|1} -> {"rows": [rows of A], "rows_b": [rows of B]}
         a_rows, b_rows = [], []
         for rid in cmd["lockstep"]:
@@ -135,12 +163,24 @@ def serve(cmd: dict, runner, names: list[str], sides: list, requests: dict, max_
         return {"rows": a_rows, "rows_b": b_rows}
     system, slot = sides[cmd["side"]] if "side" in cmd else sides[names.index(cmd.get("system") or names[0])]
     engine = {"slot": slot} if slot else {}  # slot 0 as any tree's harness runs it
-    if "outputs" in cmd:  # what forcing scores: each turn's prompt and tokens
-        recs = [rec for rid in cmd["outputs"]
-                for rec in runner.run(system, requests[rid], cmd["max_new_tokens"], **engine)]
+    if "outputs" in cmd:  # what forcing scores: each turn's prompt and tokens (batched: as the batch made them)
+        recs = (run_closed(runner, system, [requests[rid] for rid in cmd["outputs"]], cmd["max_new_tokens"], slot)[0]
+                if batched else
+                [rec for rid in cmd["outputs"] for rec in runner.run(system, requests[rid], cmd["max_new_tokens"],
+                                                                      **engine)])
         return {"rows": [{"id": r.id, "prompt": r.prompt, "tokens": r.tokens} for r in recs]}
+    if batched:
+        batches = units(requests, runner.slots)
+        return {"rows": [_unit_row(uid, *run_closed(runner, system, [requests[rid] for rid in batches[uid]],
+                                                    max_new_tokens, slot)) for uid in cmd["run"]]}
     return {"rows": [_row(rec) for rid in cmd["run"]
                      for rec in runner.run(system, requests[rid], max_new_tokens, **engine)]}
+
+
+def _unit_row(uid: str, records: list, seconds: float) -> dict:
+    """A batch unit's row: every output token of its requests (in order) over the closed loop's wall time."""
+    return {"id": uid, "tokens": [t for r in records for t in r.tokens], "decode_s": seconds,
+            "prefill_s": sum(r.prefill_s for r in records), "steps": sum(len(r.accepted) for r in records)}
 
 
 def _row(rec) -> dict:

@@ -26,9 +26,10 @@ on the gate's 384 tokens (2026-12-06); 2048 tokens see it with 99% probability.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 
-from specpilot.bench.harness import Runner, TurnRecord
+from specpilot.bench.harness import Runner, TurnRecord, run_closed
 from specpilot.config.env import parse
 from specpilot.config.system import with_options
 from specpilot.datasets import Request
@@ -86,19 +87,37 @@ class LogicCheck:
         return self._runner
 
     def ar(self, request: Request, tokens: int) -> list[TurnRecord]:
+        """AR's turn records, one request at a time: the reference, also under regime batch."""
         key = (request.id, tokens)
         if key not in self._ar:
-            self._ar[key] = self._run("ar", request, tokens)[0]
+            self._ar[key] = self.runner.single().run(self._named("ar"), request, tokens)
         return self._ar[key]
 
-    def _run(self, system: str, request: Request, tokens: int) -> tuple[list[TurnRecord], str]:
-        """(its turn records, the system as it ran). On a GPU on the PyTorch references, uncaptured: the same
-        function (each kernel is tested against its reference) with no kernel compiled for float32 (a GPU's
-        Triton kernels would each compile anew for it) and nothing captured for a check that runs once."""
+    def _named(self, system: str):
+        """The system as the check runs it. On a GPU on the PyTorch references, uncaptured: the same function (each
+        kernel is tested against its reference) with no kernel compiled for float32 (a GPU's Triton kernels would
+        each compile anew for it) and nothing captured for a check that runs once."""
         named = parse(system)
         if self._naive() and named.get("kernels") == "auto":
             named = with_options(named, "kernels=naive,graphs=false")
-        return self.runner.run(named, request, tokens), named.name
+        return named
+
+    def _answers(self, system: str, items: list[tuple[Request, int]]):
+        """(request, length, its turn records) for each item, in order: one at a time, or under regime batch (the
+        runner's slots) each run of consecutive items of one length together, `slots` in flight, as served."""
+        named, slots = self._named(system), self.runner.slots
+        group: list[tuple[Request, int]] = []
+        for k, item in enumerate(items):
+            group.append(item)
+            last = k + 1 == len(items) or items[k + 1][1] != item[1] or len(group) == slots
+            if not last:
+                continue
+            if slots > 1:
+                recs = run_closed(self.runner, named, [r for r, _ in group], item[1])[0]
+                yield from ((r, n, [x for x in recs if x.id.split("#")[0] == r.id]) for r, n in group)
+            else:
+                yield from ((r, n, self.runner.run(named, r, n)) for r, n in group)
+            group = []
 
     def _naive(self) -> bool:
         """Whether the check runs on the PyTorch references (a GPU: see _run)."""
@@ -123,12 +142,15 @@ class LogicCheck:
             return {"verdict": "pass", "system": system, "reason": "plain AR is what the check compares with"}
         eps = self.eps(requests, tokens)
         scorer = self.runner.target
-        equal, ties, records, ran_as = 0, [], [], system
-        for i, (req, length) in enumerate(self._plan(requests, tokens)):
+        equal, ties, records, ran_as = 0, [], [], self._named(system).name
+        answers = self._answers(system, self._plan(requests, tokens))
+        for i in itertools.count():
             if i >= len(requests) and sum(len(r.tokens) for r in records) >= self.cover:
                 break
             try:
-                mine, ran_as = self._run(system, req, length)
+                req, length, mine = next(answers)
+            except StopIteration:
+                break
             except UserError as exc:
                 return {"verdict": "skipped", "system": system, "reason": f"does not run in float32: {exc}"}
             except (RuntimeError, ValueError) as exc:  # a kernel without a float32 form, say: no evidence either way
@@ -161,12 +183,11 @@ class LogicCheck:
                               if ties else "")),
                 **self._where(len(records))}
 
-    def _plan(self, requests: list[Request], tokens: int):
+    def _plan(self, requests: list[Request], tokens: int) -> list[tuple[Request, int]]:
         """The requests given, at `tokens`; then the pool's others, at `cover_tokens` (the caller stops once
         `cover` tokens were scored)."""
-        yield from ((r, tokens) for r in requests)
         have = {r.id for r in requests}
-        yield from ((r, self.cover_tokens) for r in self.pool if r.id not in have)
+        return [(r, tokens) for r in requests] + [(r, self.cover_tokens) for r in self.pool if r.id not in have]
 
     def _where(self, turns: int) -> dict:
         t = self.runner.target.embed.weight
@@ -208,7 +229,7 @@ def float32_runner(dep: Deployment) -> Runner:
 
     small = float32_of(dep)
     target, drafter, tok = build_pair(small)
-    return Runner(target, drafter, tok, small.context, max_engines=4)
+    return Runner(target, drafter, tok, small.context, max_engines=4, slots=dep.in_flight)
 
 
 def precision_change(dep: Deployment, reference: str, candidate: str) -> str | None:

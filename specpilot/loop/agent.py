@@ -19,7 +19,7 @@ from specpilot.config import System
 from specpilot.config.options import OPTIONS
 from specpilot.config.system import parse_system
 from specpilot.loop.evidence import RUN, Evidence
-from specpilot.loop.space import GRIDS, runs_as_named, unsearched, values, variant
+from specpilot.loop.space import BATCH_SHARES, GRIDS, SHARED_NODES, runs_as_named, unsearched, values, variant
 
 FACTORS = ("tau", "kernel", "overhead")  # what a configuration can change (the lattice needs training)
 # the options of the kernel and host mechanisms that AR takes too (the base direction's AR variants)
@@ -40,6 +40,25 @@ class Direction:
         return asdict(self)
 
 
+BATCH = Direction("batch", "the batch's verify rows: chosen per step (batch_rows) or shared across the requests "
+                  "(batch_budget)", ["batch_rows", "batch_budget"])
+
+
+def batch_moves(start: System, in_flight: int, block: int) -> list[System]:
+    """The batch direction's moves: each step's rows chosen from the requests' acceptance (batch_rows=auto), and a
+    budget of rows shared by the requests (BATCH_SHARES rows a request on average, under what the trees hold),
+    over the start's tree where it is best_first or ddtree, else over best_first trees of SHARED_NODES."""
+    if not start.speculative or in_flight < 2:
+        return []
+    out = [variant(start, batch_rows="auto", batch_budget=0)] if start.get("batch_rows") != "auto" else []
+    trees = ([start] if start.get("tree") in ("best_first", "ddtree") else
+             [variant(start, tree="best_first", nodes=n) for n in SHARED_NODES])
+    for tree in trees:
+        rows = tree.get("nodes") or block
+        out += [variant(tree, batch_rows="fixed", batch_budget=in_flight * m) for m in BATCH_SHARES if m < rows]
+    return [s for s in out if s.name != start.name]
+
+
 class BuiltinAgent:
     name = "builtin"
 
@@ -47,13 +66,17 @@ class BuiltinAgent:
         self.headroom, self.per_direction, self.max_directions = headroom, per_direction, max_directions
         self.max_gates = max_gates  # a round's gates at most (the ranked search, loop/search.py)
 
-    def directions(self, factors: dict, start: System, memory: list[dict] = (), speedup: float | None = None
-                   ) -> list[Direction]:
+    def directions(self, factors: dict, start: System, memory: list[dict] = (), speedup: float | None = None,
+                   in_flight: int = 1) -> list[Direction]:
         """Largest factor first; within it the ceiling's built mechanisms; then speculation on or off (the base;
-        first when the start's measured speedup over AR is below the headroom), then the memory's entries."""
+        first when the start's measured speedup over AR is below the headroom), then the memory's entries. With
+        several requests in flight the batch's verify rows (BATCH) come first: what batching takes from speculation
+        (every request's rows verified in one pass, attention per request) is what they trade."""
         order = sorted(FACTORS, key=lambda f: -(factors.get(f, {}).get("value") or 0.0))
         out = [Direction(f, c["mechanism"], list(c["options"]), factors.get(f, {}).get("value"))
                for f in order for c in CANDIDATES[f] if c["built"] and c["options"]]
+        if in_flight > 1:
+            out.insert(0, BATCH)
         base = Direction("base", "speculation on or off", [])
         if speedup is not None and speedup < 1 + self.headroom:  # speculating does not pay here: look at AR first
             out.insert(0, base)
@@ -65,12 +88,14 @@ class BuiltinAgent:
         return out[: self.max_directions]
 
     def candidates(self, d: Direction, start: System, device: str, block: int, width: int = 0,
-                   dtype: str | None = None, hybrid: bool = False) -> list[System]:
+                   dtype: str | None = None, hybrid: bool = False, in_flight: int = 1) -> list[System]:
         """Every system the direction can reach from `start` in one move (its parameters varied jointly), each one
         the engine runs as named (block and width: the drafter's, space.runs_as_named); dtype: the served weights'
         (space.values). hybrid: the target has Gated DeltaNet layers (else `hybrid_tree` changes nothing; on one, a
-        tree is tried with each way of keeping their state, which costs differently: N states written, or none)."""
-        moves = self._moves(d, start, device, block, dtype)
+        tree is tried with each way of keeping their state, which costs differently: N states written, or none).
+        in_flight: the requests a step serves (the batch direction's budgets are per request)."""
+        moves = batch_moves(start, in_flight, block) if d.factor == "batch" else self._moves(d, start, device, block,
+                                                                                               dtype)
         if not hybrid:
             moves = [s for s in moves if s.get("hybrid_tree") == start.get("hybrid_tree")]
         elif "tree" in d.options:
@@ -127,7 +152,7 @@ class BuiltinAgent:
             return max((v for b, v in rivals.items() if b != mine), default=0.0)
 
         evaluated, best = [], 0.0
-        for c in self.candidates(d, start, device, block, width, dtype, ev.hybrid):
+        for c in self.candidates(d, start, device, block, width, dtype, ev.hybrid, ev.in_flight):
             if deadline is not None and time.monotonic() > deadline:
                 evaluated.append({"system": c.name, "not_reached": "the step's share of the budget is spent"})
                 continue

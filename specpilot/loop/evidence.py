@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specpilot.bench.harness import Runner
+from specpilot.bench.harness import Runner, run_closed
 from specpilot.ceiling.run import step_seconds
 from specpilot.config import System
 from specpilot.config.env import parse
@@ -49,6 +49,11 @@ class Evidence:
     paired: bool = False  # candidates' steps timed back to back with the start's (a CPU); see step()
     cache: dict = field(default_factory=dict)
     row_steps: dict = field(default_factory=dict)  # rows -> step seconds of the tree systems predicted so far
+
+    @property
+    def in_flight(self) -> int:
+        """Requests a step serves (the runner's slots: a deployment's in_flight under regime batch)."""
+        return self.runner.slots
 
     @property
     def hybrid(self) -> bool:
@@ -169,6 +174,54 @@ class Evidence:
             return None
         answer = lambda r: [rec.tokens for rec in self.runner.run(system, r, self.max_new_tokens)]  # noqa: E731
         return differs_from_ar(self.runner, self.requests[:requests], self.max_new_tokens, answer) is None
+
+
+@dataclass
+class BatchEvidence(Evidence):
+    """Under regime batch (the runner's slots > 1) a candidate's speedup is measured, not modelled: the dev requests
+    in a closed loop of `slots` in flight, `repeats` times, each system's fastest run's output tokens a second
+    against batched AR's made the same way (a batch step's cost depends on which requests are in it, how far along,
+    and with which rows, which a step microbenchmark of one request does not see). Its tau is the same runs'."""
+
+    @property
+    def how(self) -> str:
+        return f"a closed loop of the dev requests, {self.runner.slots} in flight"
+
+    def _closed(self, system: System) -> tuple[list[float], float]:
+        """(each run's output tokens a second, tau)."""
+        key = ("closed", system.name)
+        if key not in self.cache:
+            self.runner.warmup(system)
+            runs = [run_closed(self.runner, system, self.requests, self.max_new_tokens) for _ in range(self.repeats)]
+            rates = [sum(len(r.tokens) for r in recs) / seconds for recs, seconds in runs]
+            accepted = [n for r in runs[0][0] for n in r.accepted]
+            self.cache[key] = rates, sum(accepted) / max(len(accepted), 1)
+        return self.cache[key]
+
+    def tau(self, system: System, run: bool = False) -> tuple[float, str]:
+        return (self._closed(system)[1], self.how) if system.speculative else (1.0, "AR commits one token per step")
+
+    def replayable(self, system: System) -> bool:
+        return False  # replay has no batch: every candidate is run
+
+    def bound(self, system: System) -> float | None:
+        return None
+
+    def noise(self, system: System) -> float:
+        """The spread of its runs' rates: the fastest over the median, minus 1."""
+        rates = sorted(self._closed(system)[0])
+        return rates[-1] / rates[len(rates) // 2] - 1
+
+    def predict(self, system: System, run: bool = False, ref: System | None = None) -> dict:
+        try:
+            rates, tau = self._closed(system)
+            ar = max(self._closed(parse("ar"))[0])
+        except UserError as exc:
+            return {"system": system.name, "error": str(exc)}
+        except (RuntimeError, ValueError) as exc:
+            return {"system": system.name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+        return {"system": system.name, "tau": tau if system.speculative else 1.0, "tau_from": self.how,
+                "tokens_per_s": max(rates), "ar_tokens_per_s": ar, "speedup": max(rates) / ar}
 
 
 def exact_arithmetic(runner: Runner) -> bool:

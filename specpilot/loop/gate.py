@@ -29,7 +29,7 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 
-from specpilot.bench.harness import Runner, TurnRecord
+from specpilot.bench.harness import Runner, TurnRecord, closed_generate
 from specpilot.config.env import parse
 from specpilot.controller.compare import REPO, Side, Worker, WorkerDied, compare
 from specpilot.controller.gate import ALPHA, decided_at, sequential_confidence
@@ -136,6 +136,7 @@ class Gate:
         report = out_of_memory_dies(f"token forcing of {candidate}", lambda: force(
             self.runner, self.reference, candidate, requests, tokens, reuse=reuse, bound=self.power_bound,
             outputs=outputs, exact=scorer, start=start, exact_ar=False,
+            generate=closed_generate(self.runner) if getattr(self.runner, "slots", 1) > 1 else None,
             on_round=lambda r: self.say(f"  forcing: {progress(r)}; more requests")))
         self.say(f"  forcing: {progress(report)}: {report['verdict']}")
         report["max_new_tokens"] = tokens

@@ -139,6 +139,20 @@ def coding_agent(a: LoopArgs, sealed: list, code: str) -> CodingAgent:
                        install_code=code)
 
 
+def check_units(dep, dev: list, sealed: list, limit: int) -> None:
+    """Under regime batch every timing unit is a closed loop of `in_flight` requests (controller/worker.units), and
+    the controller needs three of them on the dev and the sealed requests alike."""
+    need = 3 * dep.in_flight
+    if dep.regime != "batch" or min(len(dev), len(sealed)) >= need:
+        return
+    more = math.ceil(need / max(len(dep.datasets), 1))
+    fix = (f"raise --limit to {more} or more" if limit < more else
+           "the datasets hold no more: add datasets or serve fewer requests in flight")
+    raise UserError(f"deployment {dep.name} serves {dep.in_flight} requests in flight: the gate times closed loops "
+                    f"of {dep.in_flight} and needs three, {need} requests a split, but --limit {limit} gives "
+                    f"{len(dev)} dev and {len(sealed)} sealed; {fix}")
+
+
 def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
     for who in {a.agent, a.master} - {"builtin"}:
         backend(who)  # an unknown kind or a missing program is refused before anything runs
@@ -147,10 +161,6 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
     if a.dep.drafter is None:
         raise UserError(f"deployment {a.dep.name} has no drafter: the loop tunes speculative decoding from the "
                         "drafter's stock behaviour (train one with `specpilot train-drafter`)")
-    if a.dep.regime != "single":  # its gate, forcing and finals time one request at a time
-        raise UserError(f"deployment {a.dep.name} is of regime {a.dep.regime} ({a.dep.in_flight} in flight): the loop "
-                        "tunes regime single only for now; compare batched systems with `specpilot bench "
-                        f"--in-flight {a.dep.in_flight} --system ...` (e.g. stock:batch_rows=auto)")
     counts = {"--rounds": a.rounds, "--limit": a.limit, "--max-new-tokens": a.max_new_tokens,
               "--sealed-tokens": a.sealed, "--directions": a.directions}
     for flag, value in counts.items():
@@ -173,6 +183,7 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
         if a.agent != "builtin":
             raise UserError("--gpus shares the builtin agent's directions; coding agents run one at a time")
     dev, sealed = (requests(a.dep, s, a.limit, a.data_dir) for s in ("dev", "sealed"))
+    check_units(a.dep, dev, sealed, a.limit)
     code = code_hash(REPO / "specpilot")  # the install's, once: every step of this process ran this code
     run = RunDir(a.run_dir, resume=a.resume, budget_s=a.budget_s, shared=a.slot is not None, key=step_key(a, code))
     if a.slot is None:  # a slot's process writes into the run its parent checked
@@ -191,13 +202,14 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
     logic_pool = pool(a.dep, "dev", dev, max(POOL, a.limit), a.data_dir) if cover else dev
     spec = {**a.worker_spec, "datasets": a.dep.datasets, "split": "dev", "limit": a.limit,
             "max_new_tokens": a.max_new_tokens, "data_dir": a.data_dir,
-            **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {})}
+            **({"cpu": True, "threads": len(os.sched_getaffinity(0))} if on_cpu else {}),
+            **({"in_flight": a.dep.in_flight} if a.dep.regime == "batch" else {})}
 
     def models() -> Runner:
         from specpilot.runtime.pair import build_pair
 
         target, drafter, tok = build_pair(a.dep)
-        return Runner(target, drafter, tok, a.dep.context, max_engines=ENGINES)
+        return Runner(target, drafter, tok, a.dep.context, max_engines=ENGINES, slots=a.dep.in_flight)
 
     def gate(runner: Callable[[], Runner], release: Callable[[], None]) -> Gate:
         # both systems served by one process, request by request: on a GPU the loop's own, on its models (a second

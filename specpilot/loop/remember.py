@@ -27,6 +27,7 @@ def fingerprint(dep: Deployment) -> dict:
     return {"gpu": gpu, "target": model(dep.target) + (f"-x{dep.twin_width}" if dep.twin_width > 1 else "")
                                                    + ("-hybrid" if dep.twin_gdn else ""),
             "drafter": model(dep.drafter) if dep.drafter else "none", "regime": dep.regime,
+            **({"in_flight": dep.in_flight} if dep.regime == "batch" else {}),
             "dtype": str(dep.torch_dtype()).removeprefix("torch.")}
 
 

@@ -179,6 +179,17 @@ def stock_over_ar(summary: dict) -> float | None:
                  if (r.get("ceiling") or {}).get("system") == "stock"), None)
 
 
+def _in_flight(summary: dict) -> int | None:
+    """Requests served at once (the loop's --in-flight, regime batch), as Phase 0 recorded it; None: one."""
+    return next((r["ceiling"].get("in_flight") for r in summary.get("rounds", []) if r.get("ceiling")), None)
+
+
+def _units(summary: dict, count) -> str:
+    """What the controller's count counts: requests, or under regime batch closed loops of that many."""
+    n = _in_flight(summary)
+    return f"{count} closed loops of {n} requests" if n else f"{count} requests"
+
+
 def _over_ar(summary: dict, sealed: dict) -> str:
     o = sealed.get("over_ar")
     if isinstance(o, dict) and o.get("gain") is not None:
@@ -186,7 +197,9 @@ def _over_ar(summary: dict, sealed: dict) -> str:
     s, gain = stock_over_ar(summary), (sealed.get("controller") or {}).get("gain")
     if s is None or gain is None:
         return "over AR not known (no ceiling of stock)"
-    return (f"about {s * gain:.3f}x over AR (estimated from dev requests: stock's {s:.3f}x over AR in Phase 0 "
+    n = _in_flight(summary)
+    ar = f"batched AR ({n} in flight)" if n else "AR"
+    return (f"about {s * gain:.3f}x over {ar} (estimated from dev requests: stock's {s:.3f}x over {ar} in Phase 0 "
             f"times the sealed gain)")
 
 
@@ -246,7 +259,7 @@ def verdict(summary: dict) -> tuple[str, bool]:
     commit = f" on commit {summary['best_commit'][:12]}" if summary.get("best_commit") else ""
     text = (f"Best: **`{best}`**{commit}. On the sealed requests it decodes {_fmt(c.get('b_rate'), '.0f')} tokens/s "
             f"against stock's {_fmt(c.get('a_rate'), '.0f')}: {_bounds(c)} over stock (the controller's bounds; "
-            f"bar {_fmt(c.get('bar'))}, {c.get('requests', '?')} requests), {_over_ar(summary, sealed)}. "
+            f"bar {_fmt(c.get('bar'))}, {_units(summary, c.get('requests', '?'))}), {_over_ar(summary, sealed)}. "
             f"{_forcing_sentence(sealed.get('forcing'))}{_let_through(sealed)} "
             f"{_logic_sentence(sealed, _promoting_gate(summary))}")
     return lead + text + _ending(summary), not errors

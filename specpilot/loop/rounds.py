@@ -28,7 +28,7 @@ from specpilot.datasets import Request
 from specpilot.deployment import Deployment
 from specpilot.loop.agent import BuiltinAgent, Direction
 from specpilot.loop.coding import CodingAgent, Halted, submissions
-from specpilot.loop.evidence import Evidence
+from specpilot.loop.evidence import BatchEvidence, Evidence
 from specpilot.loop.gate import Gate, TreeGate, forcing_refusal, forcing_summary, summary
 from specpilot.loop.rundir import BudgetSpent, RunDir
 from specpilot.loop.search import TO_GATE, survey
@@ -119,13 +119,21 @@ class Loop:
             cplan = CeilingPlan([parse(analysed)], self.plan.dev[: self.plan.ceiling_requests],
                                 self.plan.max_new_tokens, self.plan.nodes, profile_requests=1,
                                 profile_tokens=self.plan.profile_tokens, step_reps=4 if cpu else 16)
-            inputs, recordings = measure(cplan, self.runner, parse("ar"))
+            # a single request's steps, recordings and profile (under regime batch too: the lattices replay and
+            # the factors name what one request's step spends)
+            inputs, recordings = measure(cplan, self.runner.single(), parse("ar"))
             save(folder, inputs, recordings, {"deployment": self.plan.dep.name, "system": analysed})
             report = compute(inputs, recordings)["systems"][analysed]
-            return {"system": analysed, "folder": str(folder.relative_to(self.run.root)), "target": report["target"],
-                    "factors": {k: {"value": v["value"]} for k, v in report["factors"].items()},
-                    "speedup": report["speedup"], "classes": report["classes"], "candidates": report["candidates"],
-                    "predicted": report["predicted"], "ceiling": report["ceiling"]}
+            out = {"system": analysed, "folder": str(folder.relative_to(self.run.root)), "target": report["target"],
+                   "factors": {k: {"value": v["value"]} for k, v in report["factors"].items()},
+                   "speedup": report["speedup"], "classes": report["classes"], "candidates": report["candidates"],
+                   "predicted": report["predicted"], "ceiling": report["ceiling"]}
+            if self.runner.slots > 1:  # the speedup the regime has: over batched AR, measured (BatchEvidence)
+                batch = BatchEvidence(self.runner, self.plan.dev, self.plan.max_new_tokens, [], parse(analysed))
+                got = batch.predict(parse(analysed))
+                out.update(single_speedup=report["speedup"], in_flight=self.runner.slots,
+                           speedup=got.get("speedup", report["speedup"]), batch=got)
+            return out
 
         return self.run.once(f"ceilings/{slug(analysed)}", measure_it)
 
@@ -135,8 +143,9 @@ class Loop:
         cpu = self.plan.dep.torch_device().type == "cpu"
         # a CPU step is long and synchronous: a few steps time it as well as many, and no queue needs filling
         fewer = {"step_tokens": 2, "step_reps": 4} if cpu else {}
-        return Evidence(self.runner, self.plan.dev, self.plan.max_new_tokens, recordings.get(analysed.name, []),
-                        analysed, paired=cpu, **fewer)
+        kind = BatchEvidence if self.runner.slots > 1 else Evidence
+        return kind(self.runner, self.plan.dev, self.plan.max_new_tokens, recordings.get(analysed.name, []),
+                    analysed, paired=cpu, **fewer)
 
     # Phases 1-4
 
@@ -157,7 +166,8 @@ class Loop:
         device = self.plan.dep.torch_device().type
         speedup = ceiling["speedup"] if start_sys.speculative else None
         rivals: dict[str, float] = {}  # base -> the best predicted speedup promoted so far this round
-        directions = self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup)
+        directions = self.plan.agent.directions(ceiling["factors"], start_sys, self.memory, speedup,
+                                                self.plan.dep.in_flight)
         if isinstance(self.plan.agent, CodingAgent) and self.plan.agent.proposer is not None:
             agent = self.plan.agent
             out["master"] = self.run.once(f"{name}/phase-1/master", lambda: agent.propose(
@@ -221,8 +231,10 @@ class Loop:
         if short:
             return {"ranked": [], "skipped": [], "gated": [], "refused": short}
         deadline = self._deadline()
+        # under regime batch the ceiling's kernel and host factors are a single request's: they bound no batch
+        reach = ceiling if self.plan.dep.in_flight == 1 else None
         found = self.run.once(step, lambda: survey(agent, directions, start, ev(), device, self._block(),
-                                                   self._width(), deadline, ceiling, self._dtype()))
+                                                   self._width(), deadline, reach, self._dtype()))
         ranked = [dict(e) for e in found["ranked"]]  # statuses below are this round's, from the gates' steps
         gated, best = [], None
         for e in ranked:

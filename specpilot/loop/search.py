@@ -24,7 +24,8 @@ from specpilot.loop.evidence import RUN, Evidence
 
 # the order evidence is gathered in, cheapest first (a factor not named here comes last)
 # (speculation off first: a step timing or two, and where speculation does not pay, as on a CPU, the answer)
-COST_ORDER = ("base", "tau-tree", "memory", "kernel", "overhead", "tau")
+# (under regime batch the batch's verify rows next: the mechanisms made for it, each a closed loop)
+COST_ORDER = ("base", "batch", "tau-tree", "memory", "kernel", "overhead", "tau")
 TO_GATE = "to gate"
 
 
@@ -46,7 +47,7 @@ def survey(agent: BuiltinAgent, directions: list[Direction], start: System, ev: 
     found: dict[str, tuple[System, Direction]] = {}
     skipped = []
     for d in directions:
-        mine = agent.candidates(d, start, device, block, width, dtype, ev.hybrid)
+        mine = agent.candidates(d, start, device, block, width, dtype, ev.hybrid, ev.in_flight)
         if not mine:
             skipped.append({"direction": d.mechanism, "factor": d.factor,
                             "reason": "no value of its options runs here from this start" if d.options or d.systems

@@ -51,6 +51,10 @@ GEMV_ONLY = {"pdl", "handoff", "ahead", "epilogue_early", "l2", "embed_kernel", 
 # int grids: node budgets and block sizes cover the range the cost model can predict; the rest their range
 GRIDS = {"nodes": (4, 8, 12, 16, 24, 32, 48, 64), "block_size": (2, 3, 4, 6, 8, 12, 16), "tree_k": (2, 4, 8),
          "lookahead": (1, 2, 3, 4), "tune_rounds": (1, 2, 3, 4)}
+# with several requests in flight (loop/agent.batch_moves): a shared budget of rows is this many a request on
+# average (the paper's 192 nodes for its batch), over best_first trees of these budgets where the start has none
+BATCH_SHARES = (2, 4, 8, 12)
+SHARED_NODES = (16, 32)
 
 
 def searchable(name: str) -> str | None:

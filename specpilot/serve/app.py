@@ -42,7 +42,7 @@ class Served:
 class Server:
     def __init__(self, served: Served, drain_s: float = 60.0):
         self.served, self.drain_s = served, drain_s
-        self.worker = EngineWorker(served.engine, served.in_flight, served.max_waiting, self._done)
+        self.worker = EngineWorker(served.engine, served.in_flight, served.max_waiting, self._done, self._first)
         self.metrics = Metrics(self.worker.stats, served.model)
         self.room = served.engine.context - served.engine.rows  # prompt + answer, beside a step's draft rows
         self.drafts = max(served.engine.rows - 1, 0) if served.engine.system.speculative else 0
@@ -100,10 +100,12 @@ class Server:
                 self.worker.cancel(job)
             self.metrics.requests.labels(run.outcome).inc()
 
+    def _first(self, job: Job) -> None:
+        """A job's first token (on the engine thread): its time to first token, whether or not it finishes."""
+        self.metrics.ttft.observe(job.first - job.submitted)
+
     def _done(self, job: Job) -> None:
         """A finished job's figures (on the engine thread)."""
-        if job.first is not None:
-            self.metrics.ttft.observe(job.first - job.submitted)
         passes = len(job.generation.accepted)
         if passes:
             self.metrics.accept.observe((len(job.generation.tokens) - 1) / passes)

@@ -69,12 +69,13 @@ class EngineWorker:
     """engine: an Engine of `in_flight` slots at least (2 at least: runtime/batch.Batcher); max_waiting: requests
     that may wait for a slot."""
 
-    def __init__(self, engine, in_flight: int, max_waiting: int, on_done=None):
+    def __init__(self, engine, in_flight: int, max_waiting: int, on_done=None, on_first=None):
         from specpilot.runtime.batch import Batcher
 
         self.batcher = Batcher(engine, in_flight=in_flight)  # captures the step graphs (both kinds) now
         self.engine, self.max_waiting = engine, max_waiting
         self.on_done = on_done  # called (on the engine thread) with each finished job
+        self.on_first = on_first  # and with each job whose first token came (a client that leaves later had one)
         self.inbox: queue.Queue = queue.Queue()
         self.jobs: dict[int, Job] = {}
         self.pending = 0  # submitted and not yet taken by the engine thread
@@ -166,6 +167,8 @@ class EngineWorker:
                 continue
             if job.first is None:  # the prefill's token
                 job.first = time.perf_counter()
+                if self.on_first is not None:
+                    self.on_first(job)
             else:
                 self.stats.decoded += len(u.tokens)
                 self.stats.passes += 1
