@@ -351,3 +351,32 @@ def test_an_engine_failure_answers_the_requests_in_flight_and_the_worker_serves_
         worker.stop()
     assert all(isinstance(f, RuntimeError) and "boom" in str(f) for f in failed)
     assert later == alone["stock"].generate_one(tok.encode("c"), 12, tok.eos_ids).tokens
+
+
+def test_a_reader_behind_the_engine_gets_the_queued_steps_in_one_piece_counted_as_steps():
+    """Steps queued behind the one a handler takes are merged into its piece (one SSE chunk, not one a step); the
+    tokens and steps still count each, and the final update behind them still ends the answer."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from specpilot.serve.app import _Run
+    from specpilot.serve.protocol import Ask
+
+    class Bytes:
+        eos_ids = (0,)
+
+        @staticmethod
+        def decode(tokens):
+            return bytes(tokens).decode("utf-8", "replace")
+
+    async def go():
+        updates = asyncio.Queue()
+        for u in ([104], [105, 32], [116], None):  # the prefill's token, two steps, the end
+            updates.put_nowait(u)
+        job = SimpleNamespace(updates=updates, generation=SimpleNamespace(tokens=[104, 105, 32, 116]))
+        server = SimpleNamespace(served=SimpleNamespace(tokenizer=Bytes()))
+        run = _Run(server, SimpleNamespace(transport=None), Ask(False, [1], 8, None), job)
+        return [p async for p in run._pieces()], run
+
+    pieces, run = asyncio.run(go())
+    assert pieces == [("hi t", None), ("", "length")] and run.tokens == 4 and run.passes == 3 and run.ended
