@@ -276,6 +276,7 @@ def test_rows_dispatch(kind):
             torch.testing.assert_close(x.cpu(), y, **F32_TOL)
 
 
+@pytest.mark.slow  # a whole engine under the Triton interpreter: 15-24 s a system on two cores
 @pytest.mark.parametrize("system", ["stock", "stock:tree=best_first,nodes=8,hybrid_tree=recompute"])
 def test_the_hybrid_engine_on_the_triton_kernels_answers_as_on_the_references(system, monkeypatch):
     """The layer's dispatch end to end (chain snapshots, tree in one pass, the recompute commit): the engine with
@@ -298,6 +299,7 @@ def test_the_hybrid_engine_on_the_triton_kernels_answers_as_on_the_references(sy
     assert set(ran) == want
 
 
+@pytest.mark.slow  # 26 s under the interpreter on two cores
 def test_a_forward_builds_its_tree_paths_once_for_all_its_gdn_layers(monkeypatch):
     """tree_paths is a few dozen small launches; every GDN layer of a verify pass walks the same tree, so the
     layers share one build (Forward.derived), as the layers of a commit share its walk (Cache.commit's memo), and

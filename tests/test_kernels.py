@@ -447,6 +447,7 @@ def test_pdl_only_for_cuda_tensors_and_as_the_kernel_or_the_plan_says():
             assert pdl_on(x, KernelPlan.stock(pdl=pdl), default=default) == want, (pdl, default)
 
 
+@pytest.mark.slow  # 23 s under the interpreter on two cores
 def test_gemv_option_runs_the_fused_kernels_and_keeps_ar_output(monkeypatch):
     """AR with gemv=true (streaming GEMV, fused q/k/v + rope, norms handed over from the projection that
     writes the stream, the first one from the embedding kernel) equals the default path's AR on a tiny

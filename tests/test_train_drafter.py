@@ -122,6 +122,7 @@ def test_resumed_training_starts_where_the_first_run_ended(looping_target, train
     assert again.cfg == drafter.cfg
 
 
+@pytest.mark.slow  # 18 s of training on two cores
 def test_train_drafter_command_and_resume(tmp_path):
     import json
     import subprocess
