@@ -66,10 +66,11 @@ def main() -> None:
         torch.set_num_threads(spec["threads"])
     hello = {"code_hash": code_hash(Path(specpilot.__file__).parent), "package": specpilot.__file__}
     dep = load_deployment(spec.get("preset"), spec.get("deployment"))
-    if spec.get("in_flight", 1) > 1:  # the loop's --in-flight: its deployment served as a batch
+    if "in_flight" in spec:  # the loop's --in-flight: its deployment served so many at once
         import dataclasses
 
-        dep = dataclasses.replace(dep, regime="batch", in_flight=spec["in_flight"])
+        n = spec["in_flight"]
+        dep = dataclasses.replace(dep, regime="batch" if n > 1 else "single", in_flight=n)
     names = spec.get("systems") or [spec["system"]]
     requests = requests_of(spec)
     speculative = any(parse(name).base == "stock" for name in names)

@@ -120,7 +120,7 @@ class LogicCheck:
             group = []
 
     def _naive(self) -> bool:
-        """Whether the check runs on the PyTorch references (a GPU: see _run)."""
+        """Whether the check runs on the PyTorch references (a GPU: see _named)."""
         return self.runner.target.embed.weight.device.type == "cuda"
 
     def eps(self, requests: list[Request], tokens: int) -> float:

@@ -27,8 +27,9 @@ def main() -> None:
     where = {k: v for k, v in spec["worker_spec"].items() if k in ("preset", "deployment")}
     dep = dataclasses.replace(load_deployment(where.get("preset"), where.get("deployment")),
                               datasets=spec["datasets"])
-    if spec["worker_spec"].get("in_flight", 1) > 1:  # the loop's --in-flight
-        dep = dataclasses.replace(dep, regime="batch", in_flight=spec["worker_spec"]["in_flight"])
+    if "in_flight" in spec["worker_spec"]:  # the loop's --in-flight
+        n = spec["worker_spec"]["in_flight"]
+        dep = dataclasses.replace(dep, regime="batch" if n > 1 else "single", in_flight=n)
     fields = {f.name for f in dataclasses.fields(LoopArgs)} - {"dep", "run_dir", "slot"}
     a = LoopArgs(dep=dep, run_dir=Path(spec["run_dir"]), slot=tuple(spec["slot"]),
                  **{k: v for k, v in spec.items() if k in fields})
