@@ -54,6 +54,10 @@ class Deployment:
     system: str | None = None  # the system this deployment serves by default (a loop's best.toml names one)
     source: str = ""
 
+    def serving(self, in_flight: int) -> Deployment:
+        """This deployment serving `in_flight` requests at once: regime batch above one, single at one."""
+        return dataclasses.replace(self, regime="batch" if in_flight > 1 else "single", in_flight=in_flight)
+
     def torch_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")

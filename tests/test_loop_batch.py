@@ -165,6 +165,8 @@ def test_a_loop_at_two_in_flight_runs_every_phase(tmp_path):
     summary = json.loads((run / "loop.json").read_text())
     first = summary["rounds"][0]
     assert first["ceiling"]["in_flight"] == 2 and "batch" in first["ceiling"]
+    assert set(first["ceiling"]["batch_runs"]) == {"stock", "ar"}  # measured once: the survey reads them back
+    assert first["search"]["start"]["speedup"] == first["ceiling"]["batch"]["speedup"]
     ranked = first["search"]["ranked"]
     assert all(e.get("tau_from", "").endswith("2 in flight") for e in ranked if "speedup" in e)
     assert any(e["direction"] == BATCH.mechanism for e in ranked)

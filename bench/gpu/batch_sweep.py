@@ -54,7 +54,7 @@ def main() -> None:
     alone: dict = {}  # each system's single-request outputs, made once for every count's check
     for n in counts:
         t0 = time.time()
-        served = dataclasses.replace(dep, regime="batch" if n > 1 else "single", in_flight=n)
+        served = dep.serving(n)
         plan = BenchPlan(served, plan_systems(SYSTEMS), dep.datasets, dep.split, limit, max_new)
         requests = [r for r in collect_requests(plan)
                     if len(tok.chat_prompt([{"role": "user", "content": r.turns[0]}])) + max_new + 64 < dep.context]

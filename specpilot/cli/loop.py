@@ -134,7 +134,7 @@ def loop(
     if in_flight is not None:
         if in_flight < 1:
             raise UserError(f"--in-flight must be at least 1, got {in_flight}")
-        dep = dataclasses.replace(dep, regime="batch" if in_flight > 1 else "single", in_flight=in_flight)
+        dep = dep.serving(in_flight)
         named = {**named, "in_flight": in_flight}  # the timing workers serve the same batch
     units = 3 * dep.in_flight if dep.regime == "batch" else GATE_REQUESTS
     folder = run_dir or Path("runs") / f"loop-{dep.name}"

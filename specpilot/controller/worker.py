@@ -66,8 +66,8 @@ def main() -> None:
         torch.set_num_threads(spec["threads"])
     hello = {"code_hash": code_hash(Path(specpilot.__file__).parent), "package": specpilot.__file__}
     dep = load_deployment(spec.get("preset"), spec.get("deployment"))
-    if "in_flight" in spec:  # the loop's --in-flight: its deployment served so many at once
-        import dataclasses
+    if "in_flight" in spec:  # the loop's --in-flight: its deployment served so many at once (not
+        import dataclasses  # Deployment.serving: the tree under judgement may predate it)
 
         n = spec["in_flight"]
         dep = dataclasses.replace(dep, regime="batch" if n > 1 else "single", in_flight=n)

@@ -132,7 +132,8 @@ class Loop:
                 batch = BatchEvidence(self.runner, self.plan.dev, self.plan.max_new_tokens, [], parse(analysed))
                 got = batch.predict(parse(analysed))
                 out.update(single_speedup=report["speedup"], in_flight=self.runner.slots,
-                           speedup=got.get("speedup", report["speedup"]), batch=got)
+                           speedup=got.get("speedup", report["speedup"]), batch=got,
+                           batch_runs={key[1]: runs for key, runs in batch.cache.items() if key[0] == "closed"})
             return out
 
         return self.run.once(f"ceilings/{slug(analysed)}", measure_it)
@@ -144,8 +145,11 @@ class Loop:
         # a CPU step is long and synchronous: a few steps time it as well as many, and no queue needs filling
         fewer = {"step_tokens": 2, "step_reps": 4} if cpu else {}
         kind = BatchEvidence if self.runner.slots > 1 else Evidence
-        return kind(self.runner, self.plan.dev, self.plan.max_new_tokens, recordings.get(analysed.name, []),
-                    analysed, paired=cpu, **fewer)
+        ev = kind(self.runner, self.plan.dev, self.plan.max_new_tokens, recordings.get(analysed.name, []),
+                  analysed, paired=cpu, **fewer)
+        for name, (rates, tau) in ceiling.get("batch_runs", {}).items():  # the start's and AR's, not run again
+            ev.cache["closed", name] = (rates, tau)
+        return ev
 
     # Phases 1-4
 

@@ -28,8 +28,7 @@ def main() -> None:
     dep = dataclasses.replace(load_deployment(where.get("preset"), where.get("deployment")),
                               datasets=spec["datasets"])
     if "in_flight" in spec["worker_spec"]:  # the loop's --in-flight
-        n = spec["worker_spec"]["in_flight"]
-        dep = dataclasses.replace(dep, regime="batch" if n > 1 else "single", in_flight=n)
+        dep = dep.serving(spec["worker_spec"]["in_flight"])
     fields = {f.name for f in dataclasses.fields(LoopArgs)} - {"dep", "run_dir", "slot"}
     a = LoopArgs(dep=dep, run_dir=Path(spec["run_dir"]), slot=tuple(spec["slot"]),
                  **{k: v for k, v in spec.items() if k in fields})

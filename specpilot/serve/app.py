@@ -149,15 +149,15 @@ class _Run:
         self.tokens = self.passes = 0
         self.ended = False  # the engine finished it (or it was given up by a stop string, cancelled already)
         self.outcome = "disconnected"
-        self._held = _GONE  # an update taken while merging (the final one, an error), for the next _next
+        self._held = _NOTHING  # an update taken while merging (the final one, an error), for the next _next
 
     async def _next(self):
         """The job's next update, or _GONE where its client is gone (looked at every POLL_S while waiting). One
         already queued is taken at once: a task and a timer per token cost the event loop, and so the engine's
         thread its GIL, more than the step of a small model (AR at 16 in flight streamed a third of the API's
         tokens a second on an H100, 2026-12-06)."""
-        if self._held is not _GONE:
-            update, self._held = self._held, _GONE
+        if self._held is not _NOTHING:
+            update, self._held = self._held, _NOTHING
             return update
         try:
             return self.job.updates.get_nowait()
@@ -266,6 +266,7 @@ class _Run:
 
 
 _GONE = object()
+_NOTHING = object()  # no update held back
 
 
 async def _event(response: web.StreamResponse, obj: dict) -> None:
