@@ -23,7 +23,7 @@ from specpilot.fixtures.random_models import (
 )
 from specpilot.runtime.batch import Batcher
 from specpilot.runtime.engine import Engine
-from specpilot.speculative.allot import RowsChoice
+from specpilot.speculative.allot import RowsChoice, TreeRowsChoice
 
 VOCAB, CONTEXT, SLOTS = 24, 96, 3
 SIZES = (1, 2, 3)
@@ -31,14 +31,14 @@ SIZES = (1, 2, 3)
 
 def _costs(chain: bool, full: int, cheapest) -> dict[int, dict[int, float]]:
     """rows -> size -> seconds: `cheapest(size)` names the rows whose step is nearly free at that size."""
-    widths = (1, *([] if not chain else [w for w in (4, 8) if w < full]), full)
+    widths = (1, *[w for w in ((4, 8) if chain else (2, 4, 8)) if w < full], full)
     return {w: {n: 1e-4 if cheapest(n) == w else 1.0 for n in SIZES} for w in widths}
 
 
 SCHEDULES = {  # which step the costs make the choice at each batch size
     "anchor": lambda full: lambda n: 1,
     "full": lambda full: lambda n: full,
-    "mixed": lambda full: lambda n: {1: full, 2: 1, 3: 4}[n],  # (4: a tree has none, so it takes the full rows)
+    "mixed": lambda full: lambda n: {1: full, 2: 1, 3: 4}[n],  # (a chain of 4; a tree's budget of 4 a request)
 }
 
 
@@ -84,7 +84,7 @@ def test_every_request_gets_single_request_ar_tokens_whatever_the_steps(pair, sy
     name = f"{system}{',' if ':' in system else ':'}batch_rows=auto"
     engine = Engine(target, drafter, parse_system(name), context=CONTEXT, slots=SLOTS)
     chain, full = "tree" not in system, engine.full_rows
-    assert set(engine.width_steps()) == ({1, 4} if chain else {1}) and full == (8 if chain else 10)  # block 8
+    assert set(engine.width_steps()) == ({1, 4} if chain else {1, 2, 4, 8}) and full == (8 if chain else 10)
     got, batcher = _serve(engine, reqs, arrivals, _costs(chain, full, SCHEDULES[schedule](full)))
     assert got == alone
     steps = batcher.rows.steps
@@ -92,8 +92,8 @@ def test_every_request_gets_single_request_ar_tokens_whatever_the_steps(pair, sy
         assert steps[1] == 0 < steps[full]
     else:  # the anchor step ran, and so did full steps (the first, the probes; mixed: a request alone)
         assert steps[1] > 0 and steps[full] > 0
-    if schedule == "mixed" and chain:
-        assert steps[4] > 0  # three requests decoding: the chain of 4
+    if schedule == "mixed":
+        assert steps[4] > 0  # three requests decoding: the chain of 4, or the trees' 12 likeliest rows
 
 
 def test_the_drafter_hears_of_every_committed_row_after_anchor_steps(monkeypatch):
@@ -195,6 +195,50 @@ def test_a_request_forgotten_takes_the_average_and_bad_inputs_are_refused():
             RowsChoice(bad)
     with pytest.raises(ValueError):
         rule.saw("b", 0, 8)
+
+
+def test_every_tree_step_writes_what_each_budget_expected_to_commit():
+    """The batcher's rule hears, after each tree step, the expectations the device computed from that step's trees:
+    one token a live request at least, never fewer for more rows, and what the step that ran was expected to commit
+    is near what it committed over a run (a random drafter's probabilities: only the order of magnitude)."""
+    target, drafter = _pair("dense")
+    engine = Engine(target, drafter, parse_system("stock:tree=best_first,nodes=10,batch_rows=auto"),
+                    context=CONTEXT, slots=SLOTS)
+    assert engine.offers(2) == (4, 8, 16, 20) and engine.state.expect.shape == (4,)
+    heard = []
+    real = TreeRowsChoice.told
+
+    def told(self, expected, live, rows, committed):
+        heard.append((list(expected), live, rows, committed))
+        return real(self, expected, live, rows, committed)
+
+    reqs, arrivals = _requests(3, 6, False)
+    costs = _costs(False, 10, lambda n: {1: 10, 2: 2, 3: 8}[n])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TreeRowsChoice, "told", told)
+        _serve(engine, reqs, arrivals, costs)
+    assert {rows for _, _, rows, _ in heard} >= {2, 8, 10}
+    for expected, live, rows, committed in heard:
+        assert live <= expected[0] and expected == sorted(expected) and expected[-1] <= live * 10
+        assert live <= committed <= live * rows + live  # (a budget's rows, each request's bonus token)
+
+
+def test_the_tree_rule_reads_the_last_trees_calibrated_by_what_each_budget_committed():
+    costs = {1: {1: 1.0, 2: 1.0}, 2: {1: 1.5, 2: 1.5}, 4: {1: 2.2, 2: 2.2}, 10: {1: 4.0, 2: 4.0}}
+    rule = TreeRowsChoice(costs, alpha=1.0, probe=10**6, shares=(2, 4, 10))
+    assert rule.choose(["a", "b"], 2) == 10  # no tree seen: the full trees
+    # two requests; the trees expected 1.6 / 2.8 / 6.0 tokens above the roots at 2 / 4 / 10 rows a request
+    rule.told([3.6, 4.8, 8.0], 2, 10, 8)  # the full step committed 6 above the roots: its calibration is 1
+    rates = {w: 2 * rule.expect("a", w) / costs[w][2] for w in costs}
+    assert rates == pytest.approx({1: 2.0, 2: 2 * 1.8 / 1.5, 4: 2 * 2.4 / 2.2, 10: 2 * 4.0 / 4.0})
+    assert rule.choose(["a", "b"], 2) == 2 and rule.steps[2] == 1
+    rule.told([3.6, 4.8, 8.0], 2, 2, 2)  # the budget of 2 committed nothing above the roots: calibrated to 0
+    assert rule.calibration(2) == 0.0 and rule.expect("a", 2) == 1.0
+    assert rule.choose(["a", "b"], 2) == 4  # 2.4 tokens a request for 2.2 s beats the anchor's 1 for 1 s
+    with pytest.raises(ValueError):
+        rule.told([1.0], 2, 10, 2)
+    with pytest.raises(ValueError):
+        TreeRowsChoice(costs, shares=(2, 10))  # the share of 4 missing
 
 
 def test_two_level_verification_offers_its_full_step_and_the_anchor():

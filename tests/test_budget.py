@@ -25,7 +25,7 @@ from specpilot.fixtures.random_models import (
 )
 from specpilot.runtime.engine import Engine
 from specpilot.speculative.allot import _merged
-from specpilot.speculative.budget import allot_rows, packed_rows, path_scores
+from specpilot.speculative.budget import allot_rows, expected_tokens, packed_rows, path_scores
 from specpilot.speculative.tree import TreeBuilder, child_scores, max_nodes
 
 
@@ -78,6 +78,22 @@ def test_the_budget_goes_to_the_roots_then_the_likeliest_nodes_as_prefixes(score
     valid, packed = packed_rows(counts, n, budget)
     assert valid.sum(1).tolist() == counts.tolist() and valid[:, 0].all()
     assert packed.tolist() == valid.reshape(-1).nonzero()[:, 0].tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(scores=score_tables(), data=st.data())
+def test_a_budgets_expected_tokens_are_a_token_a_live_request_and_its_chosen_nodes_probabilities(scores, data):
+    b, n = scores.shape
+    live = torch.tensor(data.draw(st.lists(st.integers(0, 1), min_size=b, max_size=b)))
+    offers = tuple(sorted(data.draw(st.lists(st.integers(b, b * n), min_size=1, max_size=4))))
+    got = expected_tokens(scores, offers, live).tolist()
+    # by hand: every live request's nodes (below the roots), the likeliest first, the first t - b of them
+    probs = sorted((math.exp(float(scores[r, i])) for r in range(b) if live[r] for i in range(1, n)), reverse=True)
+    for t, e in zip(offers, got, strict=True):
+        assert math.isclose(e, int(live.sum()) + sum(probs[: t - b]), rel_tol=1e-5, abs_tol=1e-5)
+    assert got == sorted(got)  # more rows never expect fewer tokens
+    with pytest.raises(ValueError):
+        expected_tokens(scores, (b - 1,))
 
 
 def test_parked_requests_keep_their_root_alone():

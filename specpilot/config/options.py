@@ -79,9 +79,10 @@ OPTIONS: dict[str, Option] = _options(
            "more than the block (a chain no more)", "engine", bases=("stock",), minimum=0, maximum=512),
     Option("batch_rows", str, "fixed", "with several requests in flight: fixed (stock: every step verifies the "
            "system's rows) or auto (each step verifies, for every request alike, the anchor alone without drafting, "
-           "a shorter chain of 4 or 8 rows (chain systems), or the system's rows: whichever the step costs measured "
-           "at start-up and the requests' recent acceptance say commits the most tokens a second; the tokens are the "
-           "same either way)", "engine", bases=("stock",), choices=("fixed", "auto")),
+           "a shorter chain of 4 or 8 rows (chain systems), a budget of 2, 4 or 8 rows a request shared by the "
+           "likeliest nodes of all the requests' trees (best_first, ddtree), or the system's rows: whichever the step "
+           "costs measured at start-up and the requests' recent acceptance say commits the most tokens a second; the "
+           "tokens are the same either way)", "engine", bases=("stock",), choices=("fixed", "auto")),
     Option("batch_budget", int, 0, "with several requests in flight: the rows a step verifies in all (0: each "
            "request its own `nodes`): every request's root, then the likeliest nodes of all the requests' trees "
            "(tree=best_first or ddtree; at most the batch's requests x nodes)", "engine", bases=("stock",),

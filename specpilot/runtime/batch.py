@@ -13,7 +13,8 @@ it gets alone (tests/test_batch.py).
 With `batch_rows=auto` each decode step verifies, for every request alike, the system's rows, a shorter chain, or
 the anchor alone (no drafting: speculative/step.AnchorStep), as speculative/allot.RowsChoice chooses from the
 steps' costs, timed here once an engine after the graphs are captured (all slots parked), and the requests' recent
-acceptance.
+acceptance; over a best_first/ddtree tree the widths are budgets of rows shared by the requests' likeliest nodes,
+chosen by allot.TreeRowsChoice from what each step's trees expected every budget to commit.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from specpilot.core.regions import region
 from specpilot.errors import UserError
 from specpilot.models.dense import Mode
 from specpilot.runtime.scheduler import Scheduler, size_for
-from specpilot.speculative.allot import RowsChoice
+from specpilot.speculative.allot import RowsChoice, TreeRowsChoice
 
 CHUNK = 256  # prompt tokens prefilled a step, over all slots
 
@@ -104,7 +105,10 @@ class Batcher:
                 kind = False not in kinds  # the greedy kind (False) where it is captured, else the sampling one
                 if costs is None and kind not in engine.step_costs:  # timed once an engine
                     engine.step_costs[kind] = _step_costs(engine, widths, kind)
-                self.rows = RowsChoice(costs or engine.step_costs[kind], steps=engine.step_rows)
+                table = costs or engine.step_costs[kind]
+                shares = tuple(w for w in engine.offers(1))  # (at size 1 a budget's rows are its width)
+                self.rows = (TreeRowsChoice(table, steps=engine.step_rows, shares=shares) if shares else
+                             RowsChoice(table, steps=engine.step_rows))
             if self.spec:
                 engine.state.ctx_count.zero_()
         self.steps, self.widths = steps, widths
@@ -156,6 +160,9 @@ class Batcher:
             rows = self.rows.choose(work.decode.values(), size) if self.rows else None
             step = (self.steps if rows is None else self.widths[rows])[size, sampled]
             values = _decode(engine, step, work.decode, self.spec)
+            if isinstance(self.rows, TreeRowsChoice) and rows > 1:  # this step's trees: what each budget expected
+                committed = sum(len(values[slot]) for slot in work.decode)
+                self.rows.told(engine.state.expect.tolist(), len(work.decode), rows, committed)
             for slot, rid in work.decode.items():
                 self.live[rid].accepted.append(len(values[slot]))
                 if self.rows:

@@ -130,6 +130,7 @@ class Engine:
         self.step_costs: dict[bool, dict[int, dict[int, float]]] = {}
         self.step_rows: dict[int, int] = {}
         self.full_rows = 0
+        self._widths: tuple[int, ...] = ()  # batch_rows=auto's narrower widths (rows a request)
         self._pool = pool
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
@@ -183,9 +184,14 @@ class Engine:
         make = (lambda *a, **kw: TwoLevelStep(*a, rows=rows, path=self.block)) if tlv else SpecStep
         self.spec = make(*args)
         budget = self._budget(tlv)
+        self._widths = widths = self._batch_widths(tlv)
+        shares = self._shares(widths)
+        if shares:  # the budgets' expected tokens, written by every tree step (runtime/batch.py reads them)
+            self.state.expect = torch.zeros(len(shares), dtype=torch.float32, device=dev)
         self._spec = StepGraph(self._spec_step, self.use_graphs)
         self._spec_steps = {(n, sampled): make(self.target, self.draft.rows(0, n), self._views[n][0],
-                                               self.state.rows(n), *args[4:], budget=budget(n))
+                                               self.state.rows(n), *args[4:], budget=budget(n),
+                                               offers=self.offers(n) if shares else ())
                             for n, sampled in self._variants}
         for (_, sampled), step in self._spec_steps.items():
             step.sampling = sampled
@@ -193,7 +199,7 @@ class Engine:
                             for v in self._variants}
         self.full_rows = self.rows  # (two-level verification: both rounds, all a step may commit)
         self._width_steps = {(w, n, sampled): self._narrower(w, n, sampled, args)
-                             for w in self._batch_widths(tlv) for n, sampled in self._variants}
+                             for w in widths for n, sampled in self._variants}
         for w, n, sampled in self._width_steps:
             self._width_batch.setdefault(w, {})[n, sampled] = StepGraph(partial(self._width_rows, (w, n, sampled)),
                                                                         self.use_graphs, self._pool)
@@ -212,18 +218,38 @@ class Engine:
         return lambda n: max(n, min(budget, n * self.builder.rows)) if budget else 0
 
     def _batch_widths(self, tlv: bool) -> tuple[int, ...]:
-        """batch_rows=auto's steps below the full one, by rows: 1 (the anchor alone), and 4 and 8 for a chain."""
+        """batch_rows=auto's steps below the full one, by rows a request: 1 (the anchor alone); 4 and 8 for a chain;
+        budgets of 2, 4 and 8 rows a request on average for a tree in score order (best_first, ddtree), shared by
+        the requests' likeliest nodes (speculative/budget.py)."""
         if not (self.system.speculative and self.system.get("batch_rows") == "auto" and self.sizes):
             return ()
-        chain = self.builder is None and not tlv
-        return (1, *(w for w in (4, 8) if chain and w < self.block))
+        if tlv:
+            return (1,)
+        if self.builder is None:
+            return (1, *(w for w in (4, 8) if w < self.block))
+        shared = self.builder.builder in ("best_first", "ddtree")
+        return (1, *(w for w in (2, 4, 8) if shared and w < self.builder.rows))
+
+    def _shares(self, widths: tuple[int, ...]) -> tuple[int, ...]:
+        """The widths above the anchor whose steps share a budget (a tree in score order; the full rows last)."""
+        if self.builder is None or self.builder.builder not in ("best_first", "ddtree") or max(widths, default=1) < 2:
+            return ()
+        return (*(w for w in widths if w > 1), self.builder.rows)
+
+    def offers(self, n: int) -> tuple[int, ...]:
+        """The rows in all of each shared width's step at batch size n (state.expect's order: runtime/batch.py)."""
+        return tuple(w * n for w in self._shares(self._widths))
 
     def _narrower(self, rows: int, n: int, sampled: bool, args: tuple) -> SpecStep:
-        """A batch step of slots 0..n-1 verifying `rows` rows a request: the anchor step, or a shorter chain (the
-        drafter drafting a shorter block); the full step's state and drafter context rows."""
+        """A batch step of slots 0..n-1 verifying `rows` rows a request: the anchor step, a shorter chain (the
+        drafter drafting a shorter block), or a budget of rows x n shared by the requests' trees; the full step's
+        state and drafter context rows."""
         cache, state = self._views[n][0], self.state.rows(n)
         if rows == 1:
             step = AnchorStep(self.target, self.draft.rows(0, n), cache, state, *args[4:], ctx_rows=self.spec.ctx_rows)
+        elif self.builder is not None:
+            step = SpecStep(self.target, self.draft.rows(0, n), cache, state, self.plan, self.fault, self.builder,
+                            self.forward, ctx_rows=self.spec.ctx_rows, budget=rows * n, offers=self.offers(n))
         else:
             step = SpecStep(self.target, self.draft.narrowed(rows).rows(0, n), cache, state, self.plan, self.fault,
                             None, self.forward, ctx_rows=self.spec.ctx_rows)

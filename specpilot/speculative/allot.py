@@ -16,9 +16,11 @@ for every request. The draft block per request is the shortest of the offered bl
 with probability below `floor` (drafts past it, less likely still, would not pay): confident requests draft long,
 unsure ones short.
 
-`allot` and `draft_block` are not wired into the engine yet (a batched verify of unequal rows per request is the
-next step, issue 59). `RowsChoice` is: the rows every request's step verifies, chosen each step among the anchor
-alone (no drafting: AR's pass), shorter chains and the system's rows (`batch_rows=auto`).
+`allot` and `draft_block` are the reference rules; `draft_block` is not wired into the engine yet. `RowsChoice` is:
+the rows every request's step verifies, chosen each step among the anchor alone (no drafting: AR's pass), shorter
+chains and the system's rows (`batch_rows=auto`). `TreeRowsChoice` is `allot`'s rule on the engine's captured steps
+(`batch_rows=auto` over a best_first/ddtree tree): the step's budget chosen among a few captured ones, each step's
+expected tokens computed on the device (speculative/budget.expected_tokens) and calibrated by what was committed.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ class RowsChoice:
         """The rows of a step of `size` (a captured batch size) whose decoding requests are `requests`."""
         reqs = list(requests)
         best = self.full
-        if self.overall:
+        if self.known():
             rates = {w: self.rate(reqs, w, size) for w in self.costs}
             best = max(rates, key=lambda w: (rates[w], w))  # a tie goes to the wider step
         self.since = self.since + 1 if best != self.full else 0
@@ -151,6 +153,10 @@ class RowsChoice:
             best, self.since = self.full, 0
         self.steps[best] += 1
         return best
+
+    def known(self) -> bool:
+        """Whether any step wider than the anchor was seen (before, the full rows run)."""
+        return bool(self.overall)
 
     def rate(self, requests: Sequence[Hashable], rows: int, size: int) -> float:
         """Tokens a second a step of `rows` rows is expected to commit."""
@@ -174,3 +180,58 @@ class RowsChoice:
 
     def forget(self, request: Hashable) -> None:
         self.expected.pop(request, None)
+
+
+@dataclass
+class TreeRowsChoice(RowsChoice):
+    """`batch_rows=auto` over a tree in score order: the rows a step verifies in all are one of the captured budgets,
+    w rows a request on average (costs' keys: 1 the anchor alone, the full rows the whole trees), chosen by
+    `allot`'s rule, the most expected tokens a second. A step that builds the trees says what every budget on offer
+    would have committed (`told`: one plus the likeliest nodes' survival probabilities a request, summed over the
+    live requests, in the order of `shares`); the next step's choice reads the last such step's (its trees are the
+    nearest known), scaled per budget by `calibration` (committed over expected, both moving sums with weight
+    `alpha` on the newest, over the steps that ran that budget: the drafter's probabilities are not the target's).
+    Before any tree step, full steps; after `probe` anchor steps in a row, a full one."""
+
+    shares: tuple[int, ...] = ()  # the widths whose expected tokens the device writes (the full rows last)
+    extra: dict[int, float] = field(default_factory=dict)  # width -> expected tokens above the roots, a request
+    sums: dict[int, list[float]] = field(default_factory=dict)  # width -> [committed, expected] above the roots
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.shares or set(self.shares) != set(self.costs) - {1} or self.shares[-1] != self.full:
+            raise ValueError(f"shares {self.shares} must be the widths above the anchor, the full rows last")
+
+    def expect(self, request: Hashable, rows: int) -> float:
+        """A request's expected tokens from a step of `rows` a request (1: the anchor's one; unknown: `rows`)."""
+        if rows == 1:
+            return 1.0
+        if rows not in self.extra:
+            return float(rows)
+        return 1.0 + self.calibration(rows) * self.extra[rows]
+
+    def calibration(self, rows: int) -> float:
+        committed, expected = self.sums.get(rows, (1.0, 1.0))
+        return committed / expected if expected > 0 else 1.0
+
+    def known(self) -> bool:
+        return bool(self.extra)
+
+    def told(self, expected: Sequence[float], live: int, rows: int, committed: int) -> None:
+        """A step of `rows` rows a request over `live` requests committed `committed` tokens in all; `expected`: what
+        each of `shares` was expected to commit over those requests, from this step's trees."""
+        if len(expected) != len(self.shares) or live < 1 or committed < live:
+            raise ValueError("one expectation per share, at least one live request, a token each at least")
+        self.extra = {w: max(e - live, 0.0) / live for w, e in zip(self.shares, expected, strict=True)}
+        mine = self.sums.setdefault(rows, [0.0, 0.0])
+        above = max(expected[self.shares.index(rows)] - live, 0.0)
+        first = not mine[1]
+        mine[0] = (committed - live) if first else (1 - self.alpha) * mine[0] + self.alpha * (committed - live)
+        mine[1] = above if first else (1 - self.alpha) * mine[1] + self.alpha * above
+
+    def saw(self, request: Hashable, committed: int, rows: int) -> None:
+        if committed < 1:
+            raise ValueError("a step commits at least one token")
+
+    def forget(self, request: Hashable) -> None:
+        pass

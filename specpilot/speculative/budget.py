@@ -6,10 +6,14 @@ highest path log-probability (a node survives verification about as often as the
 whole path). A best-first tree lists its rows in score order (`speculative/tree.best_paths`), so what a request
 gets is a prefix of its rows: a tree again. The verify pass computes only those rows (core/contracts
 Forward.packed); the others are marked never to be accepted. The reference rule with a cost model is
-`speculative/allot.allot`; here T is fixed per captured batch size, so that the step is one graph.
+`speculative/allot.allot`; here T is fixed per captured step, so that the step is one graph. With `batch_rows=auto`
+over such a tree every step also writes, for each budget on offer, the tokens it expects the batch to commit
+(`expected_tokens`), from which the host picks the next step's budget (speculative/allot.TreeRowsChoice).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -64,22 +68,50 @@ def packed_rows(counts: torch.Tensor, n: int, budget: int) -> tuple[torch.Tensor
     return valid, order[:budget]
 
 
+def expected_tokens(scores: torch.Tensor, offers: tuple[int, ...], live: torch.Tensor | None = None) -> torch.Tensor:
+    """[len(offers)] float32: the tokens a step verifying each offered budget of rows (roots included) is expected to
+    commit over the live requests: one each (the root's token) plus the survival probabilities exp(path score) of
+    the nodes it verifies, the likeliest first (what allot_rows gives them). Graph-safe: static indices."""
+    b, n = scores.shape
+    if any(not b <= t <= b * n for t in offers):
+        raise ValueError(f"budgets {offers} for {b} requests of at most {n} rows each")
+    probs = scores[:, 1:].float().exp().clamp(max=1.0)
+    alive = torch.ones(b, dtype=torch.bool, device=scores.device) if live is None else live.bool()
+    top = torch.where(alive[:, None], probs, 0.0).reshape(-1).sort(descending=True).values.cumsum(0)
+    extra = torch.stack([top[t - b - 1] if t > b else top.new_zeros(()) for t in offers])
+    return alive.sum().float() + extra
+
+
+@dataclass
+class Expect:
+    """Where a step writes expected_tokens for the budgets on offer (static: one per captured step)."""
+
+    out: torch.Tensor  # [len(offers)] float32, shared by the steps of every budget and batch size
+    offers: tuple[int, ...]
+
+
 class BudgetProposer(TreeProposer):
     """A tree per request at the builder's nodes, then the batch's `budget` rows allotted (allot_rows): the rows
-    outside it carry NEVER and the verify pass computes only the rows inside (Proposal.packed)."""
+    outside it carry NEVER and the verify pass computes only the rows inside (Proposal.packed). budget 0: every
+    row (the tree as built). expect: where the expected tokens of each budget on offer go (batch_rows=auto)."""
 
-    def __init__(self, drafter, device, builder: TreeBuilder, budget: int, live: torch.Tensor | None):
+    def __init__(self, drafter, device, builder: TreeBuilder, budget: int, live: torch.Tensor | None,
+                 expect: Expect | None = None):
         super().__init__(drafter, device, builder)
         if builder.builder not in ("best_first", "ddtree"):
             raise ValueError(f"a row budget needs rows in score order (best_first, ddtree), not {builder.builder}")
-        self.budget, self.live = budget, live
+        self.budget, self.live, self.expect = budget, live, expect
 
     def propose(self, anchor: torch.Tensor, start: torch.Tensor) -> Proposal:
         lattice = self.lattice(anchor, start)
         with region("tree"):
             tree = self.builder(lattice)
             scores = path_scores(tree, child_scores(lattice, self.builder.builder))
+            if self.expect is not None:
+                self.expect.out.copy_(expected_tokens(scores, self.expect.offers, self.live))
         proposal = self.rows_of(lattice, tree, start)
+        if not self.budget:
+            return proposal
         counts = allot_rows(scores, self.budget, self.live)
         valid, packed = packed_rows(counts, self.builder.rows, self.budget)
         proposal.tokens = torch.where(valid, proposal.tokens, NEVER)

@@ -25,7 +25,7 @@ from specpilot.models.cache import Cache
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.runtime.faults import distort, force_first_draft
 from specpilot.speculative.accept import accept_greedy, accept_predicted
-from specpilot.speculative.budget import BudgetProposer
+from specpilot.speculative.budget import BudgetProposer, Expect
 from specpilot.speculative.drafter import Drafter
 from specpilot.speculative.proposal import ChainProposer, TreeProposer
 from specpilot.speculative.tree import TreeBuilder
@@ -43,12 +43,14 @@ class SpecState:
     out: torch.Tensor
     live: torch.Tensor | None = None  # [B] 1 where a request decodes (batches): a parked row stays where it is
     sampler: SamplerRows | None = None  # each row's sampling (read where the step samples: SpecStep.sampling)
+    # batch_rows=auto over a best_first/ddtree tree: the tokens each budget on offer was expected to commit this step
+    expect: torch.Tensor | None = None
 
     def rows(self, n: int) -> SpecState:
         """The first n rows (views: a batch step over fewer slots moves these)."""
         return SpecState(self.token[:n], self.pos[:n], self.ctx_feats[:n], self.ctx_count[:n], self.out[:n],
                          None if self.live is None else self.live[:n],
-                         None if self.sampler is None else self.sampler.rows(0, n))
+                         None if self.sampler is None else self.sampler.rows(0, n), self.expect)
 
 
 class SpecStep:
@@ -56,18 +58,20 @@ class SpecStep:
 
     def __init__(self, target: DenseTarget, drafter: Drafter, cache: Cache, state: SpecState, plan: KernelPlan,
                  fault: str = "none", builder: TreeBuilder | None = None, forward: Callable | None = None,
-                 ctx_rows: torch.Tensor | None = None, budget: int = 0):
+                 ctx_rows: torch.Tensor | None = None, budget: int = 0, offers: tuple[int, ...] = ()):
         """drafter: what proposes (speculative/drafter.py; it keeps its own cache); builder: a tree builder (None:
         stock's chain); forward: what runs the target's pass (default the target itself; a model-level fault's
         wrapper: runtime/faults.faulty); ctx_rows: the rows of the state's ctx_feats the drafter is told of (default
         this step's own rows; a narrower step of a batch takes its engine's full step's, whose state it shares);
-        budget: the rows a batch step verifies in all, shared by its requests (speculative/budget.py; 0: none)."""
+        budget: the rows a batch step verifies in all, shared by its requests (speculative/budget.py; 0: none);
+        offers: the budgets whose expected tokens the step writes to state.expect (batch_rows=auto over a tree)."""
         self.target, self.drafter, self.cache, self.state = target, drafter, cache, state
         self.forward = forward or target
         self.plan, self.fault = plan, fault
         device = target.device
-        if budget:
-            self.proposer = BudgetProposer(drafter, device, builder, budget, state.live)
+        if budget or offers:
+            expect = Expect(state.expect, offers) if offers else None
+            self.proposer = BudgetProposer(drafter, device, builder, budget, state.live, expect)
         elif builder is not None:
             self.proposer = TreeProposer(drafter, device, builder)
         else:
