@@ -25,7 +25,7 @@ from specpilot.fixtures.random_models import (
 )
 from specpilot.runtime.engine import Engine
 from specpilot.speculative.allot import _merged
-from specpilot.speculative.budget import allot_rows, expected_tokens, packed_rows, path_scores
+from specpilot.speculative.budget import allot_rows, chain_scores, expected_tokens, packed_rows, path_scores
 from specpilot.speculative.tree import TreeBuilder, child_scores, max_nodes
 
 
@@ -48,6 +48,24 @@ def test_path_scores_sum_each_paths_child_scores_and_fall_in_row_order(lattice, 
                 row = parent
             assert math.isclose(float(got[b, r]), total, rel_tol=1e-5, abs_tol=1e-5)
         assert all(float(got[b, r]) >= float(got[b, r + 1]) - 1e-5 for r in range(1, n - 1))  # score order
+
+
+@settings(max_examples=40, deadline=None)
+@given(lattice=lattices())
+def test_a_chains_path_scores_sum_its_child_scores_down_the_drafters_own_walk(lattice):
+    picks = lattice.greedy_picks()
+    got = chain_scores(lattice, picks)
+    scores = child_scores(lattice, "best_first")
+    assert got.shape == (picks.shape[0], lattice.depth + 1) and bool((got[:, 0] == 0).all())
+    for b in range(picks.shape[0]):
+        total, parent = 0.0, 0
+        for d in range(lattice.depth):
+            total += float(scores[b, d, parent, int(picks[b, d])])
+            parent = int(picks[b, d])
+            assert math.isclose(float(got[b, d + 1]), total, rel_tol=1e-5, abs_tol=1e-5)
+    assert bool((got[:, 1:] <= got[:, :-1] + 1e-6).all())  # a longer prefix is never likelier: rows in score order
+    drafts = lattice.tokens.gather(2, picks[..., None])[..., 0]
+    assert torch.equal(drafts, lattice.greedy_chain())  # the chain it scores is stock's
 
 
 @st.composite
@@ -125,9 +143,10 @@ def pair(request):
 
 
 @pytest.mark.parametrize("sampled", [False, True])
-@pytest.mark.parametrize("system", ["stock:tree=best_first,nodes=10,batch_budget=3",
+@pytest.mark.parametrize("system", ["stock:tree=best_first,nodes=10,batch_budget=1",
                                     "stock:tree=best_first,nodes=10,batch_budget=14",
                                     "stock:tree=ddtree,nodes=8,batch_budget=9",
+                                    "stock:batch_budget=8", "stock:batch_budget=1",
                                     "stock:tree=best_first,nodes=10,batch_budget=4,hybrid_tree=recompute"])
 def test_every_request_gets_single_request_ar_tokens_under_a_budget(pair, system, sampled):
     target, drafter = pair
@@ -141,13 +160,13 @@ def test_every_request_gets_single_request_ar_tokens_under_a_budget(pair, system
     together = engine.generate(reqs, arrivals=arrivals)
     assert [g.tokens for g in together] == alone
     drafts = sum(sum(g.accepted) - len(g.accepted) for g in together)
-    if system.endswith("batch_budget=3"):  # three slots, three roots: no draft is ever verified
+    if system.endswith("batch_budget=1"):  # a root a request at every batch size: no draft is ever verified
         assert drafts == 0
 
 
 @pytest.mark.parametrize("system, needle", [
-    ("stock:batch_budget=8", "needs tree=best_first or tree=ddtree"),
-    ("stock:tree=eagle2,nodes=8,batch_budget=8", "needs tree=best_first"),
+    ("stock:tree=eagle2,nodes=8,batch_budget=8", "needs stock's chain, tree=best_first"),
+    ("stock:tree=sequoia,nodes=8,batch_budget=8", "needs stock's chain, tree=best_first"),
     ("stock:tree=best_first,nodes=8,batch_budget=8,batch_rows=auto", "choose one"),
 ])
 def test_a_budget_the_engine_cannot_share_is_refused(system, needle):

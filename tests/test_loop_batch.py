@@ -111,7 +111,7 @@ def test_batch_moves_respect_the_options_rules(start, in_flight, block):
         budget, rows = m.get("batch_budget"), m.get("nodes") or block
         assert not (budget and m.get("batch_rows") == "auto")  # the two are exclusive
         if budget:
-            assert m.get("tree") in ("best_first", "ddtree") and in_flight < budget < in_flight * rows
+            assert m.get("tree") in ("best_first", "ddtree", "chain") and in_flight < budget < in_flight * rows
     auto = [m for m in moves if m.get("batch_rows") == "auto"]
     assert any(m.get("tree") in ("best_first", "ddtree") for m in auto)  # a budget chosen each step
     assert any(m.get("tree") == parse(start).get("tree") for m in auto) == (start != "stock:batch_rows=auto")

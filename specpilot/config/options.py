@@ -85,7 +85,8 @@ OPTIONS: dict[str, Option] = _options(
            "tokens are the same either way)", "engine", bases=("stock",), choices=("fixed", "auto")),
     Option("batch_budget", int, 0, "with several requests in flight: the rows a step verifies in all (0: each "
            "request its own `nodes`): every request's root, then the likeliest nodes of all the requests' trees "
-           "(tree=best_first or ddtree; at most the batch's requests x nodes)", "engine", bases=("stock",),
+           "(tree=best_first or ddtree) or chains (stock's chain: each request's draft block its own, chosen each "
+           "step from the drafter's confidence); at most the batch's requests x nodes", "engine", bases=("stock",),
            minimum=0, maximum=4096),
     Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands (at most the drafter's "
            "candidates per position)", "engine", bases=("stock",),

@@ -45,13 +45,15 @@ BATCH = Direction("batch", "the batch's verify rows: chosen per step (batch_rows
 
 
 def batch_moves(start: System, in_flight: int, block: int) -> list[System]:
-    """The batch direction's moves: each step's rows chosen from the requests' acceptance (batch_rows=auto), and a
-    budget of rows shared by the requests, fixed (BATCH_SHARES rows a request on average, under what the trees hold)
-    or chosen each step (batch_rows=auto over a tree in score order), over the start's tree where it is best_first
-    or ddtree, else over best_first trees of SHARED_NODES."""
+    """The batch direction's moves: each step's rows chosen from the requests' acceptance (batch_rows=auto); over
+    stock's chain, budgets of rows shared by the requests' chains (a draft block per request, BATCH_SHARES rows a
+    request on average); and over the start's tree where it is best_first or ddtree, else over best_first trees of
+    SHARED_NODES, a budget fixed (BATCH_SHARES) or chosen each step (batch_rows=auto)."""
     if not start.speculative or in_flight < 2:
         return []
     out = [variant(start, batch_rows="auto", batch_budget=0)]
+    if start.get("tree") == "chain" and start.get("nodes") in (0, block):  # stock's chain: a block per request
+        out += [variant(start, batch_rows="fixed", batch_budget=in_flight * m) for m in BATCH_SHARES if m < block]
     trees = ([start] if start.get("tree") in ("best_first", "ddtree") else
              [variant(start, tree="best_first", nodes=n) for n in SHARED_NODES])
     for tree in trees:

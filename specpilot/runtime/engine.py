@@ -209,13 +209,15 @@ class Engine:
     def _budget(self, tlv: bool):
         """batch_budget's rows at each batch size n (0: none): the option's, within n (a root each) and n x nodes."""
         budget = self.system.get("batch_budget") if self.system.speculative else 0
-        if budget and (tlv or self.builder is None or self.builder.builder not in ("best_first", "ddtree")):
-            raise UserError(f"system {self.system.name!r}: batch_budget shares a batch's rows by the trees' path "
-                            "scores: it needs tree=best_first or tree=ddtree (rows in score order), without verify=tlv")
+        if budget and (tlv or self.builder is not None and self.builder.builder not in ("best_first", "ddtree")):
+            raise UserError(f"system {self.system.name!r}: batch_budget shares a batch's rows by the drafts' path "
+                            "scores: it needs stock's chain, tree=best_first or tree=ddtree (rows in score order), "
+                            "without verify=tlv")
         if budget and self.system.get("batch_rows") == "auto":
             raise UserError(f"system {self.system.name!r}: batch_budget and batch_rows=auto both set a step's rows: "
                             "choose one")
-        return lambda n: max(n, min(budget, n * self.builder.rows)) if budget else 0
+        rows = self.block if self.builder is None else self.builder.rows
+        return lambda n: max(n, min(budget, n * rows)) if budget else 0
 
     def _batch_widths(self, tlv: bool) -> tuple[int, ...]:
         """batch_rows=auto's steps below the full one, by rows a request: 1 (the anchor alone); 4 and 8 for a chain;

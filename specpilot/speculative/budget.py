@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specpilot.core.contracts import DraftTree, Proposal
+from specpilot.core.contracts import DraftTree, Lattice, Proposal, chain
 from specpilot.core.regions import region
-from specpilot.speculative.proposal import TreeProposer
+from specpilot.speculative.proposal import ChainProposer, TreeProposer
 from specpilot.speculative.tree import TreeBuilder, child_scores
 
 NEVER = -1  # the token of a row outside the budget: no prediction equals it, so it is never accepted
@@ -39,6 +39,17 @@ def path_scores(tree: DraftTree, scores: torch.Tensor) -> torch.Tensor:
     for _ in range(d):
         total = edge + torch.where(tree.depth == 0, 0.0, total.gather(1, parents))
     return total
+
+
+def chain_scores(lattice: Lattice, picks: torch.Tensor) -> torch.Tensor:
+    """[B, D + 1] float32: the drafter's chain's path scores (its rows: the anchor, then the candidates `picks`
+    [B, D] of each depth), the summed log p(child | parent) down the chain (best_first's child scores)."""
+    scores = child_scores(lattice, "best_first")  # [B, D, K_parent, K_child]
+    parent = torch.cat([torch.zeros_like(picks[:, :1]), picks[:, :-1]], 1)  # depth 0's parent: the anchor, row 0
+    k = scores.shape[-1]
+    flat = scores.reshape(*scores.shape[:2], k * k)
+    edge = flat.gather(2, (parent * k + picks)[..., None])[..., 0]
+    return torch.cat([edge.new_zeros(edge.shape[0], 1), edge.cumsum(1)], 1)
 
 
 def allot_rows(scores: torch.Tensor, budget: int, live: torch.Tensor | None = None) -> torch.Tensor:
@@ -112,8 +123,31 @@ class BudgetProposer(TreeProposer):
         proposal = self.rows_of(lattice, tree, start)
         if not self.budget:
             return proposal
-        counts = allot_rows(scores, self.budget, self.live)
-        valid, packed = packed_rows(counts, self.builder.rows, self.budget)
-        proposal.tokens = torch.where(valid, proposal.tokens, NEVER)
-        proposal.packed = packed
-        return proposal
+        return shared(proposal, scores, self.budget, self.live)
+
+
+class ChainBudgetProposer(ChainProposer):
+    """Stock's chain per request, then the batch's `budget` rows allotted by the chains' path scores (chain_scores):
+    each request verifies a prefix of its chain, a draft block of its own chosen each step from the drafter's
+    confidence, the likelier chains longer (issue 59's per-request draft block)."""
+
+    def __init__(self, drafter, device, budget: int, live: torch.Tensor | None):
+        super().__init__(drafter, device)
+        self.budget, self.live = budget, live
+
+    def propose(self, anchor: torch.Tensor, start: torch.Tensor) -> Proposal:
+        lattice = self.lattice(anchor, start)
+        with region("tree"):  # (the chain's build, as ChainProposer.drafts)
+            picks = lattice.greedy_picks()
+            drafts = lattice.tokens.gather(2, picks[..., None])[..., 0]
+            scores = chain_scores(lattice, picks)
+        return shared(chain(anchor, drafts, start, self.index, self.parents), scores, self.budget, self.live)
+
+
+def shared(proposal: Proposal, scores: torch.Tensor, budget: int, live: torch.Tensor | None) -> Proposal:
+    """The proposal with only its batch's `budget` likeliest rows computed (allot_rows), the others never accepted."""
+    counts = allot_rows(scores, budget, live)
+    valid, packed = packed_rows(counts, proposal.rows, budget)
+    proposal.tokens = torch.where(valid, proposal.tokens, NEVER)
+    proposal.packed = packed
+    return proposal

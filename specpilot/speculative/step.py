@@ -25,7 +25,7 @@ from specpilot.models.cache import Cache
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.runtime.faults import distort, force_first_draft
 from specpilot.speculative.accept import accept_greedy, accept_predicted
-from specpilot.speculative.budget import BudgetProposer, Expect
+from specpilot.speculative.budget import BudgetProposer, ChainBudgetProposer, Expect
 from specpilot.speculative.drafter import Drafter
 from specpilot.speculative.proposal import ChainProposer, TreeProposer
 from specpilot.speculative.tree import TreeBuilder
@@ -69,7 +69,9 @@ class SpecStep:
         self.forward = forward or target
         self.plan, self.fault = plan, fault
         device = target.device
-        if budget or offers:
+        if budget and builder is None:
+            self.proposer = ChainBudgetProposer(drafter, device, budget, state.live)
+        elif budget or offers:
             expect = Expect(state.expect, offers) if offers else None
             self.proposer = BudgetProposer(drafter, device, builder, budget, state.live, expect)
         elif builder is not None:
