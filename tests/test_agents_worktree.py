@@ -248,6 +248,14 @@ def test_write_brief(tmp_path):
         assert part in text, part
 
 
+def test_a_brief_names_the_concurrency_the_judges_time_at(tmp_path):
+    one = brief_mod.write(tmp_path / "one", a_brief()).read_text()
+    assert "in flight" not in one and "--in-flight" not in one  # one request at a time: nothing to say
+    many = brief_mod.write(tmp_path / "many", a_brief(target="--preset smollm2", in_flight=16)).read_text()
+    assert "serves 16 requests in flight" in many and "closed loops of 16" in many
+    assert "`specpilot bench --preset smollm2 --in-flight 16 --system SYSTEM`" in many
+
+
 def test_write_brief_without_memory_or_options(tmp_path):
     b = a_brief(memory=[], direction={"factor": "f", "mechanism": "m", "options": [], "value": None},
                 budget={"wall_s": 60, "turns": 12, "usd": None})

@@ -40,13 +40,24 @@ def _private(folder: Path, brief: dict) -> None:
     (folder / "brief.json").write_text(json.dumps(brief, indent=1) + "\n")
 
 
+def _serving(in_flight: int, target: str) -> list[str]:
+    """The concurrency the judges time at, where it is more than one request."""
+    if in_flight <= 1:
+        return []
+    return [f"It serves {in_flight} requests in flight: the judges time closed loops of {in_flight} requests, one "
+            "batched step for all of them (what pays for one request may not pay here: every request's rows share "
+            f"each pass over the weights). Time yours the same way: `specpilot bench {target} --in-flight "
+            f"{in_flight} --system SYSTEM`."]
+
+
 def write(folder: Path, brief: dict) -> Path:
     """BRIEF.md and brief.json in folder; -> the Markdown file."""
     _private(folder, brief)
     d, b = brief["direction"], brief["budget"]
     lines = [f"# SpecPilot brief: {d['factor']}: {d['mechanism']}", "",
              f"You work in the git worktree `{brief['worktree']}`, a copy of the engine at commit {brief['base']}.",
-             f"The deployment: {brief['target']}. The round starts from the system `{brief['start']}`.", "",
+             f"The deployment: {brief['target']}. The round starts from the system `{brief['start']}`.",
+             *_serving(brief.get("in_flight", 1), brief["target"]), "",
              "## Direction", "", f"- factor: {d['factor']} (its value in the ceiling: {d.get('value')})",
              f"- mechanism: {d['mechanism']}", f"- options it already has: {', '.join(d['options']) or 'none'}", "",
              "## Ceiling evidence", "", "```json", json.dumps(brief["ceiling"], indent=1), "```", "",

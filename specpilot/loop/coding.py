@@ -41,6 +41,7 @@ class CodingAgent:
     checkouts: Path | None = None  # where frozen commits are checked out for timing
     target: str = ""  # how the agent's own commands name the deployment (`--preset tiny`, `--deployment F`)
     install_code: str = ""  # code hash of the install at the start: a checkout of the base must have it
+    in_flight: int = 1  # the requests the deployment serves at once (regime batch: the judges time closed loops)
     proposer: AgentSetup | None = None  # an LLM master (`--master`): directions beyond the builtin master's
 
     @property
@@ -59,7 +60,7 @@ class CodingAgent:
 
     def brief(self, d: Direction, start: str, ceiling: dict, memory: list[dict]) -> dict:
         keep = ("system", "speedup", "factors", "target", "predicted", "ceiling")
-        return {"direction": d.to_json(), "start": start, "target": self.target,
+        return {"direction": d.to_json(), "start": start, "target": self.target, "in_flight": self.in_flight,
                 "ceiling": {**{k: ceiling.get(k) for k in keep}, "classes": ceiling.get("classes", [])[:6],
                             "candidates": ceiling.get("candidates")},
                 "memory": [f"{m['id']}: {m['registry'].get('system')}" for m in memory]}

@@ -136,7 +136,7 @@ def coding_agent(a: LoopArgs, sealed: list, code: str) -> CodingAgent:
     return CodingAgent(setup, BuiltinAgent(max_directions=a.directions), proposer=proposer,
                        base=head if clean else base.commit,
                        checkouts=a.run_dir.resolve() / "checkouts", target=target,
-                       install_code=code)
+                       install_code=code, in_flight=a.dep.in_flight if a.dep.regime == "batch" else 1)
 
 
 def check_units(dep, dev: list, sealed: list, limit: int) -> None:
