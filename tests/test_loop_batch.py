@@ -99,9 +99,9 @@ def test_forcing_outputs_are_made_batched_and_kept_per_request():
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(["stock", "stock:tree=best_first,nodes=24", "stock:tree=ddtree,nodes=32",
                         "stock:tree=eagle2,nodes=16", "stock:batch_rows=auto", "ar"]),
-       st.integers(1, 32), st.sampled_from([8, 16]))
-def test_batch_moves_respect_the_options_rules(start, in_flight, block):
-    moves = batch_moves(parse(start), in_flight, block)
+       st.integers(1, 32), st.sampled_from([8, 16]), st.booleans())
+def test_batch_moves_respect_the_options_rules(start, in_flight, block, hybrid):
+    moves = batch_moves(parse(start), in_flight, block, hybrid)
     if in_flight < 2 or start == "ar":
         assert moves == []
         return
@@ -110,8 +110,11 @@ def test_batch_moves_respect_the_options_rules(start, in_flight, block):
         parse(m.name)  # the engine's parser takes it
         budget, rows = m.get("batch_budget"), m.get("nodes") or block
         assert not (budget and m.get("batch_rows") == "auto")  # the two are exclusive
+        assert not (m.get("admit") and (budget or m.get("batch_rows") == "auto"))  # admission: fixed rows
         if budget:
             assert m.get("tree") in ("best_first", "ddtree", "chain") and in_flight < budget < in_flight * rows
+    fixed = start != "stock:batch_rows=auto"
+    assert any(m.get("admit") for m in moves) == (fixed and not hybrid)  # (a recurrent target cannot carry chunks)
     auto = [m for m in moves if m.get("batch_rows") == "auto"]
     assert any(m.get("tree") in ("best_first", "ddtree") for m in auto)  # a budget chosen each step
     assert any(m.get("tree") == parse(start).get("tree") for m in auto) == (start != "stock:batch_rows=auto")

@@ -71,6 +71,19 @@ def test_every_request_finishes_alone_in_one_slot(reqs, slots, chunk):
         assert seen["reused"]  # a slot a finished request held was taken again
 
 
+@settings(max_examples=40, deadline=None)
+@given(reqs=requests, slots=st.integers(1, 6), chunk=st.integers(1, 50), per_slot=st.integers(1, 8))
+def test_with_a_cap_a_slot_every_prefilling_slot_gets_at_most_the_cap_and_every_request_finishes(reqs, slots, chunk,
+                                                                                                per_slot):
+    sched = Scheduler(slots, chunk, per_slot)  # prompt admission: a step's rows a slot
+    for rid, (prompt, _, arrival) in enumerate(reqs):
+        sched.submit(rid, prompt, arrival)
+    seen = simulate(sched, reqs)
+    for rid, (prompt, new, _) in enumerate(reqs):
+        assert all(0 < end - first <= per_slot for first, end in seen["prefill"][rid])
+        assert seen["prefill"][rid][-1][1] == prompt and seen["decoded"][rid] == new - 1
+
+
 def test_arrival_order_is_kept_and_late_requests_wait():
     sched = Scheduler(1, 100)
     sched.submit(0, 3, arrival=5)
@@ -92,7 +105,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding():
     assert second.decode == {0: 0} and second.prefill == [(1, 1, 2, 6)]
 
 
-@pytest.mark.parametrize("bad", [(0, 4), (2, 0)])
+@pytest.mark.parametrize("bad", [(0, 4), (2, 0), (2, 4, 0)])
 def test_bad_sizes_are_refused(bad):
     with pytest.raises(ValueError):
         Scheduler(*bad)

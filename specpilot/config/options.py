@@ -88,6 +88,10 @@ OPTIONS: dict[str, Option] = _options(
            "(tree=best_first or ddtree) or chains (stock's chain: each request's draft block its own, chosen each "
            "step from the drafter's confidence); at most the batch's requests x nodes", "engine", bases=("stock",),
            minimum=0, maximum=4096),
+    Option("admit", bool, False, "with several requests in flight: a waiting request's prompt rides in the "
+           "batch's verify pass, a chunk of the step's rows a request each step, instead of prefill passes of its "
+           "own (stock: prefill passes); dense targets, fixed rows (not with batch_rows=auto, batch_budget or "
+           "verify=tlv)", "engine", bases=("stock",)),
     Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands (at most the drafter's "
            "candidates per position)", "engine", bases=("stock",),
            minimum=1, maximum=64),

@@ -86,7 +86,10 @@ class Batcher:
             raise UserError("a batcher needs an engine of at least 2 slots")
         if not 1 <= (in_flight or engine.slots) <= engine.slots:
             raise UserError(f"in_flight must be in 1..{engine.slots} (the engine's slots), got {in_flight}")
-        self.sched = Scheduler(in_flight or engine.slots, chunk)
+        # admit=true: prompts ride in the steps' verify passes, a step's rows a slot each step (speculative/admit.py)
+        self.admits = engine.admit_steps() if self.spec else {}
+        per_slot = engine.admission.tokens.shape[1] if self.admits else None
+        self.sched = Scheduler(in_flight or engine.slots, chunk, per_slot)
         self.live: dict[int, _Live] = {}
         self.kinds = kinds
         self._next = 0
@@ -97,7 +100,9 @@ class Batcher:
         with torch.inference_mode():
             engine.live.zero_()  # every slot parked at 0 while the steps are captured (warm-ups move nothing)
             engine.pos.zero_()
-            for graphs in widths.values() or [steps]:
+            if self.admits:
+                engine.admission.count.zero_()  # (and no slot carries a chunk)
+            for graphs in [*(widths.values() or [steps]), *([self.admits] if self.admits else [])]:
                 for (_, sampled), step in graphs.items():
                     if sampled in kinds:
                         step.prepare()
@@ -149,18 +154,30 @@ class Batcher:
             engine.pos[slot] = len(r.prompt)  # parked past its prompt until the prefill is done
             engine.sampler.set(slot, r.sampling)
             self.live[rid].admitted = time.perf_counter()
+        chunks = {}  # admit=true: slot -> (rid, first, end), carried by the decode step
         for slot, rid, first, end in work.prefill:
             r = self.live[rid].request
-            if _prefill(engine, slot, r.prompt, first, end, self.spec, r.samples):
+            if self.admits:
+                chunks[slot] = (rid, first, end)
+            elif _prefill(engine, slot, r.prompt, first, end, self.spec, r.samples):
                 self.live[rid].first = time.perf_counter()
                 out.append(self._took(rid, slot, [int(engine.token[slot])]))
-        if work.decode:
-            highest, sampled = max(work.decode), any(self.live[r].request.samples for r in work.decode.values())
+        if work.decode or chunks:
+            running = [*work.decode.values(), *(rid for rid, _, _ in chunks.values())]
+            highest = max([*work.decode, *chunks])
+            sampled = any(self.live[r].request.samples for r in running)
             size = size_for(highest, engine.sizes)
-            rows = self.rows.choose(work.decode.values(), size) if self.rows else None
-            step = (self.steps if rows is None else self.widths[rows])[size, sampled]
+            rows = self.rows.choose(work.decode.values(), size) if self.rows and work.decode else None
+            if chunks:
+                engine.admission.set({slot: (self.live[rid].request.prompt[first:end], first,
+                                             end == len(self.live[rid].request.prompt))
+                                      for slot, (rid, first, end) in chunks.items()})
+                step = self.admits[size, sampled]
+            else:
+                step = (self.steps if rows is None else self.widths[rows])[size, sampled]
             values = _decode(engine, step, work.decode, self.spec)
-            if isinstance(self.rows, TreeRowsChoice) and rows > 1:  # this step's trees: what each budget expected
+            out += self._admitted(chunks)
+            if isinstance(self.rows, TreeRowsChoice) and (rows or 0) > 1:  # what each budget expected of its trees
                 committed = sum(len(values[slot]) for slot in work.decode)
                 self.rows.told(engine.state.expect.tolist(), len(work.decode), rows, committed)
             for slot, rid in work.decode.items():
@@ -169,6 +186,16 @@ class Batcher:
                     self.rows.saw(rid, len(values[slot]), rows)
                 out.append(self._took(rid, slot, values[slot]))
         return out
+
+    def _admitted(self, chunks: dict[int, tuple[int, int, int]]) -> list[Update]:
+        """The first token of each request whose prompt's last chunk the step carried."""
+        ended = [(slot, rid) for slot, (rid, _, end) in chunks.items() if end == len(self.live[rid].request.prompt)]
+        if not ended:
+            return []
+        tokens = self.engine.token.tolist()
+        for _, rid in ended:
+            self.live[rid].first = time.perf_counter()
+        return [self._took(rid, slot, [tokens[slot]]) for slot, rid in ended]
 
     def _took(self, rid: int, slot: int, new: list[int]) -> Update:
         live = self.live[rid]

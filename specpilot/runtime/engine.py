@@ -31,6 +31,7 @@ from specpilot.runtime.faults import distort, faulty
 from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
 from specpilot.runtime.padding import Pad
 from specpilot.runtime.scheduler import batch_sizes
+from specpilot.speculative.admit import Admission
 from specpilot.speculative.drafter import DFlash
 from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import AnchorStep, SpecState, SpecStep
@@ -131,6 +132,8 @@ class Engine:
         self.step_rows: dict[int, int] = {}
         self.full_rows = 0
         self._widths: tuple[int, ...] = ()  # batch_rows=auto's narrower widths (rows a request)
+        self.admission: Admission | None = None  # admit=true: the prompt chunks the next admitting step carries
+        self._admit_batch: dict[tuple[int, bool], StepGraph] = {}
         self._pool = pool
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
         self.timing_state = None  # ceiling/run.step_seconds: (its request, a snapshot) to time from again
@@ -200,6 +203,16 @@ class Engine:
         self.full_rows = self.rows  # (two-level verification: both rounds, all a step may commit)
         self._width_steps = {(w, n, sampled): self._narrower(w, n, sampled, args)
                              for w in widths for n, sampled in self._variants}
+        if self._admits(tlv):  # admit=true: each step again, its verify pass carrying prompt chunks
+            self.admission = Admission.zeros(self.slots, rows, dev)
+            self._admit_steps = {(n, sampled): SpecStep(self.target, self.draft.rows(0, n), self._views[n][0],
+                                                        self.state.rows(n), *args[4:],
+                                                        admission=self.admission.rows(n))
+                                 for n, sampled in self._variants}
+            for (_, sampled), step in self._admit_steps.items():
+                step.sampling = sampled
+            self._admit_batch = {v: StepGraph(partial(self._admit_rows, v), self.use_graphs, self._pool)
+                                 for v in self._variants}
         for w, n, sampled in self._width_steps:
             self._width_batch.setdefault(w, {})[n, sampled] = StepGraph(partial(self._width_rows, (w, n, sampled)),
                                                                         self.use_graphs, self._pool)
@@ -218,6 +231,21 @@ class Engine:
                             "choose one")
         rows = self.block if self.builder is None else self.builder.rows
         return lambda n: max(n, min(budget, n * rows)) if budget else 0
+
+    def _admits(self, tlv: bool) -> bool:
+        """Whether batch steps carry prompt chunks (admit=true); what it cannot go with is refused."""
+        if not (self.system.speculative and self.system.get("admit") and self.sizes):
+            return False
+        rows_set = (("verify=tlv", tlv), ("batch_rows=auto", self.system.get("batch_rows") == "auto"),
+                    ("batch_budget", bool(self.system.get("batch_budget"))))
+        clash = [name for name, on in rows_set if on]
+        if clash:
+            raise UserError(f"system {self.system.name!r}: admit=true carries prompt chunks in a step's fixed rows: "
+                            f"not with {', '.join(clash)}")
+        if self._recurrent:
+            raise UserError(f"system {self.system.name!r}: admit=true is for attention-only targets (a recurrent "
+                            "layer's state would have to move past a chunk inside a verify pass): drop it")
+        return True
 
     def _batch_widths(self, tlv: bool) -> tuple[int, ...]:
         """batch_rows=auto's steps below the full one, by rows a request: 1 (the anchor alone); 4 and 8 for a chain;
@@ -324,6 +352,15 @@ class Engine:
         self._spec_steps[variant]()
         self.pad()
 
+    def _admit_rows(self, variant: tuple[int, bool]) -> None:
+        """The speculative step of slots 0..n-1 carrying prompt chunks (admit=true)."""
+        self._admit_steps[variant]()
+        self.pad()
+
+    def admit_steps(self) -> dict[tuple[int, bool], StepGraph]:
+        """admit=true's step graphs by (batch size, sampling); empty when off."""
+        return self._admit_batch
+
     def _width_rows(self, key: tuple[int, int, bool]) -> None:
         """A narrower step (rows, batch size, sampling) of slots 0..n-1 (batch_rows=auto)."""
         self._width_steps[key]()
@@ -338,7 +375,7 @@ class Engine:
         return self._width_batch
 
     def _graphs(self) -> list[StepGraph]:
-        return [self._ar, *self._ar_batch.values(), *self._spec_batch.values(),
+        return [self._ar, *self._ar_batch.values(), *self._spec_batch.values(), *self._admit_batch.values(),
                 *(g for graphs in self._width_batch.values() for g in graphs.values())] + (
             [self._spec] if self.block else [])
 

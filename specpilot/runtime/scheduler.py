@@ -57,12 +57,13 @@ class StepPlan:
 
 
 class Scheduler:
-    """slots: requests in flight at most (the cache's batch rows); chunk: prompt tokens prefilled a step."""
+    """slots: requests in flight at most (the cache's batch rows); chunk: prompt tokens prefilled a step; per_slot:
+    prompt tokens a slot prefills a step at most (None: as many as `chunk` leaves; prompt admission: a step's rows)."""
 
-    def __init__(self, slots: int, chunk: int):
-        if slots < 1 or chunk < 1:
-            raise ValueError(f"slots and chunk must be positive, got {slots} and {chunk}")
-        self.slots, self.chunk = slots, chunk
+    def __init__(self, slots: int, chunk: int, per_slot: int | None = None):
+        if slots < 1 or chunk < 1 or (per_slot is not None and per_slot < 1):
+            raise ValueError(f"slots, chunk and per_slot must be positive, got {slots}, {chunk} and {per_slot}")
+        self.slots, self.chunk, self.per_slot = slots, chunk, per_slot
         self.requests: dict[int, Tracked] = {}
         self.waiting: deque[int] = deque()
         self.holder: list[int | None] = [None] * slots
@@ -113,7 +114,7 @@ class Scheduler:
                 continue
             r = self.requests[rid]
             if r.prefilled < r.prompt_len and budget > 0:
-                end = min(r.prompt_len, r.prefilled + budget)
+                end = min(r.prompt_len, r.prefilled + min(budget, self.per_slot or budget))
                 out.prefill.append((slot, rid, r.prefilled, end))
                 budget -= end - r.prefilled
                 r.prefilled = end

@@ -25,6 +25,7 @@ from specpilot.models.cache import Cache
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.runtime.faults import distort, force_first_draft
 from specpilot.speculative.accept import accept_greedy, accept_predicted
+from specpilot.speculative.admit import Admission, ride
 from specpilot.speculative.budget import BudgetProposer, ChainBudgetProposer, Expect
 from specpilot.speculative.drafter import Drafter
 from specpilot.speculative.proposal import ChainProposer, TreeProposer
@@ -58,13 +59,15 @@ class SpecStep:
 
     def __init__(self, target: DenseTarget, drafter: Drafter, cache: Cache, state: SpecState, plan: KernelPlan,
                  fault: str = "none", builder: TreeBuilder | None = None, forward: Callable | None = None,
-                 ctx_rows: torch.Tensor | None = None, budget: int = 0, offers: tuple[int, ...] = ()):
+                 ctx_rows: torch.Tensor | None = None, budget: int = 0, offers: tuple[int, ...] = (),
+                 admission: Admission | None = None):
         """drafter: what proposes (speculative/drafter.py; it keeps its own cache); builder: a tree builder (None:
         stock's chain); forward: what runs the target's pass (default the target itself; a model-level fault's
         wrapper: runtime/faults.faulty); ctx_rows: the rows of the state's ctx_feats the drafter is told of (default
         this step's own rows; a narrower step of a batch takes its engine's full step's, whose state it shares);
         budget: the rows a batch step verifies in all, shared by its requests (speculative/budget.py; 0: none);
-        offers: the budgets whose expected tokens the step writes to state.expect (batch_rows=auto over a tree)."""
+        offers: the budgets whose expected tokens the step writes to state.expect (batch_rows=auto over a tree);
+        admission: the prompt chunks the step's verify pass carries (speculative/admit.py; None: none)."""
         self.target, self.drafter, self.cache, self.state = target, drafter, cache, state
         self.forward = forward or target
         self.plan, self.fault = plan, fault
@@ -81,15 +84,35 @@ class SpecStep:
         self.hidden_layers = drafter.taps
         self.sampling = False  # static (a captured step either samples or takes the argmax): the engine sets it
         self.ctx_rows = self.proposer.index if ctx_rows is None else ctx_rows  # the rows of the state's ctx_feats
+        self.admission = admission
 
     def __call__(self) -> None:
         s = self.state
         with region("drafter"):
             self.context(s)
         proposal = self.propose(s)
+        if self.admission is not None:  # parked slots' rows carry their prompts' chunks
+            proposal = ride(proposal, self.admission)
         logits, feats = self.verify(proposal)
         with region("tree"):  # accept and commit (a tree's build is inside propose)
             self.commit(proposal, self.accept(proposal, logits), feats)
+        if self.admission is not None:
+            self.admitted(self.admission, proposal, logits, feats)
+
+    def admitted(self, a: Admission, proposal: Proposal, logits: torch.Tensor, feats: torch.Tensor) -> None:
+        """The chunks' taps to the drafter's context (as a prefill's); where a chunk ends its prompt, the slot's first
+        token (the target's pick at its last row), its position past the prompt and no context left to tell."""
+        s = self.state
+        with region("drafter"):
+            self.drafter.commit(feats.to(s.ctx_feats.dtype), a.first, a.count, a.index)
+        done = (a.count > 0) & a.last.bool()
+        row = (a.count - 1).clamp(min=0)
+        last = distort(logits.gather(1, row[:, None, None].expand(-1, 1, logits.shape[-1])), self.fault)
+        end = a.first + a.count
+        first = pick(last, end[:, None], s.sampler)[:, 0] if self.sampling else last[:, 0].argmax(-1)
+        s.token.copy_(torch.where(done, first, s.token))
+        s.pos.copy_(torch.where(done, end, s.pos))
+        s.ctx_count.copy_(torch.where(done, 0, s.ctx_count))
 
     def propose(self, s: SpecState) -> Proposal:
         """The rows to verify after the state's token (two-level verification proposes two rounds here)."""

@@ -1,0 +1,119 @@
+"""Prompt admission (`admit=true`, issue 59's third batching mechanism: speculative/admit.py): a waiting request's
+prompt rides in the batch's verify passes, a step's rows at a time, instead of prefill passes of its own. On the CPU
+in float32, dense target: every request's tokens are single-request AR's, greedy and sampled, chain and trees, with
+requests arriving while others decode; no prefill pass runs; what it cannot go with is refused in one line."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specpilot.config import parse_system
+from specpilot.core.contracts import Forward, Prompted, Sampling, Visibility, chain
+from specpilot.errors import UserError
+from specpilot.fixtures.random_models import (
+    random_drafter,
+    random_target,
+    tiny_drafter_config,
+    tiny_hybrid_config,
+    tiny_target_config,
+)
+from specpilot.runtime import batch
+from specpilot.runtime.batch import Batcher
+from specpilot.runtime.engine import Engine
+from specpilot.speculative.admit import Admission, ride
+
+VOCAB, CONTEXT, SLOTS = 24, 128, 3
+
+
+def _pair(hybrid: bool = False, seed: int = 21):
+    cfg = (tiny_hybrid_config(vocab=VOCAB) if hybrid else
+           tiny_target_config(vocab=VOCAB, num_layers=2, max_position_embeddings=160, num_kv_heads=4))
+    target = random_target(cfg, seed=seed)
+    drafter = random_drafter(tiny_drafter_config(cfg, target_layer_ids=[0, 3] if hybrid else [0, 1], block_size=6,
+                                                 selector_rank=8, selector_top_k=4), seed=seed + 1)
+    return target, drafter
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return _pair()
+
+
+def _requests(seed: int, sampled: bool) -> tuple[list[Prompted], list[int]]:
+    rng = random.Random(seed)  # prompts of 1..30 tokens: up to five chunks of 6 or 10 rows
+    reqs = [Prompted([rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))], rng.randint(1, 20), (),
+                     Sampling(0.9, 0.95, 0, 70 + i) if sampled and i % 2 else None) for i in range(7)]
+    return reqs, sorted(rng.randint(0, 10) for _ in reqs)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("system", ["stock", "stock:tree=best_first,nodes=10", "stock:tree=eagle2,nodes=8"])
+def test_every_request_gets_single_request_ar_tokens_with_no_prefill_pass(pair, system, sampled, monkeypatch):
+    target, drafter = pair
+    reqs, arrivals = _requests(len(system) + sampled, sampled)
+    ar = Engine(target, None, parse_system("ar"), context=CONTEXT)
+    alone = [ar.generate([r])[0].tokens for r in reqs]
+    name = f"{system}{',' if ':' in system else ':'}admit=true"
+    engine = Engine(target, drafter, parse_system(name), context=CONTEXT, slots=SLOTS)
+    assert set(engine.admit_steps()) == {(n, s) for n in (1, 2, 3) for s in (False, True)}
+
+    def no_prefill(*args, **kwargs):
+        raise AssertionError("a prefill pass ran: the prompt should ride in a verify pass")
+
+    monkeypatch.setattr(batch, "_prefill", no_prefill)
+    batcher = Batcher(engine, kinds=tuple(sorted({r.samples for r in reqs})))
+    ids = [batcher.submit(r, a) for r, a in zip(reqs, arrivals, strict=True)]
+    done, chunks = {}, 0
+    while batcher.busy:
+        before = engine.admission.count.clone()
+        done.update((u.rid, u.generation) for u in batcher.step() if u.done)
+        chunks += int((engine.admission.count != before).any())
+    assert [done[i].tokens for i in ids] == alone
+    assert chunks > len(reqs)  # prompts longer than a step's rows took several steps each
+
+
+def test_a_chunks_rows_see_what_a_prefills_rows_see():
+    """ride() gives a carrying slot's rows the visibility of consecutive prompt rows from `first` (the cached
+    prompt before it, then causally) and leaves the other slots' rows as proposed."""
+    b, rows, length = 3, 5, 32
+    start = torch.tensor([7, 9, 11])
+    proposal = chain(torch.tensor([1, 2, 3]), torch.randint(0, VOCAB, (b, rows - 1)), start, torch.arange(rows),
+                     (torch.arange(rows) - 1)[None])
+    tree = torch.rand(b, rows, rows) < 0.5  # (a tree's visibility, per sequence)
+    proposal.visibility = Visibility(cache_len=start, start=start, tree=tree | torch.eye(rows, dtype=torch.bool))
+    proposal.chain = False
+    adm = Admission.zeros(b, rows, "cpu")
+    prompt = list(range(20))
+    adm.set({1: (prompt[4:9], 4, False)})
+    got = ride(proposal, adm)
+    want = Forward.consecutive(torch.arange(4, 9)[None]).visibility.dense(rows, length)[0]
+    assert torch.equal(got.visibility.dense(rows, length)[1], want)
+    assert got.tokens[1].tolist() == prompt[4:9] and got.positions[1].tolist() == list(range(4, 9))
+    assert got.slots[1].tolist() == list(range(4, 9))
+    for other in (0, 2):
+        assert torch.equal(got.tokens[other], proposal.tokens[other])
+        assert torch.equal(got.visibility.dense(rows, length)[other], proposal.visibility.dense(rows, length)[other])
+    with pytest.raises(ValueError):
+        adm.set({0: (prompt[:6], 0, False)})  # more tokens than a slot's rows
+
+
+@pytest.mark.parametrize("system, needle", [
+    ("stock:admit=true,batch_rows=auto", "not with batch_rows=auto"),
+    ("stock:admit=true,batch_budget=6", "not with batch_budget"),
+    ("stock:tree=best_first,nodes=10,admit=true,batch_budget=12", "not with batch_budget"),
+])
+def test_what_admission_cannot_go_with_is_refused(pair, system, needle):
+    target, drafter = pair
+    with pytest.raises(UserError, match=needle):
+        Engine(target, drafter, parse_system(system), context=CONTEXT, slots=2)
+
+
+def test_a_recurrent_target_is_refused_and_one_request_at_a_time_needs_nothing():
+    target, drafter = _pair(hybrid=True)
+    with pytest.raises(UserError, match="attention-only targets"):
+        Engine(target, drafter, parse_system("stock:admit=true"), context=CONTEXT, slots=2)
+    single = Engine(*_pair(), parse_system("stock:admit=true"), context=CONTEXT)
+    assert single.admit_steps() == {} and single.admission is None
