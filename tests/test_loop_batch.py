@@ -96,6 +96,30 @@ def test_forcing_outputs_are_made_batched_and_kept_per_request():
     assert [rec.tokens for r in requests for rec in got[r.id]] == [rec.tokens for rec in records]
 
 
+def test_a_closed_loop_never_times_the_making_of_an_engine(monkeypatch):
+    """An engine dropped for another under max_engines is made again by the next closed loop: it is warmed (graphs
+    captured, step costs timed) before the clock starts, each time it is made."""
+    from specpilot.runtime.engine import Engine
+
+    dep = dataclasses.replace(load_deployment("tiny"), regime="batch", in_flight=2)
+    runner = Runner(*build_pair(dep), dep.context, max_engines=1, slots=2)
+    events, real = [], Engine.warmup
+    monkeypatch.setattr(Engine, "warmup", lambda self: (events.append(("warm", self.system.name)), real(self))[1])
+    timed = run_closed.__globals__["time"].perf_counter
+
+    def clock():
+        events.append(("clock", None))
+        return timed()
+
+    monkeypatch.setattr(run_closed.__globals__["time"], "perf_counter", clock)
+    requests = load_requests("builtin", "dev", None, 2)
+    for name in ("stock", "ar", "stock"):  # one engine at a time: each loop makes its engine again
+        before = len(events)
+        run_closed(runner, parse(name), requests, 4)
+        first_clock = next(i for i in range(before, len(events)) if events[i][0] == "clock")
+        assert ("warm", name) in events[before:first_clock], events[before:]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(["stock", "stock:tree=best_first,nodes=24", "stock:tree=ddtree,nodes=32",
                         "stock:tree=eagle2,nodes=16", "stock:batch_rows=auto", "ar"]),

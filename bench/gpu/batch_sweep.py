@@ -10,8 +10,9 @@ first divergence, not hidden). Then the closed loop of `specpilot bench --in-fli
 over LIMIT requests per benchmark (5 benchmarks: LIMIT 7 for 32 in flight): each system's output tokens/s and
 speedup over batched AR. First (issue 56's Goal), batched AR's step at each count against the weight-and-K/V read
 floor (`ar_floor`). The twin serves a shorter context (CONTEXT, default 1024) so that 32 slots of its K/V fit beside
-its 56 GB on an 80 GB card. Writes $OUT/batch_sweep_<preset>.json after every count (a timeout keeps what was
-measured)."""
+its 56 GB on an 80 GB card, and holds one engine at a time (ENGINES, default 1 for the twin, 3 otherwise: three
+24-slot twin engines beside its weights did not fit an H100; an engine made again is warmed before it is timed).
+Writes $OUT/batch_sweep_<preset>.json after every count (a timeout keeps what was measured)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def main() -> None:
         if n == 1:  # one at a time the twin takes ~6 min for 35 requests of 3 systems: LIMIT_ONE a benchmark
             plan = dataclasses.replace(plan, limit=int(os.environ.get("LIMIT_ONE", str(limit))))
             requests = [r for r in collect_requests(plan) if r in requests]
-        runner = Runner(target, drafter, tok, dep.context, max_engines=3, slots=n)
+        engines = int(os.environ.get("ENGINES", "1" if dep.twin else "3"))  # (three 24-slot twin engines: 75 GB)
+        runner = Runner(target, drafter, tok, dep.context, max_engines=engines, slots=n)
         check = _check(runner, plan, requests[: min(n, CHECK)], max_new, alone) if n > 1 else {}
         summaries = run_bench(plan, runner, requests)
         report = bench_report(plan, summaries)

@@ -235,7 +235,11 @@ def run_closed(runner: Runner, system: System, requests: list[Request], max_new_
                ) -> tuple[list[TurnRecord], float]:
     """One closed loop of `requests` on the system's engine (slot: as engine()) of `runner.slots` requests in flight:
     every request's first turn submitted at once, then every second turn (each on its own first answer), and so on.
-    -> (the records, request by request and turn by turn; the wall seconds over all turns)."""
+    -> (the records, request by request and turn by turn; the wall seconds over all turns). The engine is warmed
+    first (its graphs captured, batch_rows=auto's step costs timed): one dropped for another under the runner's
+    max_engines is made again here, and that must not be timed (2026-12-07: a sweep of six systems on three engines
+    timed the remade engines' captures, AR at 520 tok/s where it makes ~3600)."""
+    runner.warmup(system, slot)
     engine = runner.engine(system, slot)
     eos = tuple(runner.tokenizer.eos_ids)
     chats: list[list[dict[str, str]]] = [[] for _ in requests]
