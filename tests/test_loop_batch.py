@@ -195,6 +195,9 @@ def test_a_loop_at_two_in_flight_runs_every_phase(tmp_path):
     first = summary["rounds"][0]
     assert first["ceiling"]["in_flight"] == 2 and "batch" in first["ceiling"]
     assert set(first["ceiling"]["batch_runs"]) == {"stock", "ar"}  # measured once: the survey reads them back
+    model = first["ceiling"]["batch_model"]  # Phase 0's cost model of the batched step, at 1 and 2 in flight
+    assert [r["in_flight"] for r in model["rows"]] == [1, 2] and model["at"]["in_flight"] == 2
+    assert "2 in flight: `stock`'s step of" in (run / "report.md").read_text()
     assert first["search"]["start"]["speedup"] == first["ceiling"]["batch"]["speedup"]
     ranked = first["search"]["ranked"]
     assert all(e.get("tau_from", "").endswith("2 in flight") for e in ranked if "speedup" in e)

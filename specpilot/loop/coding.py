@@ -59,7 +59,7 @@ class CodingAgent:
         return self.master.tune(*args, **kwargs)
 
     def brief(self, d: Direction, start: str, ceiling: dict, memory: list[dict]) -> dict:
-        keep = ("system", "speedup", "factors", "target", "predicted", "ceiling")
+        keep = ("system", "speedup", "factors", "target", "predicted", "ceiling", "batch_model")
         return {"direction": d.to_json(), "start": start, "target": self.target, "in_flight": self.in_flight,
                 "ceiling": {**{k: ceiling.get(k) for k in keep}, "classes": ceiling.get("classes", [])[:6],
                             "candidates": ceiling.get("candidates")},

@@ -365,7 +365,24 @@ def _rounds_section(summary: dict, png: bytes | None) -> list:
                      "start's speedup over AR that Phase 0 measured on the dev requests."))
     head = ["round", "start -> result", "target", *FACTORS, "S over AR (start)", "tokens/s", "over stock",
             "sealed final: gain over stock [bounds]", "seconds"]
-    return out + [("table", head, rows)]
+    return out + [("table", head, rows)] + [("p", line) for line in _batch_model_lines(summary)]
+
+
+def _batch_model_lines(summary: dict) -> list[str]:
+    """Under regime batch: Phase 0's cost model of each round's start at the deployment's concurrency
+    (ceiling/batch.py) beside what was measured."""
+    out = []
+    for r in summary.get("rounds", []):
+        c = r.get("ceiling") or {}
+        m = c.get("batch_model")
+        if not m:
+            continue
+        at = m["at"]
+        out.append(f"Round {r.get('round')}, {at['in_flight']} in flight: `{c.get('system')}`'s step of "
+                   f"{at['rows']} rows at its floor costs {at['cost']:.2f}x batched AR's ({at['bound']}-bound; AR's "
+                   f"{at['ar_bound']}-bound), so speculation's ceiling there is {at['speedup_ceiling']:.2f}x over "
+                   f"batched AR at tau {m['tau']:.2f}; measured {_fmt(c.get('speedup'))}.")
+    return out
 
 
 def _sealed_cell(s: dict) -> str:

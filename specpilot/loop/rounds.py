@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from specpilot.bench.harness import Runner, free_gpu
+from specpilot.ceiling.batch import from_inputs as batch_model
 from specpilot.ceiling.report import compute
 from specpilot.ceiling.run import CeilingPlan, load, measure, save
 from specpilot.config import System
@@ -133,7 +134,9 @@ class Loop:
                 got = batch.predict(parse(analysed))
                 out.update(single_speedup=report["speedup"], in_flight=self.runner.slots,
                            speedup=got.get("speedup", report["speedup"]), batch=got,
-                           batch_runs={key[1]: runs for key, runs in batch.cache.items() if key[0] == "closed"})
+                           batch_runs={key[1]: runs for key, runs in batch.cache.items() if key[0] == "closed"},
+                           batch_model=batch_model(inputs, analysed, self.runner.target.cfg,
+                                                   getattr(self.runner.drafter, "cfg", None), self.runner.slots))
             return out
 
         return self.run.once(f"ceilings/{slug(analysed)}", measure_it)
