@@ -223,22 +223,39 @@ def test_every_tree_step_writes_what_each_budget_expected_to_commit():
         assert live <= committed <= live * rows + live  # (a budget's rows, each request's bonus token)
 
 
-def test_the_tree_rule_reads_the_last_trees_calibrated_by_what_each_budget_committed():
+def test_the_tree_rule_reads_the_last_trees_calibrated_by_what_was_committed():
     costs = {1: {1: 1.0, 2: 1.0}, 2: {1: 1.5, 2: 1.5}, 4: {1: 2.2, 2: 2.2}, 10: {1: 4.0, 2: 4.0}}
     rule = TreeRowsChoice(costs, alpha=1.0, probe=10**6, shares=(2, 4, 10))
     assert rule.choose(["a", "b"], 2) == 10  # no tree seen: the full trees
     # two requests; the trees expected 1.6 / 2.8 / 6.0 tokens above the roots at 2 / 4 / 10 rows a request
-    rule.told([3.6, 4.8, 8.0], 2, 10, 8)  # the full step committed 6 above the roots: its calibration is 1
+    rule.told([3.6, 4.8, 8.0], 2, 10, 8)  # the full step committed 6 above the roots: calibration 1
     rates = {w: 2 * rule.expect("a", w) / costs[w][2] for w in costs}
     assert rates == pytest.approx({1: 2.0, 2: 2 * 1.8 / 1.5, 4: 2 * 2.4 / 2.2, 10: 2 * 4.0 / 4.0})
     assert rule.choose(["a", "b"], 2) == 2 and rule.steps[2] == 1
-    rule.told([3.6, 4.8, 8.0], 2, 2, 2)  # the budget of 2 committed nothing above the roots: calibrated to 0
-    assert rule.calibration(2) == 0.0 and rule.expect("a", 2) == 1.0
-    assert rule.choose(["a", "b"], 2) == 4  # 2.4 tokens a request for 2.2 s beats the anchor's 1 for 1 s
+    rule.told([3.6, 4.8, 8.0], 2, 2, 2)  # the budget of 2 committed nothing above the roots: calibration 0
+    assert rule.calibration() == 0.0 and rule.expect("a", 2) == rule.expect("a", 10) == 1.0
+    assert rule.choose(["a", "b"], 2) == 1  # nothing above the roots expected: the anchor, the cheapest step
+    rule.told([3.6, 4.8, 8.0], 2, 10, 8)
+    assert rule.calibration() == 1.0 and rule.choose(["a", "b"], 2) == 2
     with pytest.raises(ValueError):
         rule.told([1.0], 2, 10, 2)
     with pytest.raises(ValueError):
         TreeRowsChoice(costs, shares=(2, 10))  # the share of 4 missing
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.lists(st.floats(0, 20), min_size=3, max_size=3), st.integers(1, 4),
+                                st.sampled_from([2, 4, 10]), st.integers(0, 40)), min_size=1, max_size=12),
+       alpha=st.floats(0.05, 1.0))
+def test_a_larger_budget_never_expects_fewer_tokens(steps, alpha):
+    """Its nodes include a smaller one's: whatever was committed, the expectations keep the budgets' order."""
+    costs = {w: {1: 1.0} for w in (1, 2, 4, 10)}
+    rule = TreeRowsChoice(costs, alpha=alpha, shares=(2, 4, 10))
+    for extras, live, rows, more in steps:
+        expected = [live + x for x in sorted(extras)]
+        rule.told(expected, live, rows, live + min(more, live * rows))
+        wants = [rule.expect("r", w) for w in (1, 2, 4, 10)]
+        assert wants == sorted(wants) and wants[0] == 1.0
 
 
 def test_two_level_verification_offers_its_full_step_and_the_anchor():

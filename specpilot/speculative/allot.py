@@ -189,13 +189,15 @@ class TreeRowsChoice(RowsChoice):
     `allot`'s rule, the most expected tokens a second. A step that builds the trees says what every budget on offer
     would have committed (`told`: one plus the likeliest nodes' survival probabilities a request, summed over the
     live requests, in the order of `shares`); the next step's choice reads the last such step's (its trees are the
-    nearest known), scaled per budget by `calibration` (committed over expected, both moving sums with weight
-    `alpha` on the newest, over the steps that ran that budget: the drafter's probabilities are not the target's).
-    Before any tree step, full steps; after `probe` anchor steps in a row, a full one."""
+    nearest known), scaled by `calibration`: committed over expected above the roots, moving sums (weight `alpha`
+    on the newest) over the tree steps, whichever budget ran (the drafter's probabilities are not the target's).
+    One factor for all budgets keeps their order: a larger budget's nodes include a smaller one's, so it never
+    expects fewer tokens (a factor per budget, tried first, made the pair's budget of 8 look better than its full
+    trees of 16 at equal cost). Before any tree step, full steps; after `probe` anchor steps in a row, a full one."""
 
     shares: tuple[int, ...] = ()  # the widths whose expected tokens the device writes (the full rows last)
     extra: dict[int, float] = field(default_factory=dict)  # width -> expected tokens above the roots, a request
-    sums: dict[int, list[float]] = field(default_factory=dict)  # width -> [committed, expected] above the roots
+    sums: list[float] = field(default_factory=list)  # [committed, expected] above the roots, moving sums
 
     def __post_init__(self):
         super().__post_init__()
@@ -208,11 +210,13 @@ class TreeRowsChoice(RowsChoice):
             return 1.0
         if rows not in self.extra:
             return float(rows)
-        return 1.0 + self.calibration(rows) * self.extra[rows]
+        return 1.0 + self.calibration() * self.extra[rows]
 
-    def calibration(self, rows: int) -> float:
-        committed, expected = self.sums.get(rows, (1.0, 1.0))
-        return committed / expected if expected > 0 else 1.0
+    def calibration(self) -> float:
+        """Committed over expected tokens above the roots (1 before any tree step)."""
+        if not self.sums or self.sums[1] <= 0:
+            return 1.0
+        return self.sums[0] / self.sums[1]
 
     def known(self) -> bool:
         return bool(self.extra)
@@ -220,14 +224,12 @@ class TreeRowsChoice(RowsChoice):
     def told(self, expected: Sequence[float], live: int, rows: int, committed: int) -> None:
         """A step of `rows` rows a request over `live` requests committed `committed` tokens in all; `expected`: what
         each of `shares` was expected to commit over those requests, from this step's trees."""
-        if len(expected) != len(self.shares) or live < 1 or committed < live:
-            raise ValueError("one expectation per share, at least one live request, a token each at least")
+        if len(expected) != len(self.shares) or live < 1 or committed < live or rows not in self.shares:
+            raise ValueError("one expectation per share, a shared width, one live request and a token each at least")
         self.extra = {w: max(e - live, 0.0) / live for w, e in zip(self.shares, expected, strict=True)}
-        mine = self.sums.setdefault(rows, [0.0, 0.0])
-        above = max(expected[self.shares.index(rows)] - live, 0.0)
-        first = not mine[1]
-        mine[0] = (committed - live) if first else (1 - self.alpha) * mine[0] + self.alpha * (committed - live)
-        mine[1] = above if first else (1 - self.alpha) * mine[1] + self.alpha * above
+        seen = (committed - live, max(expected[self.shares.index(rows)] - live, 0.0))
+        self.sums = list(seen) if not self.sums else [(1 - self.alpha) * a + self.alpha * b
+                                                      for a, b in zip(self.sums, seen, strict=True)]
 
     def saw(self, request: Hashable, committed: int, rows: int) -> None:
         if committed < 1:
