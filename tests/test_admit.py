@@ -1,7 +1,8 @@
 """Prompt admission (`admit=true`, issue 59's third batching mechanism: speculative/admit.py): a waiting request's
 prompt rides in the batch's verify passes, a step's rows at a time, instead of prefill passes of its own. On the CPU
 in float32, dense target: every request's tokens are single-request AR's, greedy and sampled, chain and trees, with
-requests arriving while others decode; no prefill pass runs; what it cannot go with is refused in one line."""
+requests arriving while others decode, beside the other batching mechanisms (a step carrying chunks is a full one); no
+prefill pass runs; a recurrent target is refused in one line."""
 
 from __future__ import annotations
 
@@ -50,7 +51,10 @@ def _requests(seed: int, sampled: bool) -> tuple[list[Prompted], list[int]]:
 
 
 @pytest.mark.parametrize("sampled", [False, True])
-@pytest.mark.parametrize("system", ["stock", "stock:tree=best_first,nodes=10", "stock:tree=eagle2,nodes=8"])
+@pytest.mark.parametrize("system", ["stock", "stock:tree=best_first,nodes=10", "stock:tree=eagle2,nodes=8",
+                                    "stock:batch_budget=8", "stock:batch_rows=auto",
+                                    "stock:tree=best_first,nodes=10,batch_budget=12",
+                                    "stock:tree=best_first,nodes=10,batch_rows=auto"])
 def test_every_request_gets_single_request_ar_tokens_with_no_prefill_pass(pair, system, sampled, monkeypatch):
     target, drafter = pair
     reqs, arrivals = _requests(len(system) + sampled, sampled)
@@ -98,17 +102,6 @@ def test_a_chunks_rows_see_what_a_prefills_rows_see():
         assert torch.equal(got.visibility.dense(rows, length)[other], proposal.visibility.dense(rows, length)[other])
     with pytest.raises(ValueError):
         adm.set({0: (prompt[:6], 0, False)})  # more tokens than a slot's rows
-
-
-@pytest.mark.parametrize("system, needle", [
-    ("stock:admit=true,batch_rows=auto", "not with batch_rows=auto"),
-    ("stock:admit=true,batch_budget=6", "not with batch_budget"),
-    ("stock:tree=best_first,nodes=10,admit=true,batch_budget=12", "not with batch_budget"),
-])
-def test_what_admission_cannot_go_with_is_refused(pair, system, needle):
-    target, drafter = pair
-    with pytest.raises(UserError, match=needle):
-        Engine(target, drafter, parse_system(system), context=CONTEXT, slots=2)
 
 
 def test_a_recurrent_target_is_refused_and_one_request_at_a_time_needs_nothing():

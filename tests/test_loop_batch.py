@@ -134,12 +134,10 @@ def test_batch_moves_respect_the_options_rules(start, in_flight, block, hybrid):
         parse(m.name)  # the engine's parser takes it
         budget, rows = m.get("batch_budget"), m.get("nodes") or block
         assert not (budget and m.get("batch_rows") == "auto")  # the two are exclusive
-        assert not (m.get("admit") and (budget or m.get("batch_rows") == "auto"))  # admission: fixed rows
         if budget:
             assert m.get("tree") in ("best_first", "ddtree", "chain") and in_flight < budget < in_flight * rows
-    fixed = start != "stock:batch_rows=auto"
-    assert any(m.get("admit") for m in moves) == (fixed and not hybrid)  # (a recurrent target cannot carry chunks)
-    auto = [m for m in moves if m.get("batch_rows") == "auto"]
+    assert any(m.get("admit") for m in moves) == (not hybrid)  # (a recurrent target cannot carry chunks)
+    auto = [m for m in moves if m.get("batch_rows") == "auto" and not m.get("admit")]
     assert any(m.get("tree") in ("best_first", "ddtree") for m in auto)  # a budget chosen each step
     assert any(m.get("tree") == parse(start).get("tree") for m in auto) == (start != "stock:batch_rows=auto")
 

@@ -90,8 +90,8 @@ OPTIONS: dict[str, Option] = _options(
            minimum=0, maximum=4096),
     Option("admit", bool, False, "with several requests in flight: a waiting request's prompt rides in the "
            "batch's verify pass, a chunk of the step's rows a request each step, instead of prefill passes of its "
-           "own (stock: prefill passes); dense targets, fixed rows (not with batch_rows=auto, batch_budget or "
-           "verify=tlv)", "engine", bases=("stock",)),
+           "own (stock: prefill passes); a step carrying chunks verifies every row (no batch_budget; the full step "
+           "under batch_rows=auto); attention-only targets, not with verify=tlv", "engine", bases=("stock",)),
     Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands (at most the drafter's "
            "candidates per position)", "engine", bases=("stock",),
            minimum=1, maximum=64),

@@ -49,22 +49,20 @@ def batch_moves(start: System, in_flight: int, block: int, hybrid: bool = False)
     stock's chain, budgets of rows shared by the requests' chains (a draft block per request, BATCH_SHARES rows a
     request on average); and over the start's tree where it is best_first or ddtree, else over best_first trees of
     SHARED_NODES, a budget fixed (BATCH_SHARES) or chosen each step (batch_rows=auto); prompts carried in the
-    verify passes (admit=true) over the start where its rows are fixed (attention-only targets: not `hybrid`)."""
+    verify passes (admit=true) over the start (attention-only targets: not `hybrid`)."""
     if not start.speculative or in_flight < 2:
         return []
-    out = [variant(start, batch_rows="auto", batch_budget=0, admit=False)]
-    if not hybrid and start.get("batch_rows") == "fixed" and not start.get("batch_budget"):
+    out = [variant(start, batch_rows="auto", batch_budget=0)]
+    if not hybrid:
         out.append(variant(start, admit=True))
     if start.get("tree") == "chain" and start.get("nodes") in (0, block):  # stock's chain: a block per request
-        out += [variant(start, batch_rows="fixed", batch_budget=in_flight * m, admit=False) for m in BATCH_SHARES
-                if m < block]
+        out += [variant(start, batch_rows="fixed", batch_budget=in_flight * m) for m in BATCH_SHARES if m < block]
     trees = ([start] if start.get("tree") in ("best_first", "ddtree") else
              [variant(start, tree="best_first", nodes=n) for n in SHARED_NODES])
     for tree in trees:
         rows = tree.get("nodes") or block
-        out.append(variant(tree, batch_rows="auto", batch_budget=0, admit=False))
-        out += [variant(tree, batch_rows="fixed", batch_budget=in_flight * m, admit=False) for m in BATCH_SHARES
-                if m < rows]
+        out.append(variant(tree, batch_rows="auto", batch_budget=0))
+        out += [variant(tree, batch_rows="fixed", batch_budget=in_flight * m) for m in BATCH_SHARES if m < rows]
     return list({s.name: s for s in out if s.name != start.name}.values())
 
 

@@ -167,8 +167,11 @@ class Batcher:
             highest = max([*work.decode, *chunks])
             sampled = any(self.live[r].request.samples for r in running)
             size = size_for(highest, engine.sizes)
-            rows = self.rows.choose(work.decode.values(), size) if self.rows and work.decode else None
-            if chunks:
+            rows = self.rows.choose(work.decode.values(), size) if self.rows and work.decode and not chunks else None
+            if chunks:  # the step carrying them verifies every row (batch_rows=auto: the full step)
+                if self.rows:
+                    rows = self.rows.full
+                    self.rows.steps[rows] += 1
                 engine.admission.set({slot: (self.live[rid].request.prompt[first:end], first,
                                              end == len(self.live[rid].request.prompt))
                                       for slot, (rid, first, end) in chunks.items()})
@@ -177,7 +180,7 @@ class Batcher:
                 step = (self.steps if rows is None else self.widths[rows])[size, sampled]
             values = _decode(engine, step, work.decode, self.spec)
             out += self._admitted(chunks)
-            if isinstance(self.rows, TreeRowsChoice) and (rows or 0) > 1:  # what each budget expected of its trees
+            if isinstance(self.rows, TreeRowsChoice) and (rows or 0) > 1 and work.decode:  # each budget's expectation
                 committed = sum(len(values[slot]) for slot in work.decode)
                 self.rows.told(engine.state.expect.tolist(), len(work.decode), rows, committed)
             for slot, rid in work.decode.items():

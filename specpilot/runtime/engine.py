@@ -205,8 +205,11 @@ class Engine:
                              for w in widths for n, sampled in self._variants}
         if self._admits(tlv):  # admit=true: each step again, its verify pass carrying prompt chunks
             self.admission = Admission.zeros(self.slots, rows, dev)
+            # a step carrying chunks verifies every row of every decoding request (no budget; under
+            # batch_rows=auto it is the full step, its budgets' expectations written as the full step's are)
             self._admit_steps = {(n, sampled): SpecStep(self.target, self.draft.rows(0, n), self._views[n][0],
                                                         self.state.rows(n), *args[4:],
+                                                        offers=self.offers(n) if shares else (),
                                                         admission=self.admission.rows(n))
                                  for n, sampled in self._variants}
             for (_, sampled), step in self._admit_steps.items():
@@ -236,12 +239,9 @@ class Engine:
         """Whether batch steps carry prompt chunks (admit=true); what it cannot go with is refused."""
         if not (self.system.speculative and self.system.get("admit") and self.sizes):
             return False
-        rows_set = (("verify=tlv", tlv), ("batch_rows=auto", self.system.get("batch_rows") == "auto"),
-                    ("batch_budget", bool(self.system.get("batch_budget"))))
-        clash = [name for name, on in rows_set if on]
-        if clash:
-            raise UserError(f"system {self.system.name!r}: admit=true carries prompt chunks in a step's fixed rows: "
-                            f"not with {', '.join(clash)}")
+        if tlv:
+            raise UserError(f"system {self.system.name!r}: admit=true carries prompt chunks in a step's one round of "
+                            "rows: not with verify=tlv")
         if self._recurrent:
             raise UserError(f"system {self.system.name!r}: admit=true is for attention-only targets (a recurrent "
                             "layer's state would have to move past a chunk inside a verify pass): drop it")
