@@ -34,7 +34,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a dry run of
 # SYSTEMS="a|b" names others; issue 59's mechanisms: a chain's budget, a tree's budget chosen each step, admission
 SYSTEMS = os.environ.get("SYSTEMS", "ar|stock|stock:tree=best_first,nodes=10|stock:tree=ddtree,nodes=8|"
                          "stock:batch_budget=6|stock:tree=best_first,nodes=10,batch_rows=auto|stock:admit=true|"
-                         "stock:tree=best_first,nodes=10,admit=true").split("|")
+                         "stock:tree=best_first,nodes=10,admit=true|"
+                         "stock:tree=best_first,nodes=10,admit=true,batch_rows=auto").split("|")
 DENSE_ONLY = ("admit=true",)  # refused on a hybrid target
 
 
