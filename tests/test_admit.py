@@ -2,7 +2,7 @@
 prompt rides in the batch's verify passes, a step's rows at a time, instead of prefill passes of its own. On the CPU
 in float32, dense target: every request's tokens are single-request AR's, greedy and sampled, chain and trees, with
 requests arriving while others decode, beside the other batching mechanisms (a step carrying chunks is a full one); no
-prefill pass runs; a recurrent target is refused in one line."""
+prefill pass runs; on a hybrid target the recurrent states move past each chunk."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import torch
 
 from specpilot.config import parse_system
 from specpilot.core.contracts import Forward, Prompted, Sampling, Visibility, chain
-from specpilot.errors import UserError
 from specpilot.fixtures.random_models import (
     random_drafter,
     random_target,
@@ -104,9 +103,24 @@ def test_a_chunks_rows_see_what_a_prefills_rows_see():
         adm.set({0: (prompt[:6], 0, False)})  # more tokens than a slot's rows
 
 
-def test_a_recurrent_target_is_refused_and_one_request_at_a_time_needs_nothing():
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("system", ["stock", "stock:tree=best_first,nodes=10",
+                                    "stock:tree=best_first,nodes=10,hybrid_tree=recompute",
+                                    "stock:tree=best_first,nodes=10,batch_rows=auto"])
+def test_on_a_hybrid_each_chunk_moves_the_recurrent_state_past_it(system, sampled, monkeypatch):
+    """A Gated DeltaNet layer's state moves past a chunk as the commit of a path of its rows (a block at most), and
+    starts afresh at a request's first chunk (its slot may have held another request): AR's tokens still."""
     target, drafter = _pair(hybrid=True)
-    with pytest.raises(UserError, match="attention-only targets"):
-        Engine(target, drafter, parse_system("stock:admit=true"), context=CONTEXT, slots=2)
+    reqs, arrivals = _requests(len(system) + sampled + 3, sampled)
+    ar = Engine(target, None, parse_system("ar"), context=CONTEXT)
+    alone = [ar.generate([r])[0].tokens for r in reqs]
+    engine = Engine(target, drafter, parse_system(f"{system}{',' if ':' in system else ':'}admit=true"),
+                    context=CONTEXT, slots=SLOTS)
+    assert engine.admit_chunk == 6  # the drafter's block (a path's rows), not the tree's 10
+    monkeypatch.setattr(batch, "_prefill", lambda *a, **k: pytest.fail("a prefill pass ran"))
+    assert [g.tokens for g in engine.generate(reqs, arrivals=arrivals)] == alone
+
+
+def test_one_request_at_a_time_needs_nothing():
     single = Engine(*_pair(), parse_system("stock:admit=true"), context=CONTEXT)
     assert single.admit_steps() == {} and single.admission is None

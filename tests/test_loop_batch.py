@@ -123,9 +123,9 @@ def test_a_closed_loop_never_times_the_making_of_an_engine(monkeypatch):
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(["stock", "stock:tree=best_first,nodes=24", "stock:tree=ddtree,nodes=32",
                         "stock:tree=eagle2,nodes=16", "stock:batch_rows=auto", "ar"]),
-       st.integers(1, 32), st.sampled_from([8, 16]), st.booleans())
-def test_batch_moves_respect_the_options_rules(start, in_flight, block, hybrid):
-    moves = batch_moves(parse(start), in_flight, block, hybrid)
+       st.integers(1, 32), st.sampled_from([8, 16]))
+def test_batch_moves_respect_the_options_rules(start, in_flight, block):
+    moves = batch_moves(parse(start), in_flight, block)
     if in_flight < 2 or start == "ar":
         assert moves == []
         return
@@ -136,7 +136,7 @@ def test_batch_moves_respect_the_options_rules(start, in_flight, block, hybrid):
         assert not (budget and m.get("batch_rows") == "auto")  # the two are exclusive
         if budget:
             assert m.get("tree") in ("best_first", "ddtree", "chain") and in_flight < budget < in_flight * rows
-    assert any(m.get("admit") for m in moves) == (not hybrid)  # (a recurrent target cannot carry chunks)
+    assert any(m.get("admit") for m in moves)  # prompts carried in the verify passes
     auto = [m for m in moves if m.get("batch_rows") == "auto" and not m.get("admit")]
     assert any(m.get("tree") in ("best_first", "ddtree") for m in auto)  # a budget chosen each step
     assert any(m.get("tree") == parse(start).get("tree") for m in auto) == (start != "stock:batch_rows=auto")

@@ -91,7 +91,8 @@ OPTIONS: dict[str, Option] = _options(
     Option("admit", bool, False, "with several requests in flight: a waiting request's prompt rides in the "
            "batch's verify pass, a chunk of the step's rows a request each step, instead of prefill passes of its "
            "own (stock: prefill passes); a step carrying chunks verifies every row (no batch_budget; the full step "
-           "under batch_rows=auto); attention-only targets, not with verify=tlv", "engine", bases=("stock",)),
+           "under batch_rows=auto; on a hybrid target a chunk is a block at most); not with verify=tlv", "engine",
+           bases=("stock",)),
     Option("tree_k", int, 4, "eagle2: nodes kept per depth and children each expands (at most the drafter's "
            "candidates per position)", "engine", bases=("stock",),
            minimum=1, maximum=64),

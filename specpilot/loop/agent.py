@@ -44,17 +44,15 @@ BATCH = Direction("batch", "the batch's verify rows: chosen per step (batch_rows
                   "(batch_budget), carrying waiting prompts (admit)", ["batch_rows", "batch_budget", "admit"])
 
 
-def batch_moves(start: System, in_flight: int, block: int, hybrid: bool = False) -> list[System]:
+def batch_moves(start: System, in_flight: int, block: int) -> list[System]:
     """The batch direction's moves: each step's rows chosen from the requests' acceptance (batch_rows=auto); over
     stock's chain, budgets of rows shared by the requests' chains (a draft block per request, BATCH_SHARES rows a
     request on average); and over the start's tree where it is best_first or ddtree, else over best_first trees of
     SHARED_NODES, a budget fixed (BATCH_SHARES) or chosen each step (batch_rows=auto); prompts carried in the
-    verify passes (admit=true) over the start (attention-only targets: not `hybrid`)."""
+    verify passes (admit=true) over the start."""
     if not start.speculative or in_flight < 2:
         return []
-    out = [variant(start, batch_rows="auto", batch_budget=0)]
-    if not hybrid:
-        out.append(variant(start, admit=True))
+    out = [variant(start, batch_rows="auto", batch_budget=0), variant(start, admit=True)]
     if start.get("tree") == "chain" and start.get("nodes") in (0, block):  # stock's chain: a block per request
         out += [variant(start, batch_rows="fixed", batch_budget=in_flight * m) for m in BATCH_SHARES if m < block]
     trees = ([start] if start.get("tree") in ("best_first", "ddtree") else
@@ -101,7 +99,7 @@ class BuiltinAgent:
         (space.values). hybrid: the target has Gated DeltaNet layers (else `hybrid_tree` changes nothing; on one, a
         tree is tried with each way of keeping their state, which costs differently: N states written, or none).
         in_flight: the requests a step serves (the batch direction's budgets are per request)."""
-        moves = (batch_moves(start, in_flight, block, hybrid) if d.factor == "batch" else
+        moves = (batch_moves(start, in_flight, block) if d.factor == "batch" else
                  self._moves(d, start, device, block, dtype))
         if not hybrid:
             moves = [s for s in moves if s.get("hybrid_tree") == start.get("hybrid_tree")]

@@ -46,6 +46,9 @@ class AttentionState:
         """A view of sequences first..last-1 (writes go to this state)."""
         return AttentionState.of(self.k[first:last], self.v[first:last])
 
+    def reset_rows(self, mask: torch.Tensor) -> None:
+        """Nothing: a slot's K/V are written before they are read."""
+
     @classmethod
     def of(cls, k: torch.Tensor, v: torch.Tensor) -> AttentionState:
         """A state around K/V tensors [B, Hkv, L, D] that exist already."""
@@ -95,6 +98,11 @@ class GDNState:
 
     def rows(self, first: int, last: int) -> GDNState:
         return GDNState(0, self.shape, self.conv.dtype, self.conv.device, (self.ssm[first:last], self.conv[first:last]))
+
+    def reset_rows(self, mask: torch.Tensor) -> None:
+        """The sequences where mask [B] is set start afresh (graph-safe: no host read)."""
+        self.ssm.copy_(torch.where(mask[:, None, None, None], 0.0, self.ssm))
+        self.conv.copy_(torch.where(mask[:, None, None], 0.0, self.conv))
 
     def reset(self) -> None:
         self.ssm.zero_()
@@ -178,6 +186,12 @@ class Cache:
         memo: dict = {}  # what the layers' commits derive from the path alone, made once (GDN layers)
         for state in self.layers:
             state.commit(path, accepted, start, in_place, live, memo)
+
+    def reset_rows(self, mask: torch.Tensor) -> None:
+        """The recurrent states of the sequences where mask [B] is set start afresh (a new request's first
+        prompt rows in a verify pass: speculative/admit.py); attention layers need nothing."""
+        for state in self.layers:
+            state.reset_rows(mask)
 
     def _stack(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(K, V) [layers, B, Hkv, L, D] when every layer is a view of one stacked tensor, in order."""

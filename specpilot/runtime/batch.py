@@ -88,7 +88,7 @@ class Batcher:
             raise UserError(f"in_flight must be in 1..{engine.slots} (the engine's slots), got {in_flight}")
         # admit=true: prompts ride in the steps' verify passes, a step's rows a slot each step (speculative/admit.py)
         self.admits = engine.admit_steps() if self.spec else {}
-        per_slot = engine.admission.tokens.shape[1] if self.admits else None
+        per_slot = engine.admit_chunk if self.admits else None
         self.sched = Scheduler(in_flight or engine.slots, chunk, per_slot)
         self.live: dict[int, _Live] = {}
         self.kinds = kinds

@@ -133,6 +133,7 @@ class Engine:
         self.full_rows = 0
         self._widths: tuple[int, ...] = ()  # batch_rows=auto's narrower widths (rows a request)
         self.admission: Admission | None = None  # admit=true: the prompt chunks the next admitting step carries
+        self.admit_chunk = 0  # admit=true: prompt tokens a slot's chunk holds at most
         self._admit_batch: dict[tuple[int, bool], StepGraph] = {}
         self._pool = pool
         self.requests = 0  # requests begun on this engine (a snapshot holds only until the next one)
@@ -205,6 +206,8 @@ class Engine:
                              for w in widths for n, sampled in self._variants}
         if self._admits(tlv):  # admit=true: each step again, its verify pass carrying prompt chunks
             self.admission = Admission.zeros(self.slots, rows, dev)
+            # a chunk is a path the caches keep whole: a recurrent state's commit takes a path of a block at most
+            self.admit_chunk = self.block if self._recurrent else rows
             # a step carrying chunks verifies every row of every decoding request (no budget; under
             # batch_rows=auto it is the full step, its budgets' expectations written as the full step's are)
             self._admit_steps = {(n, sampled): SpecStep(self.target, self.draft.rows(0, n), self._views[n][0],
@@ -242,9 +245,6 @@ class Engine:
         if tlv:
             raise UserError(f"system {self.system.name!r}: admit=true carries prompt chunks in a step's one round of "
                             "rows: not with verify=tlv")
-        if self._recurrent:
-            raise UserError(f"system {self.system.name!r}: admit=true is for attention-only targets (a recurrent "
-                            "layer's state would have to move past a chunk inside a verify pass): drop it")
         return True
 
     def _batch_widths(self, tlv: bool) -> tuple[int, ...]:

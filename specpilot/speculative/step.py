@@ -93,11 +93,31 @@ class SpecStep:
         proposal = self.propose(s)
         if self.admission is not None:  # parked slots' rows carry their prompts' chunks
             proposal = ride(proposal, self.admission)
+            a = self.admission  # a request's first chunk: its recurrent states start afresh
+            self.cache.reset_rows((a.count > 0) & (a.first == 0))
         logits, feats = self.verify(proposal)
         with region("tree"):  # accept and commit (a tree's build is inside propose)
             self.commit(proposal, self.accept(proposal, logits), feats)
         if self.admission is not None:
             self.admitted(self.admission, proposal, logits, feats)
+
+    def kept(self, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What every cache keeps: (path, accepted, start). A slot carrying a prompt chunk keeps the chunk's rows,
+        all of them, where they are (a recurrent state moves past them; attention K/V stay in place)."""
+        s, a = self.state, self.admission
+        if a is None:
+            return verdict.path, verdict.accepted, s.pos
+        on = a.count > 0
+        path = torch.where(on[:, None], a.index[: verdict.path.shape[1]], verdict.path)
+        return (path, torch.where(on, (a.count - 1).clamp(min=0), verdict.accepted),
+                torch.where(on, a.first, s.pos))
+
+    def _moving(self) -> torch.Tensor | None:
+        """The rows whose recurrent states move: the decoding ones, and those carrying a chunk."""
+        live, a = self.state.live, self.admission
+        if a is None or live is None:
+            return live
+        return torch.where(a.count > 0, 1, live)
 
     def admitted(self, a: Admission, proposal: Proposal, logits: torch.Tensor, feats: torch.Tensor) -> None:
         """The chunks' taps to the drafter's context (as a prefill's); where a chunk ends its prompt, the slot's first
@@ -144,7 +164,7 @@ class SpecStep:
         consecutive slots); the committed rows' features become the drafter's next context; the bonus token and
         the position move on."""
         s = self.state
-        self.cache.commit(verdict.path, verdict.accepted, s.pos, in_place=proposal.chain, live=s.live)
+        self.cache.commit(*self.kept(verdict), in_place=proposal.chain, live=self._moving())
         path = None if proposal.chain else verdict.path
         s.out[:, 0] = verdict.accepted
         s.out[:, 1 : 1 + verdict.tokens.shape[1]] = verdict.tokens  # (an anchor step's one row: the rest unread)
