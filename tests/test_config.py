@@ -141,7 +141,7 @@ def test_a_system_records_every_option_and_its_plan():
         parse_system("ar:block_size=0")
     assert parse_system("stock:block_size=0,gemv=false") == parse_system("stock")  # defaults are dropped
     stock_only = {"block_size", "tree", "nodes", "tree_k", "tree_accept", "verify", "hybrid_tree", "batch_rows",
-                  "batch_budget"}
+                  "batch_budget", "admit"}
     assert {o.name for o in OPTIONS.values() if o.bases == ("stock",)} == stock_only
     assert set(parse_system("ar").to_json()["options"]) == set(OPTIONS) - stock_only
 
