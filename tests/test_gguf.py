@@ -520,6 +520,7 @@ def smol_models(smol):
     return hf, load_target(folder, rope_length=256)
 
 
+@pytest.mark.slow  # 23 s on two cores, transformers' own loader (make test-slow, which CI runs too)
 def test_smollm2_logits_match_transformers_gguf_loader(smol, smol_models):
     folder, _ = smol
     hf, ours = smol_models

@@ -70,6 +70,7 @@ def _chi2_bound(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+@pytest.mark.slow  # 23 s on two cores (make test-slow, which CI runs too)
 def test_ar_sampling_follows_the_targets_law_enumerated(pair):
     """The first two tokens after a prompt: their exact joint law from the target's logits (every first token's
     continuation enumerated), against their frequency over 3000 seeds. The same test rejects a sampler at
