@@ -350,6 +350,7 @@ def test_override_values_are_checked_even_where_they_do_not_apply(monkeypatch, o
     assert_one_line_error(specpilot("generate", "hi", "-s", "ar", "--max-new-tokens", "2"), "SPECPILOT_OPTIONS", needle)
 
 
+@pytest.mark.slow  # 13 s on two cores (make test-slow, which CI runs too)
 def test_triton_kernels_run_under_the_interpreter_the_error_points_to():
     """TRITON_INTERPRET=1, which the CPU's refusal of kernels=triton suggests, runs every Triton kernel (a fresh
     process: the interpreter's loop fix must come from the engine, not from a test module's import)."""

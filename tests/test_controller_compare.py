@@ -307,6 +307,7 @@ def test_one_worker_sends_each_side_by_position(monkeypatch):
     assert sorted(sent) == sorted((ids, side) for ids in {ids for ids, _ in sent} for side in (0, 1))  # each once
 
 
+@pytest.mark.slow  # 15 s on two cores (make test-slow, which CI runs too)
 def test_an_earlier_aa_run_stands_only_for_the_same_side_a_deployment_and_budget(tmp_path):
     """The card's A/A run records what its noise belongs to; a run that differs in side A's name, code or
     configuration, the deployment, the output budget, the mode or the clock refuses it, or (remeasure, the loop)
