@@ -111,8 +111,7 @@ class Batcher:
                 if costs is None and kind not in engine.step_costs:  # timed once an engine
                     engine.step_costs[kind] = _step_costs(engine, widths, kind)
                 table = costs or engine.step_costs[kind]
-                shares = engine.offers(1)  # (at batch size 1 a budget's rows are its width)
-                self.rows = (TreeRowsChoice(table, steps=engine.step_rows, shares=shares) if shares else
+                self.rows = (TreeRowsChoice(table, steps=engine.step_rows, shares=engine.shares) if engine.shares else
                              RowsChoice(table, steps=engine.step_rows))
             if self.spec:
                 engine.state.ctx_count.zero_()

@@ -266,9 +266,14 @@ class Engine:
             return ()
         return (*(w for w in widths if w > 1), self.builder.rows)
 
+    @property
+    def shares(self) -> tuple[int, ...]:
+        """batch_rows=auto's widths whose steps share a budget, in state.expect's order (runtime/batch.py)."""
+        return self._shares(self._widths)
+
     def offers(self, n: int) -> tuple[int, ...]:
-        """The rows in all of each shared width's step at batch size n (state.expect's order: runtime/batch.py)."""
-        return tuple(w * n for w in self._shares(self._widths))
+        """The rows in all of each shared width's step at batch size n."""
+        return tuple(w * n for w in self.shares)
 
     def _narrower(self, rows: int, n: int, sampled: bool, args: tuple) -> SpecStep:
         """A batch step of slots 0..n-1 verifying `rows` rows a request: the anchor step, a shorter chain (the
