@@ -380,3 +380,39 @@ def test_a_reader_behind_the_engine_gets_the_queued_steps_in_one_piece_counted_a
 
     pieces, run = asyncio.run(go())
     assert pieces == [("hi t", None), ("", "length")] and run.tokens == 4 and run.passes == 3 and run.ended
+
+
+def test_an_engine_that_cannot_load_stops_the_server_in_one_line(tmp_path):
+    """The engine is built in its own process: a checkpoint it cannot find is still one line and exit code 2."""
+    dep = tmp_path / "gone.toml"
+    dep.write_text('name = "gone"\ncontext = 256\ntokenizer = "bytes"\n[target]\npath = "' + str(tmp_path / "none")
+                   + '"\n')
+    run = subprocess.run([sys.executable, "-m", "specpilot.cli", "serve", "--deployment", str(dep), "--port", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "checkpoint folder not found" in run.stderr and "Traceback" not in run.stderr
+    assert "serving" not in run.stdout
+
+
+def test_when_the_engine_process_dies_requests_are_answered_and_later_ones_get_503():
+    proc, url = start("--max-in-flight", "2")
+    try:
+        children = open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()
+        engine = [c for c in children if "spawn_main" in open(f"/proc/{c}/cmdline").read()]
+        assert len(engine) == 1, children  # the engine runs apart from the HTTP server (beside: the resource tracker)
+        os.kill(int(engine[0]), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            body = json.dumps({"model": "tiny", "prompt": "after", "max_tokens": 4}).encode()
+            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=30)
+            except urllib.error.HTTPError as exc:
+                status, answer = exc.code, json.loads(exc.read())
+                break
+            assert time.monotonic() < deadline, "the server never saw its engine go"
+            time.sleep(0.1)
+        assert status in (500, 503) and "engine process exited" in answer["error"]["message"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()

@@ -2,4 +2,5 @@
 
 from specpilot.cli import main
 
-main()
+if __name__ == "__main__":  # a spawned child (serve's engine process) imports this module: it must not run
+    main()

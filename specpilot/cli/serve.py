@@ -38,11 +38,13 @@ def serve(
     Greedy where a request's temperature is 0; otherwise sampling, losslessly (the same seed gives AR's own
     sampled answer, whatever the system). Usage reports speculation in completion_tokens_details
     (accepted/rejected_prediction_tokens) and each answer's meta_info (target passes, tokens per pass)."""
+    from functools import partial
+
     from specpilot.config import parse_system
-    from specpilot.runtime.engine import Engine
-    from specpilot.runtime.pair import build_pair
     from specpilot.serve.app import Served
     from specpilot.serve.app import serve as run_server
+    from specpilot.serve.core import build
+    from specpilot.serve.worker import EngineProcess
 
     dep = load_named(preset, deployment)
     in_flight = max_in_flight if max_in_flight is not None else (
@@ -53,10 +55,13 @@ def serve(
     sys_ = parse_system(system or dep.system or ("stock" if dep.drafter is not None else "ar"))
     if sys_.speculative and dep.drafter is None:
         raise UserError(f"deployment {dep.name} has no drafter, so it cannot serve {sys_.name}")
-    err.print(f"loading {dep.name} ({sys_.name}) ...")
-    target, drafter, tokenizer = build_pair(dep, with_drafter=sys_.speculative)
+    err.print(f"loading {dep.name} ({sys_.name}) in the engine's process ...")
     # 2 slots at least: the batch executor's; a lone request runs at batch size 1
-    engine = Engine(target, drafter, sys_, context=dep.context, slots=max(2, in_flight))
-    engine.warmup()
-    run_server(Served(model_name or dep.name, sys_.name, tokenizer, engine, in_flight, max_waiting), host, port,
-               drain_timeout)
+    worker = EngineProcess(partial(build, dep, sys_.name, max(2, in_flight)), in_flight, max_waiting)
+    info = worker.info
+    served = Served(model_name or dep.name, sys_.name, info["tokenizer"], info["context"], info["rows"],
+                    info["speculative"], in_flight)
+    try:
+        run_server(served, worker, host, port, drain_timeout)
+    finally:
+        worker.stop()

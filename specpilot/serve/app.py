@@ -1,7 +1,7 @@
 """`specpilot serve`: an OpenAI-compatible HTTP server (aiohttp) over one engine of many slots.
 
 Routes: POST /v1/completions and /v1/chat/completions (server-sent events when `stream`), GET /v1/models,
-/health and /metrics. The event loop parses, streams and answers; the engine runs on its own thread
+/health and /metrics. The event loop parses, streams and answers; the engine steps in a process of its own
 (serve/worker.py). Every error is OpenAI's JSON with a 4xx or 5xx status, never a traceback. SIGTERM (or SIGINT)
 drains: new requests get 503, those in flight finish (up to `drain_s`), then the server exits.
 """
@@ -22,30 +22,35 @@ from specpilot.errors import UserError
 from specpilot.serve.metrics import Metrics
 from specpilot.serve.protocol import ApiError, Ask, answer, chunk, meta_info, parse, usage
 from specpilot.serve.text import Detokenizer
-from specpilot.serve.worker import EngineWorker, Full, Job
+from specpilot.serve.worker import Full, Gone, Job
 
 POLL_S = 0.25  # how often a request waiting on the engine looks whether its client is still there
 
 
 @dataclass
 class Served:
-    """What one server serves: the model's id, its system, tokenizer and engine."""
+    """What one server serves: the model's id, its system, tokenizer, and the engine's context (tokens of a slot),
+    rows (a step's rows a request) and whether it speculates."""
 
     model: str
     system: str
     tokenizer: object
-    engine: object
+    context: int
+    rows: int
+    speculative: bool
     in_flight: int
-    max_waiting: int
 
 
 class Server:
-    def __init__(self, served: Served, drain_s: float = 60.0):
+    """worker: serve/worker's EngineProcess or EngineWorker over the served engine, not started yet."""
+
+    def __init__(self, served: Served, worker, drain_s: float = 60.0):
         self.served, self.drain_s = served, drain_s
-        self.worker = EngineWorker(served.engine, served.in_flight, served.max_waiting, self._done, self._first)
+        self.worker = worker
+        worker.on_done, worker.on_first = self._done, self._first
         self.metrics = Metrics(self.worker.stats, served.model)
-        self.room = served.engine.context - served.engine.rows  # prompt + answer, beside a step's draft rows
-        self.drafts = max(served.engine.rows - 1, 0) if served.engine.system.speculative else 0
+        self.room = served.context - served.rows  # prompt + answer, beside a step's draft rows
+        self.drafts = max(served.rows - 1, 0) if served.speculative else 0
         self.draining = False
         self.app = web.Application(client_max_size=8 * 2**20)
         self.app.add_routes([web.post("/v1/completions", self.completions),
@@ -87,6 +92,8 @@ class Server:
             except Full:
                 raise ApiError(503, "too many requests are waiting; retry shortly", kind="server_error",
                                code="overloaded") from None
+            except Gone as exc:
+                raise ApiError(503, str(exc), kind="server_error", code="engine_gone") from None
         except ApiError as exc:
             self.metrics.requests.labels("refused").inc()
             headers = {"Retry-After": "1"} if exc.status == 503 else None
@@ -285,9 +292,9 @@ async def _json(request: web.Request):
         raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at character {exc.pos}") from None
 
 
-def serve(served: Served, host: str, port: int, drain_s: float = 60.0) -> None:
+def serve(served: Served, worker, host: str, port: int, drain_s: float = 60.0) -> None:
     """Runs the server until SIGTERM/SIGINT (prints the URL it listens at, on stdout, once ready)."""
-    server = Server(served, drain_s)
+    server = Server(served, worker, drain_s)
 
     def ready(url: str) -> None:
         print(f"serving {served.model} ({served.system}, {served.in_flight} in flight) at {url}", flush=True)
