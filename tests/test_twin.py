@@ -52,7 +52,8 @@ def test_depth_padding_changes_nothing_measurable():
         widen_target(small, 2, layers=2)
 
 
-@pytest.mark.parametrize("extra", [dict(), dict(selector_rank=8, selector_top_k=4), dict(conv_kernel_size=2)])
+@pytest.mark.parametrize("extra", [dict(), dict(selector_rank=8, selector_top_k=4), dict(conv_kernel_size=2),
+                                   dict(anchor_drafts=True, markov_rank=8, confidence_head=True)])  # DSpark
 def test_widened_pair_drafts_and_decodes_like_the_small_pair(extra):
     """Same drafts at every step and the same output: the twin keeps the pair's acceptance."""
     cfg = tiny_target_config(vocab=200)

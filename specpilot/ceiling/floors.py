@@ -84,7 +84,8 @@ def floors(target: DenseConfig, drafter: DrafterConfig | None, s: StepShape) -> 
         out["elementwise"] = _plus(out["elementwise"], argmax)
         return out
     lc = drafter.layer
-    h, drafts = lc.hidden_size, s.draft_rows - 1  # the anchor's row has no draft logits
+    # DFlash's anchor row has no draft logits; DSpark's block rows all draft
+    h, drafts = lc.hidden_size, s.draft_rows - (0 if drafter.anchor_drafts else 1)
     params = drafter_params(drafter)
     n_d = sum(params.values())
     kv_part = lc.num_layers * h * 2 * lc.kv_dim  # the context rows only need K/V
@@ -95,6 +96,9 @@ def floors(target: DenseConfig, drafter: DrafterConfig | None, s: StepShape) -> 
     lattice = s.depth * s.width * (8 + 4) + s.depth * s.width * s.width * 4  # tokens, log-probs, edges
     # the drafter's norms, its float32 logits read once by top-K / logsumexp, the lattice written
     out["drafter_other"] = Floor((4 * lc.num_layers + 2) * s.draft_rows * h * b + drafts * v * 4 + lattice, 0.0)
+    if drafter.markov_rank:  # DSpark's Markov head: W2 [V, r] read once a draft position (its picks are sequential)
+        r = drafter.markov_rank
+        out["drafter_other"] = _plus(out["drafter_other"], Floor(drafts * v * (r * b + 2 * 4), 2 * drafts * v * r))
     moved = 2 * 2 * t.num_layers * t.kv_dim * (s.depth + 1) * b if s.tree else 0  # path K/V read + written
     features = 2 * s.rows * len(drafter.target_layer_ids) * t.hidden_size * b  # next context's features kept
     out["tree"] = _plus(argmax, Floor(lattice * (2 if s.tree else 0) + moved + features, 0.0))

@@ -109,6 +109,7 @@ class Lattice:
     logp: torch.Tensor  # [B, D, K] full-vocabulary log-probabilities of the candidates (marginals)
     edges: torch.Tensor | None  # [B, D, K_parent, K_child] selector scores; depth 0's parent is the anchor
     anchor: torch.Tensor  # [B]
+    confidence: torch.Tensor | None = None  # [B, D] P(greedy draft d survives | d-1 did): DSpark's confidence head
 
     @property
     def depth(self) -> int:

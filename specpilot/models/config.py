@@ -269,7 +269,8 @@ def dense_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> De
 
 @dataclass
 class DrafterConfig:
-    """A DFlash-style block drafter; field names follow DFlash checkpoints (`dflash_config`)."""
+    """A DFlash-style block drafter; field names follow DFlash checkpoints (`dflash_config`) and DeepSpec's DSpark
+    ones (flat: `markov_rank`, `enable_confidence_head`, ...)."""
 
     layer: DenseConfig  # the drafter's own decoder shape (Qwen3-style: q/k norms)
     target_layer_ids: list[int]
@@ -285,8 +286,26 @@ class DrafterConfig:
     final_logit_softcapping: float | None = None
     sliding_window: int | None = None
     is_causal: bool = False
+    # DSpark (DeepSpec): every block slot drafts the next position (the anchor's too: block_size drafts, where
+    # DFlash's slot 0 drafts nothing), a Markov head W2 W1[x_{k-1}] of this rank biases each slot's logits by the
+    # token before it (0: none), and a confidence head says how likely each draft survives.
+    anchor_drafts: bool = False
+    markov_rank: int = 0
+    confidence_head: bool = False
+    confidence_with_markov: bool = True
+
+    @property
+    def rows(self) -> int:
+        """The rows of its own chain: the anchor and its drafts."""
+        return self.block_size + 1 if self.anchor_drafts else self.block_size
+
+    @property
+    def kind(self) -> str:
+        return "dspark" if self.anchor_drafts else "dflash"
 
     def to_hf(self) -> dict[str, Any]:
+        if self.anchor_drafts:
+            return self._dspark_hf()
         out = self.layer.to_hf()
         out["architectures"] = ["DFlash2DraftModel" if self.selector_rank else "DFlashDraftModel"]
         out["model_type"] = "qwen3"
@@ -312,6 +331,20 @@ class DrafterConfig:
         out["is_causal"] = self.is_causal
         return out
 
+    def _dspark_hf(self) -> dict[str, Any]:
+        """DeepSpec's layout: the target's config with the drafter's fields flat beside it."""
+        out = self.layer.to_hf()
+        out.update(architectures=["Qwen3DSparkModel"], model_type="qwen3", num_target_layers=self.num_target_layers,
+                   block_size=self.block_size, mask_token_id=self.mask_token_id,
+                   target_layer_ids=list(self.target_layer_ids), tie_word_embeddings=False,
+                   layer_types=["full_attention"] * self.layer.num_layers, num_anchors=512,
+                   enable_confidence_head=self.confidence_head, markov_rank=self.markov_rank)
+        if self.confidence_head:
+            out["confidence_head_with_markov"] = self.confidence_with_markov
+        if self.markov_rank:
+            out["markov_head_type"] = "vanilla"
+        return out
+
 
 def drafter_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> DrafterConfig:
     dflash = raw.get("dflash_config") or {}
@@ -329,6 +362,11 @@ def drafter_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> 
     sliding = "sliding_attention" in layer_types
     causal = raw.get("is_causal")
     softcap = get("final_logit_softcapping")
+    dspark = any("DSpark" in str(a) for a in raw.get("architectures") or [])
+    rank = int(raw.get("markov_rank", 0) or 0) if dspark else 0
+    if rank and raw.get("markov_head_type", "vanilla") != "vanilla":
+        raise UserError(f"{source}: markov_head_type {raw.get('markov_head_type')!r} is not supported (only "
+                        "'vanilla', the one DeepSpec's released drafters use)")
     cfg = DrafterConfig(
         layer=layer,
         target_layer_ids=[int(i) for i in ids],
@@ -345,9 +383,13 @@ def drafter_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> 
         sliding_window=int(raw["sliding_window"]) if sliding and raw.get("sliding_window") else None,
         # DFlash: full-attention draft layers see the whole block; sliding ones are causal unless told.
         is_causal=bool(causal) if causal is not None else sliding,
+        anchor_drafts=dspark,
+        markov_rank=rank,
+        confidence_head=bool(raw.get("enable_confidence_head", False)) and dspark,
+        confidence_with_markov=bool(raw.get("confidence_head_with_markov", True)),
     )
-    if cfg.block_size < 2:
-        raise UserError(f"{source}: block_size must be at least 2, got {cfg.block_size}")
+    if cfg.block_size < (1 if dspark else 2):
+        raise UserError(f"{source}: block_size must be at least {1 if dspark else 2}, got {cfg.block_size}")
     return cfg
 
 

@@ -1,10 +1,16 @@
-"""DFlash-style parallel block drafter (with the optional DFlash2 conv and candidate selector).
+"""DFlash-style parallel block drafter (with the optional DFlash2 conv and candidate selector, or DSpark's Markov
+and confidence heads).
 
 One forward drafts a whole block: the block is [last committed token, mask x (B-1)], its queries see
 the projected target hidden states of every committed position (kept as this drafter's own K/V cache,
 one K/V per draft layer) and the whole block. The target's embedding and LM head are borrowed as the
 target's weight objects (specpilot/weights). The output is a `Lattice`: top-K candidates per draft position
 and parent-conditioned edge scores. Every call takes the kernel plan it runs under.
+
+DSpark (DeepSpec) drafts from every slot of the block, the anchor's too, and adds to slot k's logits a bias from the
+token before it, W2 W1[x_{k-1}] (rank r). Its drafts are sequential: slot k's candidates are the top-K of its
+logits biased by the drafter's own pick at k-1 (the anchor at 0), so the lattice's greedy walk through its edges
+(unary + the bias from each parent) is DSpark's own greedy chain, and a tree builder sees every parent's bias.
 """
 
 from __future__ import annotations
@@ -102,6 +108,36 @@ class CandidateSelector(nn.Module):
         return unary + torch.einsum("bdr,bdkr->bdk", pred, self.successor_codebook(tokens))
 
 
+class MarkovHead(nn.Module):
+    """DSpark's vanilla Markov head: bias(next | prev) = <W1[prev], W2[next]> over the vocabulary, rank r."""
+
+    def __init__(self, vocab: int, rank: int):
+        super().__init__()
+        self.w1 = nn.Embedding(vocab, rank)
+        self.w2 = nn.Linear(rank, vocab, bias=False)
+
+    def bias(self, prev: torch.Tensor) -> torch.Tensor:
+        """[..., V] for every next token after prev [...]."""
+        return self.w2(self.w1(prev)).float()
+
+    def pair(self, parents: torch.Tensor, children: torch.Tensor) -> torch.Tensor:
+        """bias of each child after each parent: parents [B, D, P], children [B, D, C] -> [B, D, P, C]."""
+        w2 = self.w2.weight  # [V, r]
+        return torch.einsum("bdpr,bdcr->bdpc", self.w1(parents).float(), w2[children].float())
+
+
+class ConfidenceHead(nn.Module):
+    """DSpark's confidence: the logit that slot k's draft survives given its prefix did, from [h_k; W1[x_{k-1}]]."""
+
+    def __init__(self, hidden: int, rank: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden + rank, 1)
+
+    def forward(self, hidden: torch.Tensor, prev_code: torch.Tensor | None) -> torch.Tensor:
+        x = hidden if prev_code is None else torch.cat([hidden, prev_code.to(hidden.dtype)], -1)
+        return self.proj(x)[..., 0].float()
+
+
 class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -115,6 +151,11 @@ class DFlashDrafter(nn.Module):
         if cfg.selector_rank:
             self.selector = CandidateSelector(lc.vocab_size, lc.hidden_size, cfg.selector_rank,
                                               cfg.selector_top_k)
+        self.markov = MarkovHead(lc.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
+        self.confidence = None
+        if cfg.confidence_head:
+            code = cfg.markov_rank if cfg.confidence_with_markov and cfg.markov_rank else 0
+            self.confidence = ConfidenceHead(lc.hidden_size, code)
         self.rope = RopeTable(lc, lc.max_position_embeddings)
 
     def set_rope_length(self, length: int, device=None) -> None:
@@ -168,11 +209,40 @@ class DFlashDrafter(nn.Module):
 
     def lattice(self, hidden: torch.Tensor, head: DenseWeight, anchor: torch.Tensor, top_k: int,
                 plan: KernelPlan) -> Lattice:
-        """Lattice over draft positions 1..Bk-1 of the block (position 0 is the anchor)."""
-        h = hidden[:, 1:]
+        """Lattice over the block's draft positions: 1..Bk-1 (DFlash: slot 0 is the anchor), or the next position of
+        every slot (DSpark)."""
+        h = hidden if self.cfg.anchor_drafts else hidden[:, 1:]
         logits = self.draft_logits(h, head, plan)
         k = min(self.selector.top_k if self.selector is not None else top_k, logits.shape[-1])
+        if self.markov is not None:
+            return self._markov_lattice(h, logits, anchor, k)
         unary, tokens = logits.topk(k, dim=-1)
         logp = unary - torch.logsumexp(logits, dim=-1, keepdim=True)
         edges = self.selector.edges(h, tokens, unary, anchor) if self.selector is not None else None
-        return Lattice(tokens=tokens, unary=unary, logp=logp, edges=edges, anchor=anchor)
+        confidence = self._confidence(h, torch.cat([anchor[:, None], tokens[:, :-1, 0]], 1))
+        return Lattice(tokens=tokens, unary=unary, logp=logp, edges=edges, anchor=anchor, confidence=confidence)
+
+    def _markov_lattice(self, h: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, k: int) -> Lattice:
+        """DSpark's sequential greedy drafts, slot by slot on the device (no host sync): each slot's candidates are
+        the top-K of its logits biased by the previous pick; edges score every candidate after every parent."""
+        prev, prevs, unary, tokens, logp = anchor, [], [], [], []
+        for d in range(logits.shape[1]):
+            biased = logits[:, d] + self.markov.bias(prev)  # [B, V]
+            u, t = biased.topk(k, dim=-1)
+            prevs.append(prev)
+            unary.append(u)
+            tokens.append(t)
+            logp.append(u - torch.logsumexp(biased, dim=-1, keepdim=True))
+            prev = t[:, 0]
+        tokens_t = torch.stack(tokens, 1)  # [B, D, K]
+        parents = torch.cat([anchor[:, None, None].expand(-1, 1, k), tokens_t[:, :-1]], 1)
+        edges = logits.gather(-1, tokens_t)[:, :, None, :] + self.markov.pair(parents, tokens_t)
+        return Lattice(tokens=tokens_t, unary=torch.stack(unary, 1), logp=torch.stack(logp, 1), edges=edges,
+                       anchor=anchor, confidence=self._confidence(h, torch.stack(prevs, 1)))
+
+    def _confidence(self, h: torch.Tensor, prevs: torch.Tensor) -> torch.Tensor | None:
+        """P(slot k's greedy draft survives | its prefix did) [B, D], after the greedy picks prevs [B, D]."""
+        if self.confidence is None:
+            return None
+        code = self.markov.w1(prevs) if self.confidence.proj.in_features > h.shape[-1] else None
+        return torch.sigmoid(self.confidence(h, code))

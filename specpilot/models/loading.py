@@ -68,6 +68,13 @@ def drafter_sources(cfg: DrafterConfig) -> dict[str, list[str]]:
     if cfg.selector_rank:
         for name in ("predecessor_codebook", "successor_codebook", "hidden_projection"):
             m[f"selector.{name}.weight"] = [f"candidate_selector.{name}.weight"]
+    if cfg.markov_rank:  # DeepSpec's DSpark (its own embed_tokens and lm_head are frozen copies of the target's:
+        # the target's own are used, never loaded twice)
+        m["markov.w1.weight"] = ["markov_head.markov_w1.weight"]
+        m["markov.w2.weight"] = ["markov_head.markov_w2.weight"]
+    if cfg.confidence_head:
+        m["confidence.proj.weight"] = ["confidence_head.proj.weight"]
+        m["confidence.proj.bias"] = ["confidence_head.proj.bias"]
     return m
 
 

@@ -56,15 +56,18 @@ class Drafter(Protocol):
 class DFlash:
     """DFlash's block drafter: one pass of its layers over [anchor, mask...] attending to the projected target
     features of every committed position (its cache, one slot past the context absorbing rows not valid this
-    step), then its lattice: top-K per position, with edge scores from its selector when it has one (DFlash2)."""
+    step), then its lattice: top-K per position, with edge scores from its selector when it has one (DFlash2). A
+    DSpark model (models/dflash.py) runs here too: its anchor drafts as well, so its block of inputs is one shorter
+    than its chain, and its Markov head makes the edges."""
 
     def __init__(self, model: DFlashDrafter, embed: DenseWeight, head: DenseWeight, context: int, block: int,
                  plan: KernelPlan, vocab: int, slots: int = 1):
-        own = model.cfg.block_size
+        own = model.cfg.rows
         if block and not 2 <= block <= own:
             raise UserError(f"block_size={block} is outside 2..{own} (the drafter's own block size)")
         self.model, self.embed, self.head = model, embed, head
         self.block = block or own
+        self.lead = 0 if model.cfg.anchor_drafts else 1  # slots before the first draft (DFlash: the anchor's)
         self.width = min(model.selector.top_k if model.selector is not None else TOP_K, vocab)
         self.taps = tuple(model.cfg.target_layer_ids)
         self.plan = plan.but(gemv=False)  # the drafter's block rows are never a few-row stream
@@ -73,7 +76,8 @@ class DFlash:
             model.set_rope_length(context + 1, device=device)
         self.cache = model.new_cache(slots, context + 1)
         self.trash = context  # the cache's last slot
-        self.masks = torch.full((1, self.block - 1), model.cfg.mask_token_id, dtype=torch.int64, device=device)
+        self.masks = torch.full((1, self.block - 2 + self.lead), model.cfg.mask_token_id, dtype=torch.int64,
+                                device=device)
         self.last: Lattice | None = None
 
     @property
@@ -109,5 +113,5 @@ class DFlash:
         if not 2 <= block <= self.block:
             raise ValueError(f"a narrowed block must be in 2..{self.block}, got {block}")
         view = copy.copy(self)
-        view.block, view.masks, view.last = block, self.masks[:, : block - 1], None
+        view.block, view.masks, view.last = block, self.masks[:, : block - 2 + self.lead], None
         return view
