@@ -59,14 +59,15 @@ def test_training_fits_its_data(looping_target, trained):
     assert fit["tau"] > 3.0 and fit["tau"] <= fit["oracle_tau_top_k"] <= tc.block_size, fit
 
 
-@pytest.mark.parametrize("hybrid", [False, True])
-def test_training_path_drafts_what_the_engine_drafts(target, hybrid):
+@pytest.mark.parametrize("hybrid, kind", [(False, "dflash"), (True, "dflash"), (False, "dspark")])
+def test_training_path_drafts_what_the_engine_drafts(target, hybrid, kind):
     """The training path (many blocks, context written once and repeated) and the serving path (one
     block per step, context from verify rows) draft the same tokens at the same anchors; on a hybrid target too
-    (its taps from a batched prefill of whole sequences, the drafter recipe of the distilled hybrid)."""
+    (its taps from a batched prefill of whole sequences, the drafter recipe of the distilled hybrid), and for a
+    DSpark drafter (its anchor drafts too; its Markov head's sequential picks)."""
     if hybrid:
         target = random_target(tiny_hybrid_config(vocab=300), seed=3)
-    tc = TrainConfig(block_size=4, layers=1, selector_rank=8, selector_top_k=4)
+    tc = TrainConfig(block_size=4, layers=1, selector_rank=8, selector_top_k=4, kind=kind, markov_rank=8)
     drafter = random_drafter(drafter_config(target.cfg, tc), seed=9)
     engine = RecordingEngine(target, drafter, context=96)
     taps = tuple(drafter.cfg.target_layer_ids)
@@ -81,7 +82,8 @@ def test_training_path_drafts_what_the_engine_drafts(target, hybrid):
 
 
 def offline_chain(drafter, target, ds, anchor, tc):
-    feats, tokens, anchors, _ = block_batch(ds, [(0, [anchor])], tc.block_size, drafter.cfg.mask_token_id, "cpu")
+    feats, tokens, anchors, _ = block_batch(ds, [(0, [anchor])], drafter.cfg.rows, drafter.cfg.mask_token_id, "cpu",
+                                            inputs=drafter.cfg.block_size)
     with torch.no_grad():
         hidden = draft_hidden(drafter, target.embed, feats, tokens, anchors, 1)
     return drafter.lattice(hidden, target.head, tokens[:, 0], 16, NAIVE).greedy_chain()[0].tolist()
@@ -166,3 +168,27 @@ def test_other_seeds_never_train_on_the_held_out_prompts():
         assert len({r.turns[0] for r in data.records if r.role == "heldout" and len(r.turns) == 1}) == 5
         assert not held[seed] & trained
     assert held[0] == held[1]
+
+
+def test_a_dspark_drafter_fits_its_data_and_its_confidence_tells_hits_from_misses(looping_target):
+    """DeepSpec's loss (CE, TV, confidence) through the same training path: the drafter then drafts its training
+    data, and its confidence head rates the drafts that hit above those that miss."""
+    from tests.conftest import build_dataset
+
+    target = looping_target
+    tc = TrainConfig(block_size=3, layers=1, kind="dspark", markov_rank=8, steps=200, seqs_per_step=8,
+                     blocks_per_seq=4, warmup_steps=10, lr=1e-2, seed=0)
+    taps = tuple(drafter_config(target.cfg, tc).target_layer_ids)
+    train_ds = build_dataset(target, prompts(32, seed=2), 24, (), taps, batch=16, feature_dtype=torch.float32)
+    drafter, metrics = train(target, train_ds, train_ds, tc)
+    assert drafter.cfg.rows == 4 and metrics["ce_end"] < 0.2 * metrics["ce_start"], metrics
+    fit = evaluate(drafter, target.embed, target.head, train_ds, drafter.cfg.rows, drafter.cfg.mask_token_id)
+    assert fit["tau"] > 2.5 and fit["tau"] <= fit["oracle_tau_top_k"] <= drafter.cfg.rows, fit
+    picks = [(i, list(range(train_ds.prompt_lens[i], train_ds.prompt_lens[i] + 8))) for i in range(16)]
+    feats, tokens, anchors, labels = block_batch(train_ds, picks, 4, drafter.cfg.mask_token_id, "cpu", inputs=3)
+    with torch.no_grad():
+        hidden = draft_hidden(drafter, target.embed, feats, tokens, anchors, 8)
+        lattice = drafter.lattice(hidden, target.head, tokens[:, 0], 16, NAIVE)
+    hit = lattice.greedy_chain()[:, 0] == labels[:, 0]
+    assert hit.any() and (~hit).any()
+    assert lattice.confidence[hit, 0].mean() > lattice.confidence[~hit, 0].mean() + 0.1
