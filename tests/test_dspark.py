@@ -26,7 +26,7 @@ VOCAB = 24  # few tokens: random drafts are accepted now and then, so paths of e
 CONTEXT = 96
 DSPARK = dict(anchor_drafts=True, markov_rank=8, confidence_head=True)
 SYSTEMS = ["stock", "stock:block_size=3", "stock:tree=best_first,nodes=10", "stock:tree=ddtree,nodes=8",
-           "stock:tree=eagle2,nodes=8,tree_k=2", "stock:tree=sequoia,nodes=8"]
+           "stock:tree=eagle2,nodes=8,tree_k=2", "stock:tree=sequoia,nodes=8", "stock:batch_budget=6"]
 # the tensors of DeepSpec's Qwen3DSparkModel (deepspec/modeling/dspark/qwen3/modeling.py), one draft layer
 DEEPSPEC_KEYS = {
     "embed_tokens.weight", "fc.weight", "hidden_norm.weight", "norm.weight", "lm_head.weight",
@@ -105,6 +105,12 @@ def test_the_greedy_walk_is_dsparks_sequential_draft_and_edges_carry_each_parent
         unbiased.append(picks != logits[b].argmax(-1).tolist())
         torch.testing.assert_close(lattice.confidence[b], torch.stack(conf))
     assert any(unbiased)  # the bias moved a pick: the walk is not the logits' own argmax
+    from specpilot.speculative.budget import chain_scores
+
+    # batch_budget shares a batch's rows by the prefix-survival odds of each drafter's own chain (DeepSpec's rule)
+    own = chain_scores(lattice, lattice.greedy_picks(), own=True)
+    torch.testing.assert_close(own[:, 1:], lattice.confidence.log().cumsum(1))
+    assert own[:, 0].eq(0).all() and not torch.equal(own, chain_scores(lattice, lattice.greedy_picks()))
     d, p, c = 2, 3, 1  # an edge: the child's own logit plus the bias after that parent
     parent, child = lattice.tokens[0, d - 1, p], lattice.tokens[0, d, c]
     torch.testing.assert_close(lattice.edges[0, d, p, c], logits[0, d, child] + w1[parent] @ w2[child])

@@ -41,9 +41,14 @@ def path_scores(tree: DraftTree, scores: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def chain_scores(lattice: Lattice, picks: torch.Tensor) -> torch.Tensor:
+def chain_scores(lattice: Lattice, picks: torch.Tensor, own: bool = False) -> torch.Tensor:
     """[B, D + 1] float32: the drafter's chain's path scores (its rows: the anchor, then the candidates `picks`
-    [B, D] of each depth), the summed log p(child | parent) down the chain (best_first's child scores)."""
+    [B, D] of each depth), the summed log p(child | parent) down the chain (best_first's child scores). own: picks
+    are the drafter's own greedy walk, which a drafter with a confidence head (DSpark) scores by it: the summed log
+    of each draft's survival odds, the prefix-survival products DeepSpec's scheduler sorts by."""
+    if own and lattice.confidence is not None:
+        edge = lattice.confidence.float().clamp(min=1e-6).log()
+        return torch.cat([edge.new_zeros(edge.shape[0], 1), edge.cumsum(1)], 1)
     scores = child_scores(lattice, "best_first")  # [B, D, K_parent, K_child]
     parent = torch.cat([torch.zeros_like(picks[:, :1]), picks[:, :-1]], 1)  # depth 0's parent: the anchor, row 0
     k = scores.shape[-1]
@@ -140,7 +145,7 @@ class ChainBudgetProposer(ChainProposer):
         with region("tree"):  # (the chain's build, as ChainProposer.drafts)
             picks = lattice.greedy_picks()
             drafts = lattice.tokens.gather(2, picks[..., None])[..., 0]
-            scores = chain_scores(lattice, picks)
+            scores = chain_scores(lattice, picks, own=True)
         return shared(chain(anchor, drafts, start, self.index, self.parents), scores, self.budget, self.live)
 
 
