@@ -229,6 +229,7 @@ def test_sigterm_drains_requests_in_flight_and_a_full_queue_gets_503():
         assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+@pytest.mark.slow  # three CLI processes, 13 s on two cores
 def test_the_server_refuses_to_start_in_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "specpilot.cli", "serve", "--deployment", str(tmp_path / "no.toml")],
                          capture_output=True, text=True, timeout=120)
@@ -382,6 +383,7 @@ def test_a_reader_behind_the_engine_gets_the_queued_steps_in_one_piece_counted_a
     assert pieces == [("hi t", None), ("", "length")] and run.tokens == 4 and run.passes == 3 and run.ended
 
 
+@pytest.mark.slow  # a CLI process and its engine's, 6 s on two cores
 def test_an_engine_that_cannot_load_stops_the_server_in_one_line(tmp_path):
     """The engine is built in its own process: a checkpoint it cannot find is still one line and exit code 2."""
     dep = tmp_path / "gone.toml"
