@@ -105,10 +105,10 @@ def test_the_drafter_hears_of_every_committed_row_after_anchor_steps(monkeypatch
     told: dict[int, set[int]] = {0: set(), 1: set()}
     real = DFlash.commit
 
-    def commit(self, feats, first, count, rows):
+    def commit(self, feats, first, count, rows, tokens=None):
         for slot in range(min(first.shape[0], 2)):
             told[slot].update(range(int(first[slot]), int(first[slot] + count[slot])))
-        return real(self, feats, first, count, rows)
+        return real(self, feats, first, count, rows, tokens)
 
     monkeypatch.setattr(DFlash, "commit", commit)
     engine = Engine(target, drafter, parse_system("stock:batch_rows=auto"), context=CONTEXT, slots=2)

@@ -138,7 +138,7 @@ class Batcher:
         """Gives the request up (its client left): its slot is free for the next step."""
         slot = self.sched.cancel(rid)
         if slot is not None:
-            self.engine.pos[slot] = 0
+            self._park(slot)
         self.live.pop(rid, None)
         self.sched.forget(rid)
         if self.rows:
@@ -189,6 +189,13 @@ class Batcher:
                 out.append(self._took(rid, slot, values[slot]))
         return out
 
+    def _park(self, slot: int) -> None:
+        """A free slot parks at 0 (what it writes stays in the first rows a step writes) with nothing left to tell
+        its drafter (the last step's rows were its request's)."""
+        self.engine.pos[slot] = 0
+        if self.spec:
+            self.engine.state.ctx_count[slot] = 0
+
     def _admitted(self, chunks: dict[int, tuple[int, int, int]]) -> list[Update]:
         """The first token of each request whose prompt's last chunk the step carried."""
         ended = [(slot, rid) for slot, (rid, _, end) in chunks.items() if end == len(self.live[rid].request.prompt)]
@@ -208,7 +215,7 @@ class Batcher:
         self.sched.forget(rid)
         if self.rows:
             self.rows.forget(rid)
-        self.engine.pos[slot] = 0  # a free slot parks at 0 (what it writes stays in the first rows a step writes)
+        self._park(slot)
         del self.live[rid]
         gen = live.generation()  # cut at its stop token or budget: a pass may have committed past them
         return Update(rid, gen.tokens[before:], True, gen)
@@ -261,7 +268,7 @@ def _prefill(engine, slot: int, prompt: list[int], first: int, end: int, spec: b
         logits, hidden = engine.forward(ids, Forward.consecutive(positions), engine.cache.rows(slot, slot + 1),
                                         Mode.PREFILL, engine.plan, taps)
         if spec:
-            engine.draft.prefill(hidden, first, slot)
+            engine.draft.prefill(hidden, first, slot, ids)
     if end < len(prompt):
         return False
     engine.token[slot] = engine.first_token(logits, len(prompt), slot, sampled)

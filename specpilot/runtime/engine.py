@@ -182,7 +182,7 @@ class Engine:
                                ctx_feats=torch.zeros(n, paths, feats, dtype=dtype, device=dev),
                                ctx_count=torch.zeros(n, dtype=torch.int64, device=dev),
                                out=torch.zeros(n, 1 + paths, dtype=torch.int64, device=dev), live=self.live,
-                               sampler=self.sampler)
+                               sampler=self.sampler, ctx_tokens=torch.zeros(n, paths, dtype=torch.int64, device=dev))
         self.rows = 2 * rows if tlv else rows  # slots a step writes past pos
         args = (self.target, self.draft, self.cache, self.state, self.plan, self.fault, self.builder, self.forward)
         make = (lambda *a, **kw: TwoLevelStep(*a, rows=rows, path=self.block)) if tlv else SpecStep
@@ -574,7 +574,7 @@ class Engine:
         with region("prefill"):
             hidden = self._prefill(prompt, with_hidden=spec)
             if spec:
-                self.draft.prefill(hidden)
+                self.draft.prefill(hidden, tokens=torch.tensor([prompt], dtype=torch.int64, device=self.device))
                 self.state.ctx_count.zero_()
         first = int(self.token.item())
         yield [first] if tokens else 1

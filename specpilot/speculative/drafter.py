@@ -35,13 +35,17 @@ class Drafter(Protocol):
     plan: KernelPlan
     last: Lattice | None
 
-    def prefill(self, hidden: torch.Tensor, first: int = 0, slot: int = 0) -> None:
+    def prefill(self, hidden: torch.Tensor, first: int = 0, slot: int = 0, tokens: torch.Tensor | None = None
+                ) -> None:
         """A request's prompt, or its chunk at prompt positions first..: the target's taps over it [1, n, F], for
-        the request in cache row `slot`."""
+        the request in cache row `slot`; tokens [1, n]: the chunk's own tokens (a drafter that pairs a position's
+        features with the token after it, EAGLE-3's, reads them)."""
 
-    def commit(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows at positions first + rows [B, len(rows)] with their taps feats [B, len(rows), F]: the first count
-        [B] of them are the request's (committed or tentatively so); the rest are to be ignored."""
+    def commit(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor,
+               tokens: torch.Tensor | None = None) -> None:
+        """Rows at positions first + rows [B, len(rows)] with their taps feats [B, len(rows), F] and their own
+        tokens [B, len(rows)]: the first count [B] of them are the request's (committed or tentatively so); the
+        rest are to be ignored."""
 
     def lattice(self, anchor: torch.Tensor, start: torch.Tensor) -> Lattice:
         """The lattice after anchor [B] at position start [B]."""
@@ -84,11 +88,13 @@ class DFlash:
     def dtype(self) -> torch.dtype:
         return self.cache[0].k.dtype
 
-    def prefill(self, hidden: torch.Tensor, first: int = 0, slot: int = 0) -> None:
+    def prefill(self, hidden: torch.Tensor, first: int = 0, slot: int = 0, tokens: torch.Tensor | None = None
+                ) -> None:
         pos = first + torch.arange(hidden.shape[1], device=hidden.device)[None]
         self.model.write_context(hidden.to(self.dtype), pos, pos, self.cache.rows(slot, slot + 1), self.plan)
 
-    def commit(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor) -> None:
+    def commit(self, feats: torch.Tensor, first: torch.Tensor, count: torch.Tensor, rows: torch.Tensor,
+               tokens: torch.Tensor | None = None) -> None:
         pos = (first[:, None] + rows).clamp(min=0)
         slots = torch.where(rows < count[:, None], pos, self.trash)
         self.model.write_context(feats, pos, slots, self.cache, self.plan)

@@ -46,12 +46,14 @@ class SpecState:
     sampler: SamplerRows | None = None  # each row's sampling (read where the step samples: SpecStep.sampling)
     # batch_rows=auto over a best_first/ddtree tree: the tokens each budget on offer was expected to commit this step
     expect: torch.Tensor | None = None
+    ctx_tokens: torch.Tensor | None = None  # [B, R]: the tokens of ctx_feats' rows (what the drafter is told)
 
     def rows(self, n: int) -> SpecState:
         """The first n rows (views: a batch step over fewer slots moves these)."""
         return SpecState(self.token[:n], self.pos[:n], self.ctx_feats[:n], self.ctx_count[:n], self.out[:n],
                          None if self.live is None else self.live[:n],
-                         None if self.sampler is None else self.sampler.rows(0, n), self.expect)
+                         None if self.sampler is None else self.sampler.rows(0, n), self.expect,
+                         None if self.ctx_tokens is None else self.ctx_tokens[:n])
 
 
 class SpecStep:
@@ -124,7 +126,7 @@ class SpecStep:
         token (the target's pick at its last row), its position past the prompt and no context left to tell."""
         s = self.state
         with region("drafter"):
-            self.drafter.commit(feats.to(s.ctx_feats.dtype), a.first, a.count, a.index)
+            self.drafter.commit(feats.to(s.ctx_feats.dtype), a.first, a.count, a.index, a.tokens)
         done = (a.count > 0) & a.last.bool()
         row = (a.count - 1).clamp(min=0)
         last = distort(logits.gather(1, row[:, None, None].expand(-1, 1, logits.shape[-1])), self.fault)
@@ -140,7 +142,7 @@ class SpecStep:
 
     def context(self, s: SpecState) -> None:
         """The previous verify's rows 0..count-1 are committed: the drafter is told (their features)."""
-        self.drafter.commit(s.ctx_feats, s.pos - s.ctx_count, s.ctx_count, self.ctx_rows)
+        self.drafter.commit(s.ctx_feats, s.pos - s.ctx_count, s.ctx_count, self.ctx_rows, s.ctx_tokens)
 
     def verify(self, proposal: Proposal, view: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
         """The target's pass over the proposal's rows (view: the weights it reads, core/contracts.VIEWS)."""
@@ -170,6 +172,9 @@ class SpecStep:
         s.out[:, 1 : 1 + verdict.tokens.shape[1]] = verdict.tokens  # (an anchor step's one row: the rest unread)
         kept = feats if path is None else feats.gather(1, path[..., None].expand(-1, -1, feats.shape[2]))
         s.ctx_feats[:, : kept.shape[1]].copy_(kept)
+        if s.ctx_tokens is not None:  # the same rows' own tokens
+            own = proposal.tokens if path is None else proposal.tokens.gather(1, path)
+            s.ctx_tokens[:, : own.shape[1]].copy_(own[:, : s.ctx_tokens.shape[1]])
         if s.live is None:
             moved, bonus = verdict.accepted + 1, verdict.bonus
         else:  # a parked row keeps its token (a request whose prefill just ended holds its first one there)

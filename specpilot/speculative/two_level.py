@@ -44,15 +44,15 @@ class TwoLevelStep(SpecStep):
         with region("tree"):
             q = accept_greedy(first, q_logits)
         with region("drafter"):
-            self.tentative_context(q, q_feats)
+            self.tentative_context(first, q, q_feats)
         second = self.proposer.propose(q.bonus, s.pos + q.accepted + 1)
         with region("tree"):
             return self.join(first, q, second)
 
-    def tentative_context(self, q: Verdict, q_feats: torch.Tensor) -> None:
+    def tentative_context(self, first: Proposal, q: Verdict, q_feats: torch.Tensor) -> None:
         """The Q pass's features along its path (anchor included) as draft context for the second round."""
         feats = q_feats.gather(1, q.path[..., None].expand(-1, -1, q_feats.shape[2]))
-        self.drafter.commit(feats, self.state.pos, q.accepted + 1, self.path_index)
+        self.drafter.commit(feats, self.state.pos, q.accepted + 1, self.path_index, first.tokens.gather(1, q.path))
 
     def seen(self, p: Proposal) -> torch.Tensor:
         return p.visibility.tree if p.visibility.tree is not None else self.chain_seen.expand(p.tokens.shape[0], -1, -1)
