@@ -1,6 +1,8 @@
-"""EAGLE-3's drafter, its first pieces (issue 60): the released config and checkpoint layout round-trip and load
-from a synthetic checkpoint in the released key names; its decoder layer against a plain re-implementation of
-EAGLE-3's layer; the draft vocabulary's map into the target's."""
+"""EAGLE-3's drafter (issue 60): the released config and checkpoint layout round-trip and load from a synthetic
+checkpoint in the released key names, and a deployment serves one; its decoder layer against a plain
+re-implementation of EAGLE-3's layer; the draft vocabulary's map into the target's; its drafted tree's greedy walk
+against EAGLE-3's own sequential greedy draft; every builder over it gives AR's tokens, single and batched, greedy
+and sampled; replay of its recorded trees commits what the live run did."""
 
 from __future__ import annotations
 
@@ -114,9 +116,129 @@ def test_the_layer_is_eagle3s_layer(drafter):
     assert logits.shape[-1] == 20
 
 
-def test_a_deployment_naming_an_eagle3_drafter_is_told_in_one_line(drafter, tmp_path: Path):
+def test_a_deployment_serves_a_checkpoint_in_the_released_layout(tmp_path: Path):
+    """A deployment naming an EAGLE-3 folder loads it as EAGLE-3 (the DFlash loader refuses it by name); its stock
+    output is AR's."""
+    from specpilot.config import parse_system
+    from specpilot.deployment import load_deployment
     from specpilot.models.loading import load_drafter
+    from specpilot.runtime.engine import Engine
+    from specpilot.runtime.pair import build_pair
 
+    dep = load_deployment("tiny-eagle3")
+    target, drafter, tok = build_pair(dep)
     save_eagle3(drafter, tmp_path / "e3")
-    with pytest.raises(UserError, match="cannot draft with one yet"):
+    with pytest.raises(UserError, match="not a DFlash-style one"):
         load_drafter(tmp_path / "e3")
+    (tmp_path / "d.toml").write_text((Path(dep.source).read_text().replace('name = "tiny-eagle3"', 'name = "mine"')
+                                      .split("[drafter]")[0]) + f'[drafter]\npath = "{tmp_path / "e3"}"\n')
+    mine = load_deployment(path=tmp_path / "d.toml")
+    target2, loaded, _ = build_pair(mine)
+    assert loaded.cfg == drafter.cfg
+    prompt = tok.encode("an eagle")
+    ar = Engine(target2, None, parse_system("ar"), context=mine.context).generate_one(prompt, 24, ()).tokens
+    stock = Engine(target2, loaded, parse_system("stock"), context=mine.context)
+    assert stock.generate_one(prompt, 24, ()).tokens == ar
+
+
+# ----- drafting ---------------------------------------------------------------------------------------------
+
+VOCAB = 10  # few tokens: random drafts are accepted now and then, so paths of every length occur
+CONTEXT = 96
+SYSTEMS = ["stock", "stock:block_size=3", "stock:tree=best_first,nodes=10", "stock:tree=ddtree,nodes=8",
+           "stock:tree=eagle2,nodes=10,tree_k=4", "stock:tree=sequoia,nodes=8", "stock:batch_budget=8",
+           "stock:batch_rows=auto", "stock:tree=best_first,nodes=10,admit=true"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from specpilot.fixtures.random_models import random_target
+
+    cfg = tiny_target_config(vocab=VOCAB, num_layers=5, max_position_embeddings=256, num_kv_heads=4)
+    return random_target(cfg, seed=11), random_eagle3(cfg, draft_vocab=8, seed=3, taps=(0, 2, 3))
+
+
+@torch.no_grad()
+def test_the_lattices_greedy_walk_is_eagle3s_own_greedy_draft(pair):
+    """A plain re-implementation: rows (fc(features at t), embedding of the token at t + 1) for the prompt and the
+    anchor, causally, then each draft row reading the previous row's output and its own pick; its greedy picks are
+    the lattice's greedy chain, and each depth's candidates include the children of the greedy node."""
+    from specpilot.models.teacher import target_features
+    from specpilot.speculative.eagle3 import Eagle3
+
+    target, model = pair
+    prompt, anchor = [3, 1, 4, 1, 5, 9, 2, 6, 5], 7
+    feats = target_features(target, [prompt], model.cfg.taps)  # [1, P, 3H]
+    draft = Eagle3(model, target.embed, CONTEXT, 0, PLAN, depth=5)
+    draft.prefill(feats, 0, 0, torch.tensor([prompt]))
+    p = len(prompt)
+    lattice = draft.lattice(torch.tensor([anchor]), torch.tensor([p]))
+
+    lc = model.cfg.layer
+    cache = Cache.build(["attention"], 1, 64, lc.num_kv_heads, lc.head_dim, torch.float32, "cpu")
+    h = model.fuse(feats, PLAN)
+    nexts = torch.tensor([prompt[1:] + [anchor]])
+    pos = torch.arange(p)[None]
+    out = model(target.embed.rows(nexts), h, pos, cache[0], pos, Visibility(torch.tensor([0]), torch.tensor([0])),
+                PLAN)[:, -1:]
+    picks = []
+    for i in range(5):
+        ids = model.logits(out[:, -1], PLAN).argmax(-1)
+        picks.append(int(model.target_ids(ids)))
+        at = torch.tensor([[p + i]])
+        out = model(target.embed.rows(torch.tensor([[picks[-1]]])), out[:, -1:], at, cache[0], at,
+                    Visibility(torch.tensor([p + i]), torch.tensor([p + i])), PLAN)
+    assert lattice.greedy_chain()[0].tolist() == picks
+    assert lattice.exact and lattice.tokens.shape == (1, 5, 8)  # two nodes a depth expanded into four children
+
+
+def _requests(seed: int, n: int, sampled: bool):
+    import random
+
+    from specpilot.core.contracts import Prompted, Sampling
+
+    rng = random.Random(seed)
+    reqs = [Prompted([rng.randrange(VOCAB) for _ in range(rng.randint(1, 16))], rng.randint(4, 28), (),
+                     Sampling(0.5, 0.95, 0, seed * 10 + i) if sampled and i % 2 else None) for i in range(n)]
+    return reqs, sorted(rng.randint(0, 10) for _ in range(n))
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_every_builder_over_eagle3_gives_ar_tokens_single_and_batched(pair, system, sampled):
+    from specpilot.config import parse_system
+    from specpilot.runtime.engine import Engine
+
+    target, model = pair
+    reqs, arrivals = _requests(SYSTEMS.index(system) + 7 * sampled, 6, sampled)
+    ar = Engine(target, None, parse_system("ar"), context=CONTEXT)
+    want = [ar.generate([r])[0].tokens for r in reqs]
+    alone = [Engine(target, model, parse_system(system), context=CONTEXT).generate([r])[0] for r in reqs]
+    assert [g.tokens for g in alone] == want
+    batch = Engine(target, model, parse_system(system), context=CONTEXT, slots=3)
+    assert [g.tokens for g in batch.generate(reqs, arrivals=arrivals)] == want
+    assert any(n > 1 for g in alone for n in g.accepted), system  # drafts were accepted, not only bonus tokens
+
+
+@pytest.mark.parametrize("system", ["stock", "stock:tree=best_first,nodes=10", "stock:tree=eagle2,nodes=10,tree_k=4"])
+@torch.no_grad()
+def test_replay_of_recorded_eagle3_trees_commits_what_the_live_run_did(pair, system, tmp_path: Path):
+    """The recording keeps the lattices' exact edges (through its files), so replay commits at each step what the
+    engine committed: the loop's predictions for an EAGLE-3 drafter stand on its own trees."""
+    from specpilot.config import parse_system
+    from specpilot.replay.record import Recorder, load, save
+    from specpilot.replay.walk import committed
+    from specpilot.runtime.engine import Engine
+    from specpilot.speculative.tree import TreeBuilder
+
+    target, model = pair
+    engine = Engine(target, model, parse_system(system), context=CONTEXT)
+    engine.recorder = recorder = Recorder()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    gen = engine.generate_one(prompt, 40, ())
+    recorder.finish("r", "test", prompt, gen.tokens, gen.accepted)
+    save(tmp_path, recorder.turns, {})
+    turns, _ = load(tmp_path)
+    assert turns[0].exact
+    builder = engine.builder or TreeBuilder("chain", engine.block, engine.block - 1, engine.width)
+    assert committed(turns[0], builder).tolist() == gen.accepted

@@ -25,7 +25,8 @@ def weight_bytes(target: DenseConfig, drafter: DrafterConfig | None, dtype_bytes
            "lm_head": target.vocab_size * target.hidden_size * dtype_bytes}
     if drafter is not None:
         out["drafter_gemm"] = sum(drafter_params(drafter).values()) * dtype_bytes
-        out["lm_head"] += target.vocab_size * drafter.layer.hidden_size * dtype_bytes
+        vocab = getattr(drafter, "draft_vocab", target.vocab_size)  # EAGLE-3's own head is over its draft vocabulary
+        out["lm_head"] += vocab * drafter.layer.hidden_size * dtype_bytes
     return out
 
 

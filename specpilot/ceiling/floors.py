@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from specpilot.models.config import DenseConfig, DrafterConfig
+from specpilot.models.eagle3 import Eagle3Config
 
 CLASSES = ("target_gemm", "drafter_gemm", "lm_head", "attention", "drafter_other", "tree", "elementwise")
 WEIGHT_CLASSES = ("target_gemm", "drafter_gemm", "lm_head")  # the weight reads a smaller format shrinks
@@ -54,10 +55,13 @@ def layer_params(cfg: DenseConfig) -> int:
     return n
 
 
-def drafter_params(d: DrafterConfig) -> dict[str, int]:
-    """The drafter's projections: fc (target features -> hidden), its layers, DFlash2's conv and selector."""
+def drafter_params(d: DrafterConfig | Eagle3Config) -> dict[str, int]:
+    """The drafter's projections: fc (target features -> hidden), its layers, DFlash2's conv and selector (EAGLE-3:
+    fc over its three taps, its one layer whose q/k/v read 2H)."""
     lc = d.layer
     h = lc.hidden_size
+    if isinstance(d, Eagle3Config):
+        return {"fc": len(d.taps) * d.target_hidden * h, "layers": layer_params(lc) + h * (lc.q_dim + 2 * lc.kv_dim)}
     out = {"fc": len(d.target_layer_ids) * h * h, "layers": lc.num_layers * layer_params(lc)}
     if d.conv_kernel_size:
         out["conv"] = lc.num_layers * 2 * h * 2 * d.conv_kernel_size * (h // d.conv_group_size)
@@ -84,23 +88,27 @@ def floors(target: DenseConfig, drafter: DrafterConfig | None, s: StepShape) -> 
         out["elementwise"] = _plus(out["elementwise"], argmax)
         return out
     lc = drafter.layer
-    # DFlash's anchor row has no draft logits; DSpark's block rows all draft
-    h, drafts = lc.hidden_size, s.draft_rows - (0 if drafter.anchor_drafts else 1)
+    # DFlash's anchor row has no draft logits; DSpark's block rows all draft, as EAGLE-3's rows do (its head: its own
+    # draft vocabulary)
+    eagle = isinstance(drafter, Eagle3Config)
+    h, drafts = lc.hidden_size, s.draft_rows - (0 if eagle or drafter.anchor_drafts else 1)
+    hv = drafter.draft_vocab if eagle else v
     params = drafter_params(drafter)
     n_d = sum(params.values())
     kv_part = lc.num_layers * h * 2 * lc.kv_dim  # the context rows only need K/V
     flops = 2 * (s.ctx_rows * (params["fc"] + kv_part) + s.draft_rows * (n_d - params["fc"]))
     out["drafter_gemm"] = Floor(n_d * b, flops)
     out["attention"] = _plus(out["attention"], _attention(lc, s.draft_rows, s.context + s.draft_rows, b))
-    out["lm_head"] = _plus(out["lm_head"], Floor(v * h * b + drafts * v * 4, 2 * drafts * v * h))
+    out["lm_head"] = _plus(out["lm_head"], Floor(hv * h * b + drafts * hv * 4, 2 * drafts * hv * h))
     lattice = s.depth * s.width * (8 + 4) + s.depth * s.width * s.width * 4  # tokens, log-probs, edges
     # the drafter's norms, its float32 logits read once by top-K / logsumexp, the lattice written
-    out["drafter_other"] = Floor((4 * lc.num_layers + 2) * s.draft_rows * h * b + drafts * v * 4 + lattice, 0.0)
-    if drafter.markov_rank:  # DSpark's Markov head: W2 [V, r] read once a draft position (its picks are sequential)
+    out["drafter_other"] = Floor((4 * lc.num_layers + 2) * s.draft_rows * h * b + drafts * hv * 4 + lattice, 0.0)
+    if not eagle and drafter.markov_rank:  # DSpark's Markov head: W2 [V, r] read once a draft position (sequential)
         r = drafter.markov_rank
         out["drafter_other"] = _plus(out["drafter_other"], Floor(drafts * v * (r * b + 2 * 4), 2 * drafts * v * r))
     moved = 2 * 2 * t.num_layers * t.kv_dim * (s.depth + 1) * b if s.tree else 0  # path K/V read + written
-    features = 2 * s.rows * len(drafter.target_layer_ids) * t.hidden_size * b  # next context's features kept
+    taps = drafter.taps if eagle else drafter.target_layer_ids
+    features = 2 * s.rows * len(taps) * t.hidden_size * b  # next context's features kept
     out["tree"] = _plus(argmax, Floor(lattice * (2 if s.tree else 0) + moved + features, 0.0))
     return out
 

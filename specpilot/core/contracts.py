@@ -110,6 +110,9 @@ class Lattice:
     edges: torch.Tensor | None  # [B, D, K_parent, K_child] selector scores; depth 0's parent is the anchor
     anchor: torch.Tensor  # [B]
     confidence: torch.Tensor | None = None  # [B, D] P(greedy draft d survives | d-1 did): DSpark's confidence head
+    # edges are exact log p(child | parent), -inf-like where a candidate is not that parent's child: a drafter that
+    # drafts a tree (EAGLE-3: each candidate has one parent), not scores to renormalize over a depth's candidates
+    exact: bool = False
 
     @property
     def depth(self) -> int:
@@ -123,6 +126,8 @@ class Lattice:
         """log p(child | parent) [B, D, K, K]: softmax over the K children of each parent."""
         if self.edges is None:
             return self.logp[:, :, None, :].expand(-1, -1, self.width, -1)
+        if self.exact:
+            return self.edges.float()
         return torch.log_softmax(self.edges.float(), dim=-1)
 
     def greedy_picks(self) -> torch.Tensor:

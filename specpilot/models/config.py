@@ -348,8 +348,8 @@ class DrafterConfig:
 
 def drafter_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> DrafterConfig:
     if any("Eagle3" in str(a) for a in raw.get("architectures") or []):
-        raise UserError(f"{source}: an EAGLE-3 drafter: its checkpoint loads (models/eagle3.py), but the engine "
-                        "cannot draft with one yet (issue 60); use a DFlash or DSpark drafter")
+        raise UserError(f"{source}: an EAGLE-3 drafter, not a DFlash-style one (a deployment loads it as what it is: "
+                        "runtime/pair.py)")
     dflash = raw.get("dflash_config") or {}
 
     def get(name: str, default: Any = None) -> Any:

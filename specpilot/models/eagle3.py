@@ -6,9 +6,8 @@ target layers' hidden states (low, mid, high) for a committed position, or, whil
 previous output (pre-norm). Row t pairs position t's h with the token at t + 1 and predicts the token at t + 2. Its
 head is over a reduced draft vocabulary: target id = draft id + d2t[draft id]. The embedding is the target's.
 
-Built here: the config, the module, the loader and the forward. Drafting (its own K/V cache of committed rows, a
-tree of top-k expansions per depth handed to the tree builders) plugs into the drafter protocol next: that needs
-the committed tokens beside their features (row t's next token), which the protocol does not pass yet.
+Here: the config, the module, the loader and the forward; its drafting (its own cache, a tree of top-k expansions
+per depth handed to the tree builders) is speculative/eagle3.py.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specpilot.config.plan import KernelPlan
@@ -118,6 +118,21 @@ class Eagle3Drafter(nn.Module):
         eps = self.cfg.layer.rms_norm_eps
         x = torch.cat([rms_norm(embeds, self.input_norm, eps, plan), rms_norm(hidden, self.hidden_norm, eps, plan)], -1)
         h1 = hidden + self.attn(x, positions, self.rope, state, slots, vis, plan)
+        return h1 + self.mlp(rms_norm(h1, self.mlp_norm, eps, plan), plan)
+
+    def forward_masked(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                       state: AttentionState, slots: torch.Tensor, mask: torch.Tensor, plan: KernelPlan
+                       ) -> torch.Tensor:
+        """The layer over rows that see what `mask` [B, T, L] allows of the cache's slots (their own K/V written at
+        `slots` first): a drafted tree's rows see the context and their ancestors' rows, wherever those lie."""
+        lc, eps = self.cfg.layer, self.cfg.layer.rms_norm_eps
+        x = torch.cat([rms_norm(embeds, self.input_norm, eps, plan), rms_norm(hidden, self.hidden_norm, eps, plan)], -1)
+        q = self.attn._prologue(x, positions, self.rope, state, slots, True, plan)  # [B, T, Hq, D]
+        rep = lc.num_heads // lc.num_kv_heads
+        k, v = state.k.repeat_interleave(rep, 1), state.v.repeat_interleave(rep, 1)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.to(q.dtype), v.to(q.dtype), attn_mask=mask[:, None],
+                                           scale=lc.head_dim ** -0.5)
+        h1 = hidden + self.attn.wo.project(o.transpose(1, 2).flatten(2), plan)
         return h1 + self.mlp(rms_norm(h1, self.mlp_norm, eps, plan), plan)
 
     def logits(self, out: torch.Tensor, plan: KernelPlan) -> torch.Tensor:

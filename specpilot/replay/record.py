@@ -32,6 +32,7 @@ class TurnLattices:
     logp: torch.Tensor  # [S, D, K] float32
     edges: torch.Tensor | None  # [S, D, K, K] float32
     live: list[int] = field(default_factory=list)  # tokens each step committed (as the engine counts them)
+    exact: bool = False  # the edges are a drafted tree's exact conditionals (EAGLE-3: core/contracts.Lattice)
 
     @property
     def steps(self) -> int:
@@ -46,7 +47,7 @@ class TurnLattices:
 
         # unary (the drafter's raw logits) is not recorded: no builder reads it
         return Lattice(tokens=to(self.tokens), unary=to(self.logp), logp=to(self.logp), edges=to(self.edges),
-                       anchor=to(anchor))
+                       anchor=to(anchor), exact=self.exact)
 
     def continuation(self, depth: int) -> torch.Tensor:
         """[S, D]: the tokens after each anchor (-1 past the output's end: nothing matches there)."""
@@ -73,7 +74,8 @@ class Recorder:
     def step(self, start: int, lattice: Lattice) -> None:
         edges = None if lattice.edges is None else lattice.edges[0].float().cpu()
         self._steps.append((start, Lattice(tokens=lattice.tokens[0].cpu(), unary=None,
-                                           logp=lattice.logp[0].float().cpu(), edges=edges, anchor=None)))
+                                           logp=lattice.logp[0].float().cpu(), edges=edges, anchor=None,
+                                           exact=lattice.exact)))
 
     def finish(self, id: str, dataset: str, prompt: list[int], output: list[int], live: list[int]) -> None:
         steps, self._steps = self._steps[: len(live)], []  # a step launched past a stop is not counted live
@@ -84,7 +86,7 @@ class Recorder:
             id=id, dataset=dataset, sequence=list(prompt) + list(output), prompt_len=len(prompt),
             starts=torch.tensor([s for s, _ in steps], dtype=torch.int64),
             tokens=torch.stack([lat.tokens for _, lat in steps]).long(),
-            logp=torch.stack([lat.logp for _, lat in steps]), edges=edges, live=list(live)))
+            logp=torch.stack([lat.logp for _, lat in steps]), edges=edges, live=list(live), exact=steps[0][1].exact))
 
 
 def save(folder: Path, turns: list[TurnLattices], meta: dict) -> Path:

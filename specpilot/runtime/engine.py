@@ -168,8 +168,15 @@ class Engine:
         return {"path": path, "dense_path": off_kernel(self.target, self.plan, kept)}
 
     def _init_spec(self, drafter: DFlashDrafter, block_size: int) -> None:
-        self.draft = DFlash(drafter, self.target.embed, self.target.head, self.context, block_size, self.plan,
-                            self.target.cfg.vocab_size, self.slots)
+        from specpilot.models.eagle3 import Eagle3Drafter
+
+        if isinstance(drafter, Eagle3Drafter):  # a drafter of the other kind: its own cache and tree
+            from specpilot.speculative.eagle3 import Eagle3
+
+            self.draft = Eagle3(drafter, self.target.embed, self.context, block_size, self.plan, self.slots)
+        else:
+            self.draft = DFlash(drafter, self.target.embed, self.target.head, self.context, block_size, self.plan,
+                                self.target.cfg.vocab_size, self.slots)
         self.block, self.width = self.draft.block, self.draft.width
         self.builder = self._builder()
         rows = self.builder.rows if self.builder is not None else self.block  # one round's rows

@@ -44,7 +44,9 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
         cfg = random_target_config(dep.target.random or {})
         target = random_target(cfg, dep.target.seed, dtype, device, rope_length=rope)
     drafter: DFlashDrafter | None = None
-    if with_drafter and dep.drafter is not None:
+    if with_drafter and dep.drafter is not None and _eagle3(dep.drafter):
+        drafter = _build_eagle3(dep, target, dtype, device, rope)
+    elif with_drafter and dep.drafter is not None:
         if dep.drafter.path is not None:
             drafter = load_drafter(dep.drafter.path, dtype, device, rope_length=rope)
         else:
@@ -58,11 +60,52 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
     return target, drafter, tokenizer
 
 
+def _eagle3(spec) -> bool:
+    """Whether the deployment's drafter is an EAGLE-3 one (its checkpoint's architecture, or random kind=eagle3)."""
+    import json
+
+    if spec.path is None:
+        return (spec.random or {}).get("kind") == "eagle3"
+    config = spec.path / "config.json"
+    try:
+        return "LlamaForCausalLMEagle3" in json.loads(config.read_text()).get("architectures", [])
+    except (OSError, ValueError, AttributeError):
+        return False  # the DFlash loader says what is wrong with it
+
+
+def _build_eagle3(dep: Deployment, target: DenseTarget, dtype, device, rope: int):
+    from specpilot.fixtures.random_models import random_eagle3
+    from specpilot.models.eagle3 import load_eagle3
+
+    if dep.drafter.path is not None:
+        drafter = load_eagle3(dep.drafter.path, dtype, device, target.cfg.num_layers)
+    else:
+        fields = {k: v for k, v in (dep.drafter.random or {}).items() if k != "kind"}
+        unknown = set(fields) - {"draft_vocab", "taps"}
+        if unknown:
+            raise UserError(f"deployment: random EAGLE-3 drafter fields {sorted(unknown)} (known: draft_vocab, taps)")
+        drafter = random_eagle3(target.cfg, int(fields.get("draft_vocab", target.cfg.vocab_size)), dep.drafter.seed,
+                                tuple(fields["taps"]) if "taps" in fields else None, dtype, device)
+    cfg, t = drafter.cfg, target.cfg
+    if cfg.layer.vocab_size != t.vocab_size or cfg.target_hidden != t.hidden_size:
+        raise UserError(f"the EAGLE-3 drafter was made for a target of {cfg.layer.vocab_size} tokens and hidden size "
+                        f"{cfg.target_hidden}; this target has {t.vocab_size} and {t.hidden_size}")
+    if cfg.layer.hidden_size != t.hidden_size:
+        raise UserError("the EAGLE-3 drafter's hidden size differs from the target's, whose embedding it reads")
+    bad = [i for i in cfg.taps if not 0 <= i < t.num_layers]
+    if bad:
+        raise UserError(f"the EAGLE-3 drafter reads target layers {bad}, outside the target's {t.num_layers}")
+    drafter.set_rope_length(max(rope, drafter.rope.length), device=device)
+    return drafter
+
+
 def _twin(dep: Deployment, target: DenseTarget, drafter: DFlashDrafter | None):
     """Widen in memory (the fast path: no 50 GB checkpoint to write or read)."""
     from specpilot.models.config import GDNShape
     from specpilot.models.twin import widen_drafter, widen_target
 
+    if drafter is not None and not isinstance(drafter, DFlashDrafter):
+        raise UserError("[twin] an EAGLE-3 drafter is not widened yet: a twin takes a DFlash or DSpark drafter")
     r, depth, hybrid = dep.twin_width, dep.twin_depth, dict(dep.twin_gdn or {})
     if depth is not None and depth < target.cfg.num_layers:
         raise UserError(f"[twin] depth {depth} is below the target's {target.cfg.num_layers} layers")

@@ -30,6 +30,8 @@ BUILDERS = ("chain", "ddtree", "best_first", "eagle2", "sequoia")
 
 def child_scores(lattice: Lattice, builder: str) -> torch.Tensor:
     """log p(child | parent) [B, D, K_parent, K_child] in float32 (depth 0's parent is the anchor: row 0)."""
+    if lattice.exact:  # a drafted tree's own conditionals (every builder reads them as they are)
+        return lattice.edge_logp()
     if builder == "ddtree":
         return lattice.logp.float()[:, :, None, :].expand(-1, -1, lattice.width, -1)
     mass = torch.logsumexp(lattice.logp.float(), dim=-1)  # [B, D]: the top-K's share of each depth
