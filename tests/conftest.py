@@ -55,3 +55,26 @@ class RecordingEngine(Engine):
             return out
 
         proposer.drafts = drafts
+
+
+def assert_ar_tokens_alone_and_batched(target, drafter, system: str, seed: int, sampled: bool, vocab: int,
+                                       context: int, temperature: float = 0.9) -> None:
+    """Six requests of mixed lengths (every other one sampled when `sampled`) arriving over ten steps: the system's
+    tokens, each request alone and all of them batched on three slots, are AR's, and drafts were accepted
+    somewhere (not only bonus tokens)."""
+    import random
+
+    from specpilot.config import parse_system
+    from specpilot.core.contracts import Prompted, Sampling
+
+    rng = random.Random(seed)
+    reqs = [Prompted([rng.randrange(vocab) for _ in range(rng.randint(1, 16))], rng.randint(4, 28), (),
+                     Sampling(temperature, 0.95, 0, seed * 10 + i) if sampled and i % 2 else None) for i in range(6)]
+    arrivals = sorted(rng.randint(0, 10) for _ in range(6))
+    ar = Engine(target, None, parse_system("ar"), context=context)
+    want = [ar.generate([r])[0].tokens for r in reqs]
+    alone = [Engine(target, drafter, parse_system(system), context=context).generate([r])[0] for r in reqs]
+    assert [g.tokens for g in alone] == want, system
+    batch = Engine(target, drafter, parse_system(system), context=context, slots=3)
+    assert [g.tokens for g in batch.generate(reqs, arrivals=arrivals)] == want, system
+    assert any(n > 1 for g in alone for n in g.accepted), system

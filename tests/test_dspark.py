@@ -6,7 +6,6 @@ greedy and sampled."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specpilot.config import KernelPlan, parse_system
-from specpilot.core.contracts import Prompted, Sampling
 from specpilot.fixtures.random_models import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from specpilot.models.config import drafter_config_from_hf
 from specpilot.models.loading import load_drafter, save_drafter
 from specpilot.runtime.engine import Engine
 from specpilot.weights import DenseWeight
+from tests.conftest import assert_ar_tokens_alone_and_batched
 
 PLAN = KernelPlan.stock()
 VOCAB = 24  # few tokens: random drafts are accepted now and then, so paths of every length occur
@@ -116,26 +115,13 @@ def test_the_greedy_walk_is_dsparks_sequential_draft_and_edges_carry_each_parent
     torch.testing.assert_close(lattice.edges[0, d, p, c], logits[0, d, child] + w1[parent] @ w2[child])
 
 
-def _requests(seed: int, n: int, sampled: bool) -> tuple[list[Prompted], list[int]]:
-    rng = random.Random(seed)
-    reqs = [Prompted([rng.randrange(VOCAB) for _ in range(rng.randint(1, 16))], rng.randint(4, 28), (),
-                     Sampling(0.9, 0.95, 0, seed * 10 + i) if sampled and i % 2 else None) for i in range(n)]
-    return reqs, sorted(rng.randint(0, 10) for _ in range(n))
-
-
-@pytest.mark.parametrize("sampled", [False, True])
-@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("system, sampled", [  # sampled past stock's: make test-slow
+    pytest.param(system, sampled, marks=[pytest.mark.slow] if sampled and system != "stock" else [])
+    for system in SYSTEMS for sampled in (False, True)])
 def test_every_builder_over_dspark_gives_ar_tokens_single_and_batched(pair, system, sampled):
     target, drafter = pair
-    reqs, arrivals = _requests(SYSTEMS.index(system) + 7 * sampled, 6, sampled)
-    ar = Engine(target, None, parse_system("ar"), context=CONTEXT)
-    want = [ar.generate([r])[0].tokens for r in reqs]
-    single = Engine(target, drafter, parse_system(system), context=CONTEXT)
-    alone = [single.generate([r])[0] for r in reqs]
-    assert [g.tokens for g in alone] == want
-    batch = Engine(target, drafter, parse_system(system), context=CONTEXT, slots=3)
-    assert [g.tokens for g in batch.generate(reqs, arrivals=arrivals)] == want
-    assert any(n > 1 for g in alone for n in g.accepted), system  # drafts were accepted, not only bonus tokens
+    assert_ar_tokens_alone_and_batched(target, drafter, system, SYSTEMS.index(system) + 7 * sampled, sampled, VOCAB,
+                                       CONTEXT)
 
 
 def test_the_tiny_dspark_preset_runs_its_own_block():

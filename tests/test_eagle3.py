@@ -148,6 +148,9 @@ CONTEXT = 96
 SYSTEMS = ["stock", "stock:block_size=3", "stock:tree=best_first,nodes=10", "stock:tree=ddtree,nodes=8",
            "stock:tree=eagle2,nodes=10,tree_k=4", "stock:tree=sequoia,nodes=8", "stock:batch_budget=8",
            "stock:batch_rows=auto", "stock:tree=best_first,nodes=10,admit=true"]
+SLOW = ("stock:block_size=3", "stock:tree=ddtree,nodes=8", "stock:tree=sequoia,nodes=8")  # 2 s each: make test-slow
+CASES = [pytest.param(system, sampled, marks=[pytest.mark.slow] if sampled and system != "stock" or system in SLOW
+                      else []) for system in SYSTEMS for sampled in (False, True)]
 
 
 @pytest.fixture(scope="module")
@@ -192,32 +195,13 @@ def test_the_lattices_greedy_walk_is_eagle3s_own_greedy_draft(pair):
     assert lattice.exact and lattice.tokens.shape == (1, 5, 8)  # two nodes a depth expanded into four children
 
 
-def _requests(seed: int, n: int, sampled: bool):
-    import random
-
-    from specpilot.core.contracts import Prompted, Sampling
-
-    rng = random.Random(seed)
-    reqs = [Prompted([rng.randrange(VOCAB) for _ in range(rng.randint(1, 16))], rng.randint(4, 28), (),
-                     Sampling(0.5, 0.95, 0, seed * 10 + i) if sampled and i % 2 else None) for i in range(n)]
-    return reqs, sorted(rng.randint(0, 10) for _ in range(n))
-
-
-@pytest.mark.parametrize("sampled", [False, True])
-@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("system, sampled", CASES)
 def test_every_builder_over_eagle3_gives_ar_tokens_single_and_batched(pair, system, sampled):
-    from specpilot.config import parse_system
-    from specpilot.runtime.engine import Engine
+    from tests.conftest import assert_ar_tokens_alone_and_batched
 
-    target, model = pair
-    reqs, arrivals = _requests(SYSTEMS.index(system) + 7 * sampled, 6, sampled)
-    ar = Engine(target, None, parse_system("ar"), context=CONTEXT)
-    want = [ar.generate([r])[0].tokens for r in reqs]
-    alone = [Engine(target, model, parse_system(system), context=CONTEXT).generate([r])[0] for r in reqs]
-    assert [g.tokens for g in alone] == want
-    batch = Engine(target, model, parse_system(system), context=CONTEXT, slots=3)
-    assert [g.tokens for g in batch.generate(reqs, arrivals=arrivals)] == want
-    assert any(n > 1 for g in alone for n in g.accepted), system  # drafts were accepted, not only bonus tokens
+    target, model = pair  # sampled at 0.5: the random drafter's guesses then land now and then
+    assert_ar_tokens_alone_and_batched(target, model, system, SYSTEMS.index(system) + 7 * sampled, sampled, VOCAB,
+                                       CONTEXT, temperature=0.5)
 
 
 @pytest.mark.parametrize("system", ["stock", "stock:tree=best_first,nodes=10", "stock:tree=eagle2,nodes=10,tree_k=4"])

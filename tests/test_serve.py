@@ -247,6 +247,7 @@ def test_the_server_refuses_to_start_in_one_line(tmp_path):
     assert run.returncode == 2 and "cannot listen on 127.0.0.1" in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.slow  # three load runs through the CLI, 8 s on two cores
 def test_bench_serve_loads_this_server_closed_loop_and_open_loop(server, tmp_path):
     runs = []
     for mode in (["--concurrency", "1,4"], ["--rate", "50"]):
