@@ -242,7 +242,10 @@ class DFlashDrafter(nn.Module):
 
     def _confidence(self, h: torch.Tensor, prevs: torch.Tensor) -> torch.Tensor | None:
         """P(slot k's greedy draft survives | its prefix did) [B, D], after the greedy picks prevs [B, D]."""
-        if self.confidence is None:
-            return None
+        return None if self.confidence is None else torch.sigmoid(self.confidence_logits(h, prevs))
+
+    def confidence_logits(self, h: torch.Tensor, prevs: torch.Tensor) -> torch.Tensor:
+        """The confidence head's logits [B, D] of the slots h after the tokens prevs [B, D] (W1's codes of them
+        beside h, where the head reads them)."""
         code = self.markov.w1(prevs) if self.confidence.proj.in_features > h.shape[-1] else None
-        return torch.sigmoid(self.confidence(h, code))
+        return self.confidence(h, code)

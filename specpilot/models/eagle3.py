@@ -115,25 +115,30 @@ class Eagle3Drafter(nn.Module):
                 slots: torch.Tensor, vis: Visibility, plan: KernelPlan) -> torch.Tensor:
         """The layer over rows [B, T]: embeddings of each row's next token, h, their positions; K/V written at
         `slots`. -> the output before the final norm [B, T, H] (what a deeper draft step reads as its h)."""
+        x = self._rows(embeds, hidden, plan)
+        return self._mlp(hidden + self.attn(x, positions, self.rope, state, slots, vis, plan), plan)
+
+    def _rows(self, embeds: torch.Tensor, hidden: torch.Tensor, plan: KernelPlan) -> torch.Tensor:
+        """[norm(embedding); norm(h)]: the 2H-wide rows q/k/v read."""
         eps = self.cfg.layer.rms_norm_eps
-        x = torch.cat([rms_norm(embeds, self.input_norm, eps, plan), rms_norm(hidden, self.hidden_norm, eps, plan)], -1)
-        h1 = hidden + self.attn(x, positions, self.rope, state, slots, vis, plan)
-        return h1 + self.mlp(rms_norm(h1, self.mlp_norm, eps, plan), plan)
+        return torch.cat([rms_norm(embeds, self.input_norm, eps, plan), rms_norm(hidden, self.hidden_norm, eps, plan)],
+                         -1)
+
+    def _mlp(self, h1: torch.Tensor, plan: KernelPlan) -> torch.Tensor:
+        return h1 + self.mlp(rms_norm(h1, self.mlp_norm, self.cfg.layer.rms_norm_eps, plan), plan)
 
     def forward_masked(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                        state: AttentionState, slots: torch.Tensor, mask: torch.Tensor, plan: KernelPlan
                        ) -> torch.Tensor:
         """The layer over rows that see what `mask` [B, T, L] allows of the cache's slots (their own K/V written at
         `slots` first): a drafted tree's rows see the context and their ancestors' rows, wherever those lie."""
-        lc, eps = self.cfg.layer, self.cfg.layer.rms_norm_eps
-        x = torch.cat([rms_norm(embeds, self.input_norm, eps, plan), rms_norm(hidden, self.hidden_norm, eps, plan)], -1)
-        q = self.attn._prologue(x, positions, self.rope, state, slots, True, plan)  # [B, T, Hq, D]
+        lc = self.cfg.layer
+        q = self.attn._prologue(self._rows(embeds, hidden, plan), positions, self.rope, state, slots, True, plan)
         rep = lc.num_heads // lc.num_kv_heads
         k, v = state.k.repeat_interleave(rep, 1), state.v.repeat_interleave(rep, 1)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.to(q.dtype), v.to(q.dtype), attn_mask=mask[:, None],
                                            scale=lc.head_dim ** -0.5)
-        h1 = hidden + self.attn.wo.project(o.transpose(1, 2).flatten(2), plan)
-        return h1 + self.mlp(rms_norm(h1, self.mlp_norm, eps, plan), plan)
+        return self._mlp(hidden + self.attn.wo.project(o.transpose(1, 2).flatten(2), plan), plan)
 
     def logits(self, out: torch.Tensor, plan: KernelPlan) -> torch.Tensor:
         """Draft-vocabulary logits [.., Vd] (float32) of the layer's outputs."""
@@ -157,7 +162,7 @@ def eagle3_sources() -> dict[str, list[str]]:
 def load_eagle3(folder: str | Path, dtype: torch.dtype = torch.float32, device="cpu",
                 target_layers: int | None = None) -> Eagle3Drafter:
     """A released EAGLE-3 drafter folder (config.json, model.safetensors; t2d, training's alone, is not read)."""
-    from specpilot.models.loading import _Tensors, read_json
+    from specpilot.models.loading import _load_into, read_json
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -165,42 +170,17 @@ def load_eagle3(folder: str | Path, dtype: torch.dtype = torch.float32, device="
     cfg = eagle3_config_from_hf(read_json(folder / "config.json"), str(folder / "config.json"), target_layers)
     with torch.device("meta"):
         model = Eagle3Drafter(cfg)
-    reader, expected, state = _Tensors(folder), model.state_dict(), {}
-    lc = cfg.layer
-    for ours, names in eagle3_sources().items():
-        parts = [reader.get(n) for n in names]
-        full = expected[ours].shape[0]
-        rows = [lc.q_dim, lc.kv_dim, lc.kv_dim] if len(names) == 3 else [full // len(names)] * len(names)
-        for name, part, r in zip(names, parts, rows, strict=True):
-            want = (r, *expected[ours].shape[1:])
-            if tuple(part.shape) != want:
-                raise UserError(f"{folder}: tensor {name!r} has shape {tuple(part.shape)}, config implies {want}")
-        t = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
-        state[ours] = t.to(device=device, dtype=torch.int64 if ours == "d2t" else dtype)  # d2t: ids stay ids
-    model.load_state_dict(state, assign=True, strict=True)
-    model.set_rope_length(lc.max_position_embeddings, device=device)
+    _load_into(model, eagle3_sources(), folder, None, device)  # the file's dtypes: d2t's ids stay integers
+    model.to(dtype=dtype)  # the floating tensors alone
+    model.set_rope_length(cfg.layer.max_position_embeddings, device=device)
     return model.eval()
 
 
 def save_eagle3(model: Eagle3Drafter, folder: str | Path) -> None:
     """The released layout (config.json, model.safetensors with t2d), written atomically."""
-    import json
+    from specpilot.models.loading import _split_state, _write_folder
 
-    from safetensors.torch import save_file
-
-    from specpilot.models.loading import folder_atomic
-
-    state, lc = model.state_dict(), model.cfg.layer
-    out = {}
-    for ours, names in eagle3_sources().items():
-        t = state[ours].detach().cpu().contiguous()
-        sizes = [lc.q_dim, lc.kv_dim, lc.kv_dim] if len(names) == 3 else [t.shape[0] // len(names)] * len(names)
-        for name, part in zip(names, t.split(sizes, 0), strict=True):
-            out[name] = part.contiguous()
+    tensors = _split_state(model, eagle3_sources())
     t2d = torch.zeros(model.cfg.layer.vocab_size, dtype=torch.bool)
     t2d[model.target_ids(torch.arange(model.cfg.draft_vocab, device=model.d2t.device)).cpu()] = True
-    out["t2d"] = t2d
-    with folder_atomic(Path(folder)) as tmp:
-        (tmp / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=1) + "\n")
-        save_file(out, str(tmp / "model.safetensors"))
-
+    _write_folder(Path(folder), model.cfg.to_hf(), {**tensors, "t2d": t2d})

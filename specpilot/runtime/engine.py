@@ -27,12 +27,14 @@ from specpilot.kernels.sample import SamplerRows, pick
 from specpilot.kernels.tuning import store as tuning_store
 from specpilot.models.dense import DenseTarget, Mode
 from specpilot.models.dflash import DFlashDrafter
+from specpilot.models.eagle3 import Eagle3Drafter
 from specpilot.runtime.faults import distort, faulty
 from specpilot.runtime.graphs import Lookahead, StepGraph, replay_ms
 from specpilot.runtime.padding import Pad
 from specpilot.runtime.scheduler import batch_sizes
 from specpilot.speculative.admit import Admission
 from specpilot.speculative.drafter import DFlash
+from specpilot.speculative.eagle3 import Eagle3
 from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import AnchorStep, SpecState, SpecStep
 from specpilot.speculative.tree import TreeBuilder
@@ -167,12 +169,8 @@ class Engine:
         kept = self.w12_report["kept_bf16"] if self.w12_report is not None else {}
         return {"path": path, "dense_path": off_kernel(self.target, self.plan, kept)}
 
-    def _init_spec(self, drafter: DFlashDrafter, block_size: int) -> None:
-        from specpilot.models.eagle3 import Eagle3Drafter
-
+    def _init_spec(self, drafter: DFlashDrafter | Eagle3Drafter, block_size: int) -> None:
         if isinstance(drafter, Eagle3Drafter):  # a drafter of the other kind: its own cache and tree
-            from specpilot.speculative.eagle3 import Eagle3
-
             self.draft = Eagle3(drafter, self.target.embed, self.context, block_size, self.plan, self.slots)
         else:
             self.draft = DFlash(drafter, self.target.embed, self.target.head, self.context, block_size, self.plan,

@@ -7,7 +7,7 @@ and the next `commit` writes it again with the same inputs. Depth e + 1's candid
 `frontier` best nodes (the greedy node always among them, so the lattice's greedy walk is the drafter's own greedy
 chain), each into its `width / frontier` likeliest children; an expansion row reads its parent row's output as h
 and sees the context and its ancestors' rows (a dense mask over the cache: the rows lie in a scratch area past the
-anchor, overwritten by later commits as DFlash's block rows are).
+context's slots, rewritten each step).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ class Eagle3:
         lc, device = model.cfg.layer, embed.weight.device
         if model.rope.length < context + self.block + 1:
             model.set_rope_length(context + self.block + 1, device=device)
-        self.area = (self.block - 2) * self.frontier  # expansion rows' scratch slots, past the anchor
-        length = context + self.area + 2
+        self.context = context  # committed rows' slots; the expansion rows' scratch area follows, then the trash slot
+        self.area = (self.block - 2) * self.frontier
+        length = context + self.area + 1
         dtype = model.fc.weight.dtype
         self.cache = Cache.build(["attention"], slots, length, lc.num_kv_heads, lc.head_dim, dtype, device)
         self.trash = length - 1
@@ -106,9 +107,9 @@ class Eagle3:
         lp, ids = torch.log_softmax(m.logits(out[:, 0], plan), -1).topk(k, -1)  # depth 0, best first
         tokens, logp, parents = [m.target_ids(ids)], [lp], [torch.zeros_like(ids)]
         outs, cum = out.expand(-1, k, -1), lp  # each node's predicting row's output; its path's log p
-        seen = torch.zeros(b, k, max(self.area, 1), dtype=torch.bool, device=anchor.device)  # ancestors' slots
-        length = self.cache[0].k.shape[2]
-        slot_ids = torch.arange(length, device=anchor.device)
+        seen = torch.zeros(b, k, self.area, dtype=torch.bool, device=anchor.device)  # ancestors' scratch slots
+        context = (torch.arange(self.context, device=anchor.device) < start[:, None])[:, None].expand(-1, f, -1)
+        trash = context.new_zeros(b, f, 1)
         for e in range(self.block - 2):  # expand depth e into depth e + 1
             score = torch.cat([torch.full_like(cum[:, :1], float("inf")), cum[:, 1:]], 1)  # the greedy node first
             pick = score.topk(f, -1).indices  # [B, f]
@@ -117,14 +118,10 @@ class Eagle3:
             area = e * f + torch.arange(f, device=anchor.device)
             mine = seen.gather(1, pick[..., None].expand(-1, -1, seen.shape[2])).clone()
             mine[:, torch.arange(f, device=anchor.device), area] = True
-            slots = start[:, None] + area[None]
-            in_area = (slot_ids[None, None] - start[:, None, None]).clamp(min=0, max=seen.shape[2] - 1)
-            mask = (slot_ids[None, None] < start[:, None, None]) | (
-                (slot_ids[None, None] >= start[:, None, None]) & mine.gather(2, in_area.expand(-1, f, -1))
-                & (slot_ids[None, None] < start[:, None, None] + seen.shape[2]))
+            slots = (self.context + area)[None].expand(b, -1)
             pos = (start[:, None] + e).expand(-1, f)
-            out = m.forward_masked(self.embed.rows(rows_t).to(self.dtype), rows_h, pos, self.cache[0], slots, mask,
-                                   plan)  # [B, f, H]
+            out = m.forward_masked(self.embed.rows(rows_t).to(self.dtype), rows_h, pos, self.cache[0], slots,
+                                   torch.cat([context, mine, trash], 2), plan)  # [B, f, H]
             lp, ids = torch.log_softmax(m.logits(out, plan), -1).topk(c, -1)  # [B, f, c]
             tokens.append(m.target_ids(ids).reshape(b, k))
             logp.append(lp.reshape(b, k))
