@@ -146,7 +146,7 @@ def test_a_deployment_serves_a_checkpoint_in_the_released_layout(tmp_path: Path)
 VOCAB = 10  # few tokens: random drafts are accepted now and then, so paths of every length occur
 CONTEXT = 96
 SYSTEMS = ["stock", "stock:block_size=3", "stock:tree=best_first,nodes=10", "stock:tree=ddtree,nodes=8",
-           "stock:tree=eagle2,nodes=10,tree_k=4", "stock:tree=sequoia,nodes=8", "stock:batch_budget=8",
+           "stock:tree=eagle2,nodes=10,tree_k=4", "stock:tree=sequoia,nodes=8", "stock:nodes=7,batch_budget=8",
            "stock:batch_rows=auto", "stock:tree=best_first,nodes=10,admit=true"]
 SLOW = ("stock:block_size=3", "stock:tree=ddtree,nodes=8", "stock:tree=sequoia,nodes=8")  # 2 s each: make test-slow
 CASES = [pytest.param(system, sampled, marks=[pytest.mark.slow] if sampled and system != "stock" or system in SLOW

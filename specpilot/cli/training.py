@@ -99,13 +99,18 @@ def train_drafter(
     steps: Annotated[int, typer.Option(help="Optimizer steps (the learning rate's cosine spans them, or "
                                             "--max-minutes if that ends first).")] = 2000,
     kind: Annotated[str, typer.Option(help="The drafter's kind: dflash (a parallel block; DFlash2's selector "
-                                           "with --selector-rank) or dspark (DeepSpec's: a Markov head of "
-                                           "--markov-rank and a confidence head).")] = "dflash",
-    block_size: Annotated[int, typer.Option(help="Draft block size: dflash's anchor + B-1 drafted tokens, "
-                                                 "dspark's B drafted tokens (DeepSpec's count).")] = 16,
+                                           "with --selector-rank), dspark (DeepSpec's: a Markov head of "
+                                           "--markov-rank and a confidence head) or eagle3 (one autoregressive "
+                                           "layer over three target layers, trained with EAGLE-3's "
+                                           "training-time test over --block-size - 1 steps).")] = "dflash",
+    block_size: Annotated[int | None, typer.Option(help="Draft block size: dflash's and eagle3's anchor + B-1 "
+                                                        "drafted tokens, dspark's B drafted tokens (DeepSpec's "
+                                                        "count). Default: 16, eagle3 7.")] = None,
     layers: Annotated[int, typer.Option(help="Drafter layers (and taps of target layers).")] = 4,
     selector_rank: Annotated[int, typer.Option(help="DFlash2 selector rank (0: no selector; dflash only).")] = 64,
     markov_rank: Annotated[int, typer.Option(help="DSpark's Markov head rank (dspark only).")] = 64,
+    draft_vocab: Annotated[int, typer.Option(help="EAGLE-3's draft vocabulary: the training answers' most frequent "
+                                                  "tokens (0: the target's whole vocabulary; eagle3 only).")] = 8192,
     mask_token_id: Annotated[int | None, typer.Option(help="Mask token (default: the last vocabulary id).")] = None,
     seqs_per_step: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 16,
     blocks_per_seq: Annotated[int, typer.Option(help="Draft blocks (anchors) per sequence and step.")] = 16,
@@ -121,21 +126,25 @@ def train_drafter(
     baseline: Annotated[Path | None, typer.Option(help="A drafter checkpoint scored on the same held-out and dev "
                                                        "data first, recorded beside the new one's figures.")] = None,
 ) -> None:
-    """Train a drafter (DFlash-style or DSpark) for the deployment's target by self-distillation."""
+    """Train a drafter (DFlash-style, DSpark or EAGLE-3) for the deployment's target by self-distillation."""
     from specpilot.runtime.pair import build_pair
     from specpilot.training.data import DistilledData
     from specpilot.training.make_data import DataRecipe, Job
     from specpilot.training.train_drafter import run_training
+    from specpilot.training.train_eagle3 import EAGLE3_BLOCK
 
     dep = load_named(preset, deployment)
     positive(prompts=prompts, eval_prompts=eval_prompts, max_new_tokens=max_new_tokens, steps=steps, layers=layers,
               batch=batch, seqs_per_step=seqs_per_step, blocks_per_seq=blocks_per_seq)
-    if kind not in ("dflash", "dspark"):
-        raise UserError(f"--kind must be dflash or dspark, got {kind!r}")
+    if kind not in ("dflash", "dspark", "eagle3"):
+        raise UserError(f"--kind must be dflash, dspark or eagle3, got {kind!r}")
+    if block_size is None:
+        block_size = EAGLE3_BLOCK if kind == "eagle3" else 16
     if block_size < (1 if kind == "dspark" else 2):
         raise UserError(f"--block-size must be at least {1 if kind == 'dspark' else 2} for {kind}, got {block_size}")
-    if max_minutes < 0 or eval_every < 0 or selector_rank < 0 or markov_rank < 1:
-        raise UserError("--max-minutes, --eval-every and --selector-rank must be >= 0, --markov-rank >= 1")
+    if max_minutes < 0 or eval_every < 0 or selector_rank < 0 or markov_rank < 1 or draft_vocab < 0:
+        raise UserError("--max-minutes, --eval-every, --selector-rank and --draft-vocab must be >= 0, "
+                        "--markov-rank >= 1")
     if resume is not None and not resume.is_dir():
         raise UserError(f"--resume: drafter checkpoint folder not found: {resume}")
     for name, folder in (("data", data), ("baseline", baseline)):
@@ -155,6 +164,7 @@ def train_drafter(
         metrics = run_training(dep, out, console=err, data=distilled, steps=steps, block_size=block_size,
                                layers=layers, selector_rank=selector_rank, mask_token_id=mask_token_id, seed=seed,
                                max_minutes=max_minutes, resume=resume, kind=kind, markov_rank=markov_rank,
+                               draft_vocab=draft_vocab,
                                seqs_per_step=seqs_per_step,
                                blocks_per_seq=blocks_per_seq, amp=amp, eval_every_s=eval_every, target=target,
                                baseline=baseline)

@@ -176,11 +176,35 @@ def load_eagle3(folder: str | Path, dtype: torch.dtype = torch.float32, device="
     return model.eval()
 
 
-def save_eagle3(model: Eagle3Drafter, folder: str | Path) -> None:
-    """The released layout (config.json, model.safetensors with t2d), written atomically."""
+def save_eagle3(model: Eagle3Drafter, folder: str | Path, extra: dict[str, str | bytes] | None = None,
+                max_shard_bytes: int | None = None) -> None:
+    """The released layout (config.json, model.safetensors with t2d; extra files beside), written atomically."""
     from specpilot.models.loading import _split_state, _write_folder
 
     tensors = _split_state(model, eagle3_sources())
     t2d = torch.zeros(model.cfg.layer.vocab_size, dtype=torch.bool)
     t2d[model.target_ids(torch.arange(model.cfg.draft_vocab, device=model.d2t.device)).cpu()] = True
-    _write_folder(Path(folder), model.cfg.to_hf(), {**tensors, "t2d": t2d})
+    _write_folder(Path(folder), model.cfg.to_hf(), {**tensors, "t2d": t2d}, extra, max_shard_bytes)
+
+
+def is_eagle3(folder: str | Path) -> bool:
+    """Whether a checkpoint folder holds an EAGLE-3 drafter (its config's architecture); False when unreadable
+    (the DFlash loader then says what is wrong with it)."""
+    import json
+
+    try:
+        return ARCHITECTURE in json.loads((Path(folder) / "config.json").read_text()).get("architectures", [])
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_eagle3_pair(target: DenseConfig, cfg: Eagle3Config) -> None:
+    """An EAGLE-3 drafter reads this target's embedding and three of its layers."""
+    if cfg.layer.vocab_size != target.vocab_size or cfg.target_hidden != target.hidden_size:
+        raise UserError(f"the EAGLE-3 drafter was made for a target of {cfg.layer.vocab_size} tokens and hidden size "
+                        f"{cfg.target_hidden}; this target has {target.vocab_size} and {target.hidden_size}")
+    if cfg.layer.hidden_size != target.hidden_size:
+        raise UserError("the EAGLE-3 drafter's hidden size differs from the target's, whose embedding it reads")
+    bad = [i for i in cfg.taps if not 0 <= i < target.num_layers]
+    if bad:
+        raise UserError(f"the EAGLE-3 drafter reads target layers {bad}, outside the target's {target.num_layers}")

@@ -34,10 +34,10 @@ from specpilot.runtime.padding import Pad
 from specpilot.runtime.scheduler import batch_sizes
 from specpilot.speculative.admit import Admission
 from specpilot.speculative.drafter import DFlash
-from specpilot.speculative.eagle3 import Eagle3
+from specpilot.speculative.eagle3 import RELEASE_NODES, Eagle3
 from specpilot.speculative.sequoia import parse_accept
 from specpilot.speculative.step import AnchorStep, SpecState, SpecStep
-from specpilot.speculative.tree import TreeBuilder
+from specpilot.speculative.tree import TreeBuilder, max_nodes
 from specpilot.speculative.two_level import TwoLevelStep
 from specpilot.w12.attach import attach, claim, off_kernel
 from specpilot.weights import fp8, fp8_attach
@@ -228,7 +228,9 @@ class Engine:
             self._width_batch.setdefault(w, {})[n, sampled] = StepGraph(partial(self._width_rows, (w, n, sampled)),
                                                                         self.use_graphs, self._pool)
         # results record what ran: the drafter's block, not "0"
-        self.system = self.system.resolving(block_size=self.block, nodes=self.system.get("nodes") or self.block)
+        own = {"nodes": self.system.get("nodes") or self.block} if self.builder is None else {
+            "tree": self.builder.builder, "nodes": self.builder.rows, "tree_k": self.builder.k}
+        self.system = self.system.resolving(block_size=self.block, **own)
 
     def _budget(self, tlv: bool):
         """batch_budget's rows at each batch size n (0: none): the option's, within n (a root each) and n x nodes."""
@@ -298,10 +300,12 @@ class Engine:
 
     def _builder(self) -> TreeBuilder | None:
         """The system's tree builder (None: stock's chain at the block size, the released behaviour)."""
-        name, nodes = self.system.get("tree"), self.system.get("nodes")
-        if name == "chain" and nodes in (0, self.block):
+        name, nodes, k = self.system.get("tree"), self.system.get("nodes"), self.system.get("tree_k")
+        if name == "chain" and nodes == 0 and isinstance(self.draft, Eagle3):  # EAGLE-3's stock: its release's tree
+            name, k = "eagle2", self.draft.frontier
+            nodes = min(RELEASE_NODES, max_nodes(name, self.block - 1, self.width, k))  # a small draft vocabulary
+        elif name == "chain" and nodes in (0, self.block):
             return None
-        k = self.system.get("tree_k")
         if name == "eagle2" and k > self.width:  # the builder would keep fewer per depth than the name says
             raise UserError(f"system {self.system.name!r}: tree_k={k} exceeds the drafter's {self.width} candidates "
                             "per position")

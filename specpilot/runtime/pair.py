@@ -62,20 +62,14 @@ def build_pair(dep: Deployment, with_drafter: bool = True):
 
 def _eagle3(spec) -> bool:
     """Whether the deployment's drafter is an EAGLE-3 one (its checkpoint's architecture, or random kind=eagle3)."""
-    import json
+    from specpilot.models.eagle3 import is_eagle3
 
-    if spec.path is None:
-        return (spec.random or {}).get("kind") == "eagle3"
-    config = spec.path / "config.json"
-    try:
-        return "LlamaForCausalLMEagle3" in json.loads(config.read_text()).get("architectures", [])
-    except (OSError, ValueError, AttributeError):
-        return False  # the DFlash loader says what is wrong with it
+    return (spec.random or {}).get("kind") == "eagle3" if spec.path is None else is_eagle3(spec.path)
 
 
 def _build_eagle3(dep: Deployment, target: DenseTarget, dtype, device, rope: int):
     from specpilot.fixtures.random_models import random_eagle3
-    from specpilot.models.eagle3 import load_eagle3
+    from specpilot.models.eagle3 import check_eagle3_pair, load_eagle3
 
     if dep.drafter.path is not None:
         drafter = load_eagle3(dep.drafter.path, dtype, device, target.cfg.num_layers)
@@ -86,15 +80,7 @@ def _build_eagle3(dep: Deployment, target: DenseTarget, dtype, device, rope: int
             raise UserError(f"deployment: random EAGLE-3 drafter fields {sorted(unknown)} (known: draft_vocab, taps)")
         drafter = random_eagle3(target.cfg, int(fields.get("draft_vocab", target.cfg.vocab_size)), dep.drafter.seed,
                                 tuple(fields["taps"]) if "taps" in fields else None, dtype, device)
-    cfg, t = drafter.cfg, target.cfg
-    if cfg.layer.vocab_size != t.vocab_size or cfg.target_hidden != t.hidden_size:
-        raise UserError(f"the EAGLE-3 drafter was made for a target of {cfg.layer.vocab_size} tokens and hidden size "
-                        f"{cfg.target_hidden}; this target has {t.vocab_size} and {t.hidden_size}")
-    if cfg.layer.hidden_size != t.hidden_size:
-        raise UserError("the EAGLE-3 drafter's hidden size differs from the target's, whose embedding it reads")
-    bad = [i for i in cfg.taps if not 0 <= i < t.num_layers]
-    if bad:
-        raise UserError(f"the EAGLE-3 drafter reads target layers {bad}, outside the target's {t.num_layers}")
+    check_eagle3_pair(target.cfg, drafter.cfg)
     drafter.set_rope_length(max(rope, drafter.rope.length), device=device)
     return drafter
 

@@ -25,18 +25,23 @@ from specpilot.models.eagle3 import Eagle3Drafter
 from specpilot.weights import DenseWeight
 
 NEG = -1e4  # log p of a candidate under a parent it is not the child of
+# The release's drafting (SafeAILab/EAGLE's EaModel defaults: top_k 10, depth 6, total_token 60): each depth's 10
+# likeliest nodes expanded into 10 children each, six depths, 60 nodes verified beside the anchor (chosen by path
+# score: the eagle2 builder). An EAGLE-3 deployment's stock (tree=chain, nodes=0) is this tree.
+RELEASE_TOP_K, RELEASE_DEPTH, RELEASE_NODES = 10, 6, 61
 
 
 class Eagle3:
     def __init__(self, model: Eagle3Drafter, embed: DenseWeight, context: int, block: int, plan: KernelPlan,
-                 slots: int = 1, width: int = 16, frontier: int = 4, depth: int = 6):
+                 slots: int = 1, width: int = RELEASE_TOP_K ** 2, frontier: int = RELEASE_TOP_K,
+                 depth: int = RELEASE_DEPTH):
         """block: the rows of its chain (0: depth + 1); width: candidates per depth (at most the draft vocabulary:
         frontier nodes expanded times children each)."""
         self.block = block or depth + 1
         if self.block < 2:
             raise UserError(f"EAGLE-3 drafting: block {self.block} is below 2")
         vocab = model.cfg.draft_vocab
-        self.children = min(width // frontier, vocab)
+        self.children = min(width // frontier, max(vocab // 2, 1))  # a tiny vocabulary: still 2 nodes expanded
         self.frontier = min(frontier, vocab // self.children)
         self.model, self.embed, self.width = model, embed, self.frontier * self.children
         self.taps = tuple(model.cfg.taps)
