@@ -124,3 +124,23 @@ def test_on_a_hybrid_each_chunk_moves_the_recurrent_state_past_it(system, sample
 def test_one_request_at_a_time_needs_nothing():
     single = Engine(*_pair(), parse_system("stock:admit=true"), context=CONTEXT)
     assert single.admit_steps() == {} and single.admission is None
+
+
+@pytest.mark.parametrize("system", ["stock:tree=best_first,nodes=10", "stock:tree=best_first,nodes=10,batch_rows=auto"])
+def test_a_chunk_the_target_predicts_past_a_block_stays_within_the_paths_columns(pair, system):
+    """Prompts that are the target's own greedy continuations: a chunk of a tree's 10 rows rides as a chain whose
+    tokens all match the target's picks, deeper than the drafter's block of 6 (the longest path a tree's verdict
+    holds). The carrying slot's verdict is unused, but its walk must stop at the block: a deeper accepted row put its
+    ancestors past the path's columns (an out-of-range scatter in accept_tree; on the GPU a device-side assert in the
+    step's graph, seen at nodes=32 over SmolLM2's block of 16). AR's tokens, batched."""
+    target, drafter = pair
+    ar = Engine(target, None, parse_system("ar"), context=CONTEXT)
+    rng = random.Random(5)
+    reqs = []
+    for i in range(4):  # prompts of 23..26 tokens: chunks of 10 rows whose tokens the target predicts
+        head = [rng.randrange(VOCAB) for _ in range(3)]
+        reqs.append(Prompted(head + ar.generate([Prompted(head, 20 + i, ())])[0].tokens, 4 + i, ()))
+    alone = [ar.generate([r])[0].tokens for r in reqs]
+    engine = Engine(target, drafter, parse_system(f"{system},admit=true"), context=CONTEXT, slots=SLOTS)
+    assert engine.admit_chunk == 10 > engine.block == 6
+    assert [g.tokens for g in engine.generate(reqs, arrivals=[0, 0, 1, 2])] == alone

@@ -36,12 +36,16 @@ def accept_tree(proposal: Proposal, predicted: torch.Tensor) -> Verdict:
     drafted_right = proposal.tokens == predicted.gather(1, proposal.parents.clamp(min=0))
     drafted_right[:, 0] = True  # the root is committed already
     seen = proposal.visibility.tree  # [B, R, R]: ancestors and self
-    on_path = ~(seen & ~drafted_right[:, None, :]).any(-1)  # [B, R]
     depth = proposal.positions - proposal.positions[:, :1]
+    p = proposal.longest
+    # a row deeper than the longest path is never on it: a tree's rows never are, but a slot carrying a prompt chunk
+    # (speculative/admit.ride) has a chain of R rows in the tree's layout, R (nodes) past p (the drafter's block),
+    # whose prompt tokens may all match the target's picks; its verdict is unused (SpecStep.kept), but must stay
+    # within the p columns of path and tokens (a deeper row put its ancestors past them: an out-of-range scatter)
+    on_path = ~(seen & ~drafted_right[:, None, :]).any(-1) & (depth < p)  # [B, R]
     accepted, deepest = torch.where(on_path, depth, -1).max(1)
     # the deepest accepted row's ancestors, each put at its depth (the others into a column that is dropped)
     lineage = seen.gather(1, deepest[:, None, None].expand(-1, 1, seen.shape[2]))[:, 0]
-    p = proposal.longest
     spot = torch.where(lineage, depth, p)
     path = torch.zeros(predicted.shape[0], p + 1, dtype=torch.int64, device=predicted.device)
     path.scatter_(1, spot, proposal.index.expand_as(spot))
