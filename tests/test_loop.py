@@ -736,11 +736,12 @@ def test_the_survey_ranks_every_direction_by_predicted_gain_cheapest_evidence_fi
     gains = [e.get("over_start", 0.0) for e in ranked]
     assert gains == sorted(gains, reverse=True)
     assert all(e["status"] == "below the bar" for e in ranked if "speedup" in e and e["speedup"] < 1.2 * out["margin"])
-    # the start first, then AR's variants (speculation off), then every replayable tree before any other candidate
+    # the start first, then plain AR (speculation off), then every replayable tree before any other candidate, AR's
+    # variants (a kernel option's engine to build) after the trees
     order = [parse_system(n) for n in ev.order[1:]]
-    ar = [i for i, s in enumerate(order) if not s.speculative]
     trees = [i for i, s in enumerate(order) if ev.replayable(s)]
-    assert ar == list(range(len(ar))) and trees == list(range(len(ar), len(ar) + len(trees))) and len(trees) > 10
+    assert order[0].name == "ar" and trees == list(range(1, 1 + len(trees))) and len(trees) > 10
+    assert "ar:gemv=true" in ev.order and all(not s.speculative or s.options for s in order[1 + len(trees):])
     late = survey(agent, dirs, parse_system("stock"), Ranked(), "cuda", 8, 16, deadline=0.0)
     assert all(e["status"].startswith("not reached") for e in late["ranked"])  # listed, never guessed
 
@@ -782,6 +783,44 @@ def test_gates_go_down_the_ranking_past_a_refusal_and_stop_below_a_promotion(tmp
     assert status["ar"].startswith("refused") and status[PLANTED] == "promoted"
     assert any(s.startswith("not gated: under") for s in status.values())
     assert out["best"] == PLANTED and search["gated"][1]["predicted"] == pytest.approx(1.7)
+
+
+class PassesAfter:
+    """A survey deadline that passes once `ev` has made `count` predictions (time.monotonic() > it asks __lt__)."""
+
+    def __init__(self, ev, count):
+        self.ev, self.count = ev, count
+
+    def __lt__(self, now):
+        return len(self.ev.order) >= self.count
+
+
+def test_a_round_whose_survey_ran_out_goes_on_in_the_next_round_without_gating_again(tmp_path):
+    """Round 1's share runs out after the start, AR and the smallest tree (refused at its gate): it keeps its start
+    but has not converged: round 2 goes on from the same start, reaches the rest and promotes; the tree round 1
+    judged is not judged again from that start."""
+    loop, run, gate = synthetic_loop(tmp_path, rounds=3)
+    ev = Ranked(top="none")
+    ev.speed = lambda name: 2.0 if name in ev.order[2:3] else Planted.speed(name)  # the first tree predicted
+    loop.evidence = lambda ceiling: ev
+    deadlines = iter([PassesAfter(ev, 3), None, None])
+    loop._deadline = lambda share=None: next(deadlines) if share is None else None
+    real = gate.judge
+    gate.judge = lambda start, cand: ({**real(start, cand), "promoted": False, "refused": "planted"}
+                                      if len(gate.judged) == 0 else real(start, cand))
+    with run:
+        out = loop.loop()
+    first, second = out["rounds"][:2]
+    refused = gate.judged[0]
+    assert refused == ev.order[2]  # the smallest tree, planted fastest of all
+    assert first["result"] == "stock" and first["unreached"] > 10
+    assert second["start"] == "stock" and second["result"] == PLANTED
+    assert gate.judged[:2] == [refused, PLANTED]  # round 2 judged only what round 1 had not (round 3: a new start)
+    status = {e["system"]: e["status"] for e in second["search"]["ranked"]}
+    assert status[refused].startswith("gated in round-1: refused")
+    from specpilot.loop.report import why_stock
+
+    assert f"left {first['unreached']} candidates unreached, and round 2 went on" in why_stock({"rounds": [first]})
 
 
 class Logic:

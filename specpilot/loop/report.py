@@ -234,6 +234,9 @@ def why_stock(summary: dict) -> str:
             said.append(f"round {n}'s result `{s['result']}` failed the sealed final ({s.get('reason')})")
         elif not gated:
             said.append(f"round {n} gated no candidate (its candidates' statuses and skipped directions are below)")
+        if r.get("unreached"):
+            said.append(f"round {n}'s share of the budget left {r['unreached']} candidates unreached, and round "
+                        f"{n + 1} went on with its search from the same start")
         elif not any(g.get("promoted") for g in gated):
             timed = [g for g in gated if (g.get("controller") or {}).get("gain") is not None]
             top = max(timed, key=lambda g: g["controller"]["gain"], default=None)

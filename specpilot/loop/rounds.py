@@ -80,6 +80,10 @@ class Loop:
     _runner: Runner | None = None
     _gate: Gate | None = None
     _releases: int = 0  # how often the models were released (a round's evidence is handed the new ones)
+    # the evidence's measurements by the ceiling's system they were made from (step timings, closed runs): a later
+    # round from the same start reads them back instead of timing again
+    _measured: dict = field(default_factory=dict)
+    _gated: dict = field(default_factory=dict)  # (start, candidate) -> the round that gated it and its verdict
 
     @property
     def runner(self) -> Runner:
@@ -148,8 +152,9 @@ class Loop:
         # a CPU step is long and synchronous: a few steps time it as well as many, and no queue needs filling
         fewer = {"step_tokens": 2, "step_reps": 4} if cpu else {}
         kind = BatchEvidence if self.runner.slots > 1 else Evidence
+        cache, row_steps = self._measured.setdefault(analysed.name, ({}, {}))
         ev = kind(self.runner, self.plan.dev, self.plan.max_new_tokens, recordings.get(analysed.name, []),
-                  analysed, paired=cpu, **fewer)
+                  analysed, paired=cpu, cache=cache, row_steps=row_steps, **fewer)
         for name, (rates, tau) in ceiling.get("batch_runs", {}).items():  # the start's and AR's, not run again
             ev.cache["closed", name] = (rates, tau)
         return ev
@@ -253,6 +258,10 @@ class Loop:
             if len(gated) >= agent.max_gates:
                 e["status"] = f"not gated: the round's {agent.max_gates} gates are spent"
                 continue
+            before = self._gated.get((start.name, e["system"]))
+            if before is not None:  # a round that went on with the same start's search: judged already
+                e["status"] = f"gated in {before[0]}: {before[1]}"
+                continue
             gstep = f"{name}/phase-1/{slug(e['system'])}/gate"
             short = self._short(gstep, "gate")
             if short:
@@ -263,6 +272,7 @@ class Loop:
             gated.append({**g, "predicted": e["speedup"], "direction": e["direction"]})
             e["status"] = ("promoted" if g["promoted"] else f"error: {g['error']}" if g.get("error") else
                            f"refused: {g.get('refused') or g.get('controller', {}).get('reason', '')}")
+            self._gated[start.name, e["system"]] = (name, e["status"])
             if g.get("fatal"):
                 raise Halted(g["refused"])
             if g["promoted"]:
@@ -579,6 +589,14 @@ class Loop:
                              "starts from that commit's own install")
                 self.say(f"converged: {converged}")
                 break
+            unreached = not_reached(rounds[-1])
+            if rounds[-1]["result"] == start and r < self.plan.rounds and unreached:
+                # its survey ran out of its share: the next round goes on with it (what was measured is read
+                # back, what was gated is not gated again), and only a round that saw every candidate converges
+                rounds[-1]["unreached"] = unreached
+                self.say(f"round {r} kept its start with {unreached} candidates not reached: round {r + 1} goes on "
+                         "with its search")
+                continue
             if rounds[-1]["result"] == start and r < self.plan.rounds:
                 # the agent is deterministic over its evidence: a round from the same start would search the same
                 # candidates again (and a promoted one would meet its cached sealed verdict again)
@@ -591,6 +609,11 @@ class Loop:
         commit = next((r.get("result_commit") for r in rounds[::-1] if r["result"] == start), None)
         return {"rounds": rounds, "best": start, "best_commit": commit, "converged": converged, "stopped": stopped,
                 "errors": errors}
+
+
+def not_reached(round: dict) -> int:
+    """Candidates of a round's ranked search that its share of the budget did not reach."""
+    return sum(1 for e in round.get("search", {}).get("ranked", []) if e.get("status", "").startswith("not reached"))
 
 
 def errors_of(round: dict) -> list[str]:

@@ -23,14 +23,16 @@ from specpilot.loop.agent import BuiltinAgent, Direction
 from specpilot.loop.evidence import RUN, Evidence
 
 # the order evidence is gathered in, cheapest first (a factor not named here comes last)
-# (speculation off first: a step timing or two, and where speculation does not pay, as on a CPU, the answer)
-# (under regime batch the batch's verify rows next: the mechanisms made for it, each a closed loop)
-COST_ORDER = ("base", "batch", "tau-tree", "memory", "kernel", "overhead", "tau")
+# (plain speculation off first: AR's step is timed already, and where speculation does not pay, as on a CPU, it is
+# the answer; under regime batch the batch's verify rows next: the mechanisms made for it, each a closed loop; AR's
+# variants after the trees: a kernel option's engine can cost minutes to build on a large target, and on the twin
+# one such timing once spent a round's whole survey before any tree was predicted)
+COST_ORDER = ("base", "batch", "tau-tree", "memory", "base-variant", "kernel", "overhead", "tau")
 TO_GATE = "to gate"
 
 
 def _cost(d: Direction, c: System, ev: Evidence) -> tuple:
-    kind = "tau-tree" if ev.replayable(c) else d.factor
+    kind = "tau-tree" if ev.replayable(c) else "base-variant" if d.factor == "base" and c.options else d.factor
     rank = COST_ORDER.index(kind) if kind in COST_ORDER else len(COST_ORDER)
     return rank, (c.get("nodes") or 0) if kind == "tau-tree" else 0  # small budgets first: they bound the rest
 
