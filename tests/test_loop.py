@@ -1070,3 +1070,34 @@ def test_on_a_hybrid_target_trees_are_tried_with_each_way_of_keeping_the_gdn_sta
     assert agent.candidates(state, tree, "cuda", 16, 8) == []
     assert [c.name for c in agent.candidates(state, tree, "cuda", 16, 8, hybrid=True)] == [
         "stock:hybrid_tree=recompute,nodes=32,tree=best_first"]
+
+
+def test_the_report_says_which_memory_entries_carried_to_this_deployment(tmp_path):
+    """Entries made on another drafter are candidates here like any other: the planted best, given by an entry,
+    carries (promoted); an entry under the bar does not; an AR entry is no move from stock's start."""
+    from specpilot.loop.report import carried
+
+    made = {"gpu": "H200", "target": "t", "drafter": "other-drafter", "regime": "single", "dtype": "bfloat16"}
+    memory = [{"id": "a1", "registry": {"system": PLANTED}, "fingerprint": made},
+              {"id": "b2", "registry": {"system": "stock:block_size=4"}, "fingerprint": made},
+              {"id": "c3", "registry": {"system": "ar:gemv=true"}, "fingerprint": made}]
+    loop, run, gate = synthetic_loop(tmp_path, rounds=1)
+    loop.memory = memory
+    ev = Ranked(top="none")
+    loop.evidence = lambda ceiling: ev
+    with run:
+        out = loop.loop()
+    ranked_rows = out["rounds"][0]["search"]["ranked"]
+    assert any(e.get("entries") == [PLANTED] for e in ranked_rows)  # (the tree direction reached it first)
+    here = {**made, "drafter": "mine"}
+    fates = {c["id"]: c for c in carried({**out, "memory_given": memory, "fingerprint": here})}
+    assert fates["a1"]["carried"] and fates["a1"]["fate"].startswith(f"carried: `{PLANTED}` promoted in round 1")
+    assert not fates["b2"]["carried"] and "below the bar" in fates["b2"]["fate"]
+    assert fates["c3"]["fate"].startswith("did not carry: no move")
+    assert not any(c["same"] for c in fates.values())
+    (tmp_path / "run" / "loop.json").write_text(json.dumps({"deployment": "tiny", "agent": "builtin", "rounds_asked": 1,
+                                                            "limit": 8, "max_new_tokens": 8, "stopped": None,
+                                                            "memory_given": memory, "fingerprint": here, **out}))
+    md, _ = write_report(tmp_path / "run")
+    text = md.read_text()
+    assert "## Memory" in text and f"carried: `{PLANTED}` promoted in round 1" in text and "other-drafter" in text

@@ -82,15 +82,16 @@ class BuiltinAgent:
                for f in order for c in CANDIDATES[f] if c["built"] and c["options"]]
         if in_flight > 1:
             out.insert(0, BATCH)
+        out = out[: self.max_directions]  # the mechanisms' cut: speculation on or off and the memory always come
         base = Direction("base", "speculation on or off", [])
         if speedup is not None and speedup < 1 + self.headroom:  # speculating does not pay here: look at AR first
             out.insert(0, base)
         else:
             out.append(base)
         systems = sorted({e["registry"]["system"] for e in memory})
-        if systems:
+        if systems:  # (until 2026-12-07 the mechanisms' cut came after it: a GPU round never searched its memory)
             out.append(Direction("memory", "entries of the structured memory", [], reused=True, systems=systems))
-        return out[: self.max_directions]
+        return out
 
     def candidates(self, d: Direction, start: System, device: str, block: int, width: int = 0,
                    dtype: str | None = None, hybrid: bool = False, in_flight: int = 1) -> list[System]:
@@ -108,6 +109,21 @@ class BuiltinAgent:
                                                                                     dtype)]
         return list({s.name: s for s in moves if runs_as_named(s, block, width)}.values())
 
+    @staticmethod
+    def memory_sources(d: Direction, start: System, device: str, dtype: str | None) -> dict[str, list[str]]:
+        """The memory direction's candidates from `start`, each with the entries' systems it comes from: an entry's
+        options the search may set here (w12_dense, say, is a memory choice, not speed; gemv does nothing on a CPU;
+        verify=tlv needs BF16 weights) set on the start; an entry of the other base is no move from it."""
+        out: dict[str, list[str]] = {}
+        for entry in d.systems:
+            if parse_system(entry).base != start.base:
+                continue
+            move = variant(start, **{k: v for k, v in parse_system(entry).options.items()
+                                     if not unsearched(k, v, device, dtype)})
+            if move.name != start.name:
+                out.setdefault(move.name, []).append(entry)
+        return out
+
     def _moves(self, d: Direction, start: System, device: str, block: int, dtype: str | None) -> list[System]:
         if d.factor == "base":
             other = "ar" if start.speculative else "stock"
@@ -118,12 +134,8 @@ class BuiltinAgent:
             # speculation off is a direction like any other: AR with each of its kernel and host options too
             return [first] + [variant(first, **{name: v}) for name in AR_OPTIONS
                               for v in values(name, first, device, block, dtype)]
-        if d.factor == "memory":  # an entry's options the search may set here (w12_dense, say, is a memory choice,
-            # not speed; gemv does nothing on a CPU; verify=tlv needs BF16 weights)
-            found = [variant(start, **{k: v for k, v in parse_system(s).options.items()
-                                       if not unsearched(k, v, device, dtype)})
-                     for s in d.systems if parse_system(s).base == start.base]
-            return list({v.name: v for v in found if v.name != start.name}.values())
+        if d.factor == "memory":
+            return [parse_system(name) for name in self.memory_sources(d, start, device, dtype)]
         if not start.speculative and any(o in ("tree", "nodes", "block_size", "tree_k") for o in d.options):
             return []
         if "tree" in d.options:  # a builder is nothing without its budget: tune both (small budgets first: bounds)

@@ -27,7 +27,7 @@ from specpilot.loop.agent import BuiltinAgent
 from specpilot.loop.best import write_best, write_best_patch
 from specpilot.loop.coding import CodingAgent
 from specpilot.loop.gate import Gate
-from specpilot.loop.remember import remember
+from specpilot.loop.remember import fingerprint, remember
 from specpilot.loop.rounds import Loop, LoopPlan
 from specpilot.loop.rundir import RunDir
 from specpilot.loop.slots import check_devices, launch
@@ -226,7 +226,8 @@ def build_loop(a: LoopArgs, say: Callable[[str], None]) -> tuple[Loop, RunDir]:
                     looks=1 if on_cpu else LOOKS)
 
     shipped = Store(REPO / "memory", REPO)
-    memory = [{"id": i, "registry": shipped.read(i).registry} for i in shipped.ids()]
+    memory = [{"id": i, "registry": e.registry, "fingerprint": e.evidence.get("fingerprint", {})}
+              for i, e in ((i, shipped.read(i)) for i in shipped.ids())]
     slots = partial(launch, a, run) if a.slots and a.slot is None else None
     return Loop(plan, run, models, gate, memory=memory, say=say, launch_slots=slots, slot=a.slot), run
 
@@ -251,6 +252,7 @@ def run_loop(a: LoopArgs, say: Callable[[str], None] = lambda s: None) -> dict:
                    "limit": a.limit, "max_new_tokens": a.max_new_tokens, "sealed_tokens": a.sealed,
                    "forcing_bound": a.forcing_bound, "budget_s": a.budget_s, "slots": a.slots,
                    **({"base_commit": commit} if coding else {}), "measured": run.ran, "reused_steps": run.reused,
+                   "fingerprint": fingerprint(a.dep), "memory_given": loop.memory,
                    **result}
         write_json_atomic(a.run_dir / "loop.json", summary)
         if result.get("best_commit"):  # another tree's system: its code delta beside the deployment

@@ -484,8 +484,42 @@ def blocks(summary: dict, run_dir: Path, png: bytes | None) -> list:
     errors = [str(e) for e in summary.get("errors") or []]
     out = _header(summary) + ([("errors", errors)] if errors else []) + [("verdict", text, trusted)]
     files = step_files(run_dir)
-    return (out + _rounds_section(summary, png) + _candidates_section(summary, files) + _agents_section(summary)
-            + _files_section(summary, run_dir, files))
+    return (out + _rounds_section(summary, png) + _candidates_section(summary, files) + _memory_section(summary)
+            + _agents_section(summary) + _files_section(summary, run_dir, files))
+
+
+def carried(summary: dict) -> list[dict]:
+    """Each memory entry the loop was given: where it was made, and what became of it here: the candidates it gave,
+    round by round, with their statuses (promoted: it carried; re-tuned and re-tested here, never a discovery)."""
+    out = []
+    for entry in summary.get("memory_given") or []:
+        system = entry["registry"]["system"]
+        seen = [(r.get("round"), e) for r in summary.get("rounds", []) for e in ranked(r)
+                if system in (e.get("entries") or [])]
+        promoted = [(n, e) for n, e in seen if e.get("status") == "promoted"]
+        also = lambda e: "" if e.get("reused") else f" (also a move of {e.get('direction')})"  # noqa: E731
+        fate = (f"carried: `{promoted[0][1]['system']}` promoted in round {promoted[0][0]}{also(promoted[0][1])}"
+                if promoted else
+                "did not carry: " + "; ".join(f"`{e['system']}` in round {n}: {e.get('status')}" for n, e in seen)
+                if seen else "did not carry: no move from any round's start (its base differs, or the start holds it)")
+        out.append({"id": entry.get("id"), "system": system, "made_on": entry.get("fingerprint") or {},
+                    "same": (entry.get("fingerprint") or {}) == summary.get("fingerprint"), "fate": fate,
+                    "carried": bool(promoted)})
+    return out
+
+
+def _memory_section(summary: dict) -> list:
+    rows = [[f"`{c['id']}`", f"`{c['system']}`", _made_on(c["made_on"]) + (" (this deployment)" if c["same"] else ""),
+             c["fate"]] for c in carried(summary)]
+    if not rows:
+        return []
+    return [("h2", "Memory"), ("p", "The memory's entries, each made on some deployment: the candidates they gave here "
+                               "were re-tuned and re-tested like any other, and one promoted is reuse, not a "
+                               "discovery."), ("table", ["entry", "system", "made on", "here"], rows)]
+
+
+def _made_on(fp: dict) -> str:
+    return ", ".join(str(fp.get(k)) for k in ("target", "drafter", "gpu", "dtype") if fp.get(k) is not None) or "-"
 
 
 def _agents_section(summary: dict) -> list:

@@ -56,12 +56,17 @@ def survey(agent: BuiltinAgent, directions: list[Direction], start: System, ev: 
                             else "nothing to search"})
         for c in mine:
             found.setdefault(c.name, (c, d))
+    # a candidate a memory entry gives names the entries (the report says which carried to this deployment), also
+    # where another direction reached it first
+    sources = {name: systems for d in directions if d.factor == "memory"
+               for name, systems in agent.memory_sources(d, start, device, dtype).items()}
     order = sorted(found.values(), key=lambda cd: _cost(cd[1], cd[0], ev))
     # pruned only against the bar, never against the best prediction so far: the best may be refused at its gate
     # (on the pair on an H100, ar:gemv=true by forcing's power), and the next one down must then be there to gate
     evaluated = []
     for c, d in order:
-        row = {"system": c.name, "direction": d.mechanism, "factor": d.factor, **({"reused": True} if d.reused else {})}
+        row = {"system": c.name, "direction": d.mechanism, "factor": d.factor, **({"reused": True} if d.reused else {}),
+               **({"entries": sources[c.name]} if c.name in sources else {})}
         if deadline is not None and time.monotonic() > deadline:
             evaluated.append({**row, "status": "not reached: the survey's share of the budget is spent"})
             continue
