@@ -10,6 +10,8 @@
 #                                       DRAFTER=<folder of the new one> (default .models/smollm2-dflash-new),
 #                                       ALSO=<a third drafter's folder> (optional)
 #   bash bench/gpu/drafter.sh twin      the same on the x16 twin (fewer requests: TWIN_LIMIT)
+#   bash bench/gpu/drafter.sh kinds     issue 60: an EAGLE-3 and a DSpark drafter trained on .cache/distill at once
+#                                       (KINDS, RESUME_DIR) -> $OUT/smollm2-<kind>
 # Each call has at most 10 minutes. Knobs: TEMPLATES SELF MINUTES BATCH (distill), LAYERS RANK SEQS BLOCKS
 # TRAIN_MINUTES RESUME EVAL_EVERY (train), LIMIT TWIN_LIMIT ALSO (bench).
 # Another target (the distilled hybrid student, issue 58): TARGET=<its deployment TOML> NAME=<drafter folder name>
@@ -61,6 +63,36 @@ PY
     for layers in ${LAYERS:-3}; do cp ".models/$NAME-l$layers/training.json" "$OUT/train_l$layers.json"; done
     mkdir -p "$OUT/$NAME" && cp "$NEW"/* "$OUT/$NAME/"
     ;;
+kinds)
+    # issue 60: the other drafter kinds, each trained once on .cache/distill, all at once on the one GPU, for the same
+    # minutes: KINDS (default "eagle3 dspark") -> .models/smollm2-<kind> and $OUT/smollm2-<kind> (its training.json
+    # holds the curve; a later lease goes on with RESUME_DIR=<a folder holding smollm2-<kind> checkpoints>)
+    python3 bench/gpu/stage_smollm2.py assemble
+    pids=()
+    for kind in ${KINDS:-eagle3 dspark}; do
+        case $kind in
+        eagle3) args=(--kind eagle3 --block-size 7 --draft-vocab "${DRAFT_VOCAB:-8192}") ;;
+        dspark) args=(--kind dspark --block-size 16 --markov-rank "${MARKOV:-64}" --layers "${LAYERS:-3}") ;;
+        *) echo "KINDS: eagle3 or dspark, got $kind" >&2; exit 2 ;;
+        esac
+        resume=()
+        [ -n "${RESUME_DIR:-}" ] && [ -d "$RESUME_DIR/smollm2-$kind" ] && resume=(--resume "$RESUME_DIR/smollm2-$kind")
+        python3 -m specpilot.cli train-drafter --deployment "$TARGET" --data "$DATA" --out ".models/smollm2-$kind" \
+            --amp "${args[@]}" --seqs-per-step "${SEQS:-64}" --blocks-per-seq "${BLOCKS:-16}" --steps 1000000 \
+            --max-minutes "${TRAIN_MINUTES:-7.5}" --eval-every "${EVAL_EVERY:-90}" "${resume[@]}" \
+            > "/tmp/train-$kind.log" 2>&1 &
+        pids+=($!)
+    done
+    status=0
+    for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+    for kind in ${KINDS:-eagle3 dspark}; do
+        tail -c 1200 "/tmp/train-$kind.log"
+        # (the device sends back 8 files a call: the weights, config and record, not the prompts)
+        [ -d ".models/smollm2-$kind" ] && mkdir -p "$OUT/smollm2-$kind" && \
+            find ".models/smollm2-$kind" -maxdepth 1 -type f ! -name 'prompts.jsonl.gz' -exec cp {} "$OUT/smollm2-$kind/" \;
+    done
+    [ "$status" = 0 ]
+    ;;
 bench|twin)
     # the committed drafter (old) and the new one, each on the same requests; AR runs beside each as the reference
     if [ "$1" = bench ]; then src=bench/gpu/smollm2-pair.toml limit=${LIMIT:-20} extra=--oracle
@@ -74,7 +106,7 @@ bench|twin)
     done
     ;;
 *)
-    echo "usage: bash bench/gpu/drafter.sh distill|train|bench|twin" >&2
+    echo "usage: bash bench/gpu/drafter.sh distill|train|kinds|bench|twin" >&2
     exit 2
     ;;
 esac
