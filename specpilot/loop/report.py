@@ -235,8 +235,10 @@ def why_stock(summary: dict) -> str:
         elif not gated:
             said.append(f"round {n} gated no candidate (its candidates' statuses and skipped directions are below)")
         if r.get("unreached"):
-            said.append(f"round {n}'s share of the budget left {r['unreached']} candidates unreached, and round "
-                        f"{n + 1} went on with its search from the same start")
+            left = (f"left {r['unreached']} candidates unreached" if isinstance(r["unreached"], int) else
+                    f"ran out: {r['unreached']}")
+            said.append(f"round {n}'s share of the budget {left}, and round {n + 1} went on with its search from the "
+                        "same start")
         elif not any(g.get("promoted") for g in gated):
             timed = [g for g in gated if (g.get("controller") or {}).get("gain") is not None]
             top = max(timed, key=lambda g: g["controller"]["gain"], default=None)

@@ -594,8 +594,8 @@ class Loop:
                 # its survey ran out of its share: the next round goes on with it (what was measured is read
                 # back, what was gated is not gated again), and only a round that saw every candidate converges
                 rounds[-1]["unreached"] = unreached
-                self.say(f"round {r} kept its start with {unreached} candidates not reached: round {r + 1} goes on "
-                         "with its search")
+                what = f"{unreached} candidates not reached" if isinstance(unreached, int) else unreached
+                self.say(f"round {r} kept its start with {what}: round {r + 1} goes on with its search")
                 continue
             if rounds[-1]["result"] == start and r < self.plan.rounds:
                 # the agent is deterministic over its evidence: a round from the same start would search the same
@@ -611,9 +611,13 @@ class Loop:
                 "errors": errors}
 
 
-def not_reached(round: dict) -> int:
-    """Candidates of a round's ranked search that its share of the budget did not reach."""
-    return sum(1 for e in round.get("search", {}).get("ranked", []) if e.get("status", "").startswith("not reached"))
+def not_reached(round: dict) -> int | str:
+    """Candidates of a round's ranked search that its share of the budget did not reach; or why it did not search
+    at all (its share spent before its survey began: on a CPU the ceiling alone can take round 1's)."""
+    search = round.get("search", {})
+    if search.get("refused"):
+        return f"its survey did not begin ({search['refused']})"
+    return sum(1 for e in search.get("ranked", []) if e.get("status", "").startswith("not reached"))
 
 
 def errors_of(round: dict) -> list[str]:
