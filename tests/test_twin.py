@@ -205,3 +205,117 @@ def test_deployment_twin_gdn_errors(tmp_path, section, message):
     (tmp_path / "bad.toml").write_text(TWIN_TOML.replace("[twin]\nwidth = 2\n", section))
     with pytest.raises(UserError, match=message):
         load_deployment(path=tmp_path / "bad.toml")
+
+
+# ----- EAGLE-3 --------------------------------------------------------------------------------------------------
+
+E3_TARGET = dict(vocab=64, num_layers=5, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def eagle3_pair():
+    from specpilot.fixtures.random_models import random_eagle3
+
+    cfg = tiny_target_config(**E3_TARGET)
+    return random_target(cfg, seed=21), random_eagle3(cfg, draft_vocab=24, seed=22, taps=(0, 2, 3))
+
+
+@torch.no_grad()
+def eagle3_lattice(target, model, prompt, anchor):
+    """Prefill over the prompt's tap features, then one drafted tree (the naive kernel plan, as test_eagle3's)."""
+    from specpilot.config import KernelPlan
+    from specpilot.models.teacher import target_features
+    from specpilot.speculative.eagle3 import Eagle3
+
+    feats = target_features(target, [prompt], model.cfg.taps)
+    draft = Eagle3(model, target.embed, 96, 0, KernelPlan.stock(), depth=4)
+    draft.prefill(feats, 0, 0, torch.tensor([prompt]))
+    return draft.lattice(torch.tensor([anchor]), torch.tensor([len(prompt)]))
+
+
+def assert_same_lattice(a, b):
+    assert torch.equal(a.tokens, b.tokens)
+    torch.testing.assert_close(a.logp, b.logp, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(a.edges, b.edges, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("r, depth", [(2, None), (3, None), (2, 7)])
+def test_a_widened_eagle3_drafter_drafts_the_same_tree(eagle3_pair, r, depth):
+    """fc reads three widened taps, q/k/v the two widened halves [emb'; h']: over the widened target's embedding
+    and features the drafter's draft-vocabulary log p (so its tree) is the small one's; depth padding keeps the
+    taps where they were."""
+    from specpilot.models.twin import widen_eagle3
+
+    small_t, small_d = eagle3_pair
+    twin_t, twin_d = widen_target(small_t, r, depth), widen_eagle3(small_d, r)
+    lc = twin_d.cfg.layer
+    assert (lc.hidden_size, lc.intermediate_size, lc.num_heads, lc.num_kv_heads, lc.num_layers) == (
+        r * small_d.cfg.layer.hidden_size, r * small_d.cfg.layer.intermediate_size,
+        r * small_d.cfg.layer.num_heads, r * small_d.cfg.layer.num_kv_heads, 1)
+    assert twin_d.cfg.target_hidden == twin_t.cfg.hidden_size and twin_d.cfg.taps == small_d.cfg.taps
+    assert twin_d.cfg.draft_vocab == 24 and torch.equal(twin_d.d2t, small_d.d2t)
+    for seed in range(3):
+        prompt = torch.randint(0, 64, (11 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+        assert_same_lattice(eagle3_lattice(twin_t, twin_d, prompt, 7), eagle3_lattice(small_t, small_d, prompt, 7))
+
+
+def test_a_widened_eagle3_pair_gives_ar_tokens_and_the_small_pairs_steps():
+    """Stock (the release's tree) over the widened pair: AR's tokens, and the small pair's accepted lengths (a
+    vocabulary of 10 tokens, so the random drafter is right now and then)."""
+    from specpilot.config import parse_system
+    from specpilot.fixtures.random_models import random_eagle3
+    from specpilot.models.twin import widen_eagle3
+
+    cfg = tiny_target_config(vocab=10, num_layers=5, max_position_embeddings=256, num_kv_heads=4)
+    small_t, small_d = random_target(cfg, seed=11), random_eagle3(cfg, draft_vocab=8, seed=3, taps=(0, 2, 3))
+    twin_t, twin_d = widen_target(small_t, 2), widen_eagle3(small_d, 2)
+    accepted = []
+    for prompt in ([3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8]):
+        ar = Engine(small_t, None, parse_system("ar"), context=96).generate_one(prompt, 24, ()).tokens
+        a = Engine(small_t, small_d, parse_system("stock"), context=96).generate_one(prompt, 24, ())
+        b = Engine(twin_t, twin_d, parse_system("stock"), context=96).generate_one(prompt, 24, ())
+        assert b.tokens == ar == a.tokens and b.accepted == a.accepted
+        accepted += a.accepted
+    assert max(accepted) > 1
+
+
+def test_a_deployment_twin_widens_an_eagle3_drafter():
+    from specpilot.deployment import load_deployment
+    from specpilot.models.eagle3 import Eagle3Drafter
+    from specpilot.runtime.pair import build_pair
+
+    dep = load_deployment("tiny-eagle3")
+    small_t, small_d, _ = build_pair(dep)
+    dep.twin_width, dep.twin_depth = 2, 8
+    wide_t, wide_d, _ = build_pair(dep)
+    assert isinstance(wide_d, Eagle3Drafter) and wide_t.cfg.num_layers == 8
+    assert wide_d.cfg.layer.hidden_size == wide_t.cfg.hidden_size == 2 * small_t.cfg.hidden_size
+    assert wide_d.cfg.taps == small_d.cfg.taps
+    prompt = [5, 9, 33, 2, 71, 40]
+    assert_same_lattice(eagle3_lattice(wide_t, wide_d, prompt, 3), eagle3_lattice(small_t, small_d, prompt, 3))
+
+
+def test_the_twin_command_writes_an_eagle3_drafter_in_its_layout(eagle3_pair, tmp_path):
+    from specpilot.cli.training import twin
+    from specpilot.errors import UserError
+    from specpilot.fixtures.random_models import random_eagle3
+    from specpilot.models.eagle3 import load_eagle3, save_eagle3
+    from specpilot.models.loading import load_target, save_target
+
+    small_t, small_d = eagle3_pair
+    save_target(small_t, tmp_path / "small")
+    save_eagle3(small_d, tmp_path / "e3")
+    twin(target=tmp_path / "small", out=tmp_path / "twin", width=2, drafter=tmp_path / "e3", depth=6,
+         dtype="float32")
+    assert sorted(p.name for p in (tmp_path / "twin").iterdir()) == ["drafter", "target"]
+    wide_t = load_target(tmp_path / "twin" / "target")
+    wide_d = load_eagle3(tmp_path / "twin" / "drafter")
+    assert wide_t.cfg.num_layers == 6 and wide_d.cfg.target_hidden == 2 * small_t.cfg.hidden_size
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert_same_lattice(eagle3_lattice(wide_t, wide_d, prompt, 5), eagle3_lattice(small_t, small_d, prompt, 5))
+    foreign = tiny_target_config(**{**E3_TARGET, "hidden_size": 32, "head_dim": 8})
+    save_eagle3(random_eagle3(foreign, draft_vocab=24, seed=1, taps=(0, 2, 3)), tmp_path / "foreign")
+    with pytest.raises(UserError, match="is not a drafter of"):
+        twin(target=tmp_path / "small", out=tmp_path / "twin2", width=2, drafter=tmp_path / "foreign", depth=None,
+             dtype="float32")
+    assert not (tmp_path / "twin2").exists()

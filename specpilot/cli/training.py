@@ -190,16 +190,19 @@ def twin(
     out: Annotated[Path, typer.Option(help="Folder to write: <out>/target and <out>/drafter (an earlier twin there "
                                            "is replaced as a whole).")],
     width: Annotated[int, typer.Option(help="Repeat every hidden unit, head and MLP unit this many times.")],
-    drafter: Annotated[Path | None, typer.Option(help="Its drafter's checkpoint folder (widened alike).")] = None,
+    drafter: Annotated[Path | None, typer.Option(help="Its drafter's checkpoint folder, DFlash-style or EAGLE-3 "
+                                                        "(widened alike, written in its own layout).")] = None,
     depth: Annotated[int | None, typer.Option(help="Pad to this many layers with layers that change nothing.")
                      ] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 for the written weights.")] = "bfloat16",
 ) -> None:
-    """Write a function-preserving widened twin of a target (and drafter): same logits, more bytes."""
+    """Write a function-preserving widened twin of a target (and drafter, DFlash-style or EAGLE-3): same logits, more
+    bytes."""
     import torch
 
+    from specpilot.models.eagle3 import check_eagle3_pair, is_eagle3, load_eagle3, save_eagle3
     from specpilot.models.loading import load_drafter, load_target, save_drafter, save_target
-    from specpilot.models.twin import widen_drafter, widen_target
+    from specpilot.models.twin import widen_drafter, widen_eagle3, widen_target
     from specpilot.results import folder_atomic
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -211,12 +214,23 @@ def twin(
     small = load_target(target, torch.float32)
     if depth is not None and depth < small.cfg.num_layers:
         raise UserError(f"--depth {depth} is below the target's {small.cfg.num_layers} layers")
-    d = load_drafter(drafter, torch.float32) if drafter is not None else None  # both checked before any write
-    if d is not None and d.cfg.layer.hidden_size != small.cfg.hidden_size:
-        raise UserError(f"{drafter} is not a drafter of {target}: hidden size {d.cfg.layer.hidden_size} against "
-                        f"{small.cfg.hidden_size}")
+    eagle3 = drafter is not None and is_eagle3(drafter)
+    d = None  # both checked before any write
+    if eagle3:
+        d = load_eagle3(drafter, torch.float32, target_layers=small.cfg.num_layers)
+        try:
+            check_eagle3_pair(small.cfg, d.cfg)
+        except UserError as e:
+            raise UserError(f"{drafter} is not a drafter of {target}: {e}") from None
+    elif drafter is not None:
+        d = load_drafter(drafter, torch.float32)
+        if d.cfg.layer.hidden_size != small.cfg.hidden_size:
+            raise UserError(f"{drafter} is not a drafter of {target}: hidden size {d.cfg.layer.hidden_size} against "
+                            f"{small.cfg.hidden_size}")
     with interruptible(f"twin interrupted: nothing was written ({out} was not touched)"), folder_atomic(out) as tmp:
         save_target(widen_target(small, width, depth).to(dtypes[dtype]), tmp / "target")
-        if d is not None:
+        if eagle3:  # depth pads after the source's layers: the taps keep their indices
+            save_eagle3(widen_eagle3(d, width).to(dtypes[dtype]), tmp / "drafter")
+        elif d is not None:
             save_drafter(widen_drafter(d, width, depth).to(dtypes[dtype]), tmp / "drafter")
     console.print(f"wrote {out / 'target'}" + (f" and {out / 'drafter'}" if d is not None else ""), markup=False)

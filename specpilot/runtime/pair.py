@@ -88,10 +88,8 @@ def _build_eagle3(dep: Deployment, target: DenseTarget, dtype, device, rope: int
 def _twin(dep: Deployment, target: DenseTarget, drafter: DFlashDrafter | None):
     """Widen in memory (the fast path: no 50 GB checkpoint to write or read)."""
     from specpilot.models.config import GDNShape
-    from specpilot.models.twin import widen_drafter, widen_target
+    from specpilot.models.twin import widen_drafter, widen_eagle3, widen_target
 
-    if drafter is not None and not isinstance(drafter, DFlashDrafter):
-        raise UserError("[twin] an EAGLE-3 drafter is not widened yet: a twin takes a DFlash or DSpark drafter")
     r, depth, hybrid = dep.twin_width, dep.twin_depth, dict(dep.twin_gdn or {})
     if depth is not None and depth < target.cfg.num_layers:
         raise UserError(f"[twin] depth {depth} is below the target's {target.cfg.num_layers} layers")
@@ -105,7 +103,12 @@ def _twin(dep: Deployment, target: DenseTarget, drafter: DFlashDrafter | None):
         raise UserError(f"the x{r} twin needs about {need / 1e9:.0f} GB of weights, more than half of this "
                         "machine's memory: run it on a GPU")
     wide_target = widen_target(target, r, depth, gdn, per)
-    wide_drafter = widen_drafter(drafter, r, depth, per) if drafter is not None else None
+    if drafter is None:
+        wide_drafter = None
+    elif isinstance(drafter, DFlashDrafter):
+        wide_drafter = widen_drafter(drafter, r, depth, per)
+    else:  # EAGLE-3: depth pads after the source's layers, so its taps keep their indices
+        wide_drafter = widen_eagle3(drafter, r, per)
     return wide_target, wide_drafter
 
 
