@@ -1101,3 +1101,12 @@ def test_the_report_says_which_memory_entries_carried_to_this_deployment(tmp_pat
     md, _ = write_report(tmp_path / "run")
     text = md.read_text()
     assert "## Memory" in text and f"carried: `{PLANTED}` promoted in round 1" in text and "other-drafter" in text
+
+
+def test_a_round_that_searched_nothing_or_not_everything_has_not_converged():
+    from specpilot.loop.rounds import not_reached
+
+    assert not_reached({"search": {"refused": "budget: 0 s left"}}) == "its survey did not begin (budget: 0 s left)"
+    ranked = [{"status": "below the bar"}, {"status": "not reached: the survey's share of the budget is spent"}]
+    assert not_reached({"search": {"ranked": ranked}}) == 1
+    assert not_reached({"search": {"ranked": ranked[:1]}}) == 0 and not_reached({}) == 0
