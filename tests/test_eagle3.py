@@ -226,3 +226,19 @@ def test_replay_of_recorded_eagle3_trees_commits_what_the_live_run_did(pair, sys
     assert turns[0].exact
     builder = engine.builder or TreeBuilder("chain", engine.block, engine.block - 1, engine.width)
     assert committed(turns[0], builder).tolist() == gen.accepted
+
+
+@pytest.mark.slow  # a loop round on two cores: about 90 s
+def test_the_loop_measures_an_eagle3_deployment_whose_stock_is_its_release_tree(tmp_path):
+    """The ceiling and the survey read the builder the engine runs (stock's eagle2 tree of 61 rows), not the option's
+    name (chain): the start is predicted, and the round runs to its sealed final."""
+    import json
+
+    from tests.test_cli import specpilot
+
+    out = specpilot("loop", "--preset", "tiny-eagle3", "--rounds", "1", "--budget", "200", "--run-dir", tmp_path / "r")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "r" / "loop.json").read_text())
+    first = summary["rounds"][0]
+    assert "speedup" in first["search"]["start"], first["search"]["start"]
+    assert first["ceiling"]["system"] == "stock" and first["sealed"]["result"] == first["result"]

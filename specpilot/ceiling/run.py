@@ -90,12 +90,15 @@ def _system_inputs(runner: Runner, sys_: System, turns: list[TurnLattices], prom
                       ctx_rows=sum(taus) / len(taus) if taus else 1.0, depth=depth, width=width,
                       tree=engine.builder is not None, dtype_bytes=_bytes(runner.target.embed.weight.dtype))
     step_s = {}
+    # the builder the engine runs: an EAGLE-3 drafter's stock is its release's tree (tree=chain resolves to eagle2)
+    builder = engine.builder.builder if engine.builder is not None else "chain"
     for n in sorted({*plan.nodes, engine.rows}):
-        if sys_.get("tree") == "chain" and n > engine.block:
+        if builder == "chain" and n > engine.block:
             continue  # a chain holds the block at most
-        variant = sys_ if n == engine.rows else with_options(sys_, f"nodes={n}")
+        at = f"nodes={n}" if builder == sys_.get("tree") else f"tree={builder},nodes={n}"
+        variant = sys_ if n == engine.rows else with_options(sys_, at)
         step_s[str(n)] = step_seconds(runner, variant, prompts[0], plan.profile_tokens, plan.step_reps)
-    return {"config": engine.system.to_json(), "builder": sys_.get("tree"), "rows": engine.rows, "block": engine.block,
+    return {"config": engine.system.to_json(), "builder": builder, "rows": engine.rows, "block": engine.block,
             "shape": dataclasses.asdict(shape), "floors": to_json(floors(runner.target.cfg, runner.drafter.cfg, shape)),
             "profile": _profile(runner, sys_, prompts, plan.profile_tokens, stops),
             "step_s": step_s, "ideal": ideal(runner.target, turns, plan.ideal_k, engine.rows)}

@@ -121,8 +121,10 @@ class Evidence:
         if not run and self.lattices and changed <= TREE_KEYS | NEUTRAL:
             key = ("replay", system.name)
             if key not in self.cache:
-                name, nodes = system.get("tree"), self.runner.engine(system).rows
-                got = replay(self.lattices, [(name, nodes)], k=system.get("tree_k"))
+                # the builder the engine runs (an EAGLE-3 drafter's stock is its release's eagle2 tree)
+                built = self.runner.engine(system).builder
+                name, nodes = (built.builder, built.rows) if built else ("chain", self.runner.engine(system).rows)
+                got = replay(self.lattices, [(name, nodes)], k=built.k if built else system.get("tree_k"))
                 self.cache[key] = got["replayed"][f"{name}@{nodes}"]["tau"]
             return self.cache[key], "replay of the recorded lattices"
         key = ("run", system.name)
