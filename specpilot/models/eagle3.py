@@ -134,10 +134,10 @@ class Eagle3Drafter(nn.Module):
         `slots` first): a drafted tree's rows see the context and their ancestors' rows, wherever those lie."""
         lc = self.cfg.layer
         q = self.attn._prologue(self._rows(embeds, hidden, plan), positions, self.rope, state, slots, True, plan)
-        rep = lc.num_heads // lc.num_kv_heads
-        k, v = state.k.repeat_interleave(rep, 1), state.v.repeat_interleave(rep, 1)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.to(q.dtype), v.to(q.dtype), attn_mask=mask[:, None],
-                                           scale=lc.head_dim ** -0.5)
+        # grouped heads read their K/V in place (no copy of the whole cache per depth)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), state.k.to(q.dtype), state.v.to(q.dtype),
+                                           attn_mask=mask[:, None], scale=lc.head_dim ** -0.5,
+                                           enable_gqa=lc.num_heads != lc.num_kv_heads)
         return self._mlp(hidden + self.attn.wo.project(o.transpose(1, 2).flatten(2), plan), plan)
 
     def logits(self, out: torch.Tensor, plan: KernelPlan) -> torch.Tensor:
