@@ -78,3 +78,13 @@ def assert_ar_tokens_alone_and_batched(target, drafter, system: str, seed: int, 
     batch = Engine(target, drafter, parse_system(system), context=context, slots=3)
     assert [g.tokens for g in batch.generate(reqs, arrivals=arrivals)] == want, system
     assert any(n > 1 for g in alone for n in g.accepted), system
+
+
+def train_drafter_cli(*args):
+    """`specpilot train-drafter` on the tiny preset, distilling a dozen short template prompts first."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "specpilot.cli", "train-drafter", "--preset", "tiny", "--prompts",
+                           "12", "--eval-prompts", "3", "--max-new-tokens", "8", *args],
+                          capture_output=True, text=True, timeout=600)

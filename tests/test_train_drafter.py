@@ -127,13 +127,8 @@ def test_resumed_training_starts_where_the_first_run_ended(looping_target, train
 @pytest.mark.slow  # 18 s of training on two cores
 def test_train_drafter_command_and_resume(tmp_path):
     import json
-    import subprocess
-    import sys
 
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "specpilot.cli", "train-drafter", "--preset", "tiny",
-                               "--prompts", "12", "--eval-prompts", "3", "--max-new-tokens", "8", *args],
-                              capture_output=True, text=True, timeout=600)
+    from tests.conftest import train_drafter_cli as run
 
     first = run("--out", str(tmp_path / "d1"), "--steps", "4", "--block-size", "4", "--layers", "1",
                 "--selector-rank", "8")

@@ -134,13 +134,8 @@ def test_padded_marks_answer_positions():
 @pytest.mark.slow  # distils and trains twice on two cores
 def test_train_drafter_command_trains_resumes_and_scores_an_eagle3_baseline(tmp_path):
     import json
-    import subprocess
-    import sys
 
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "specpilot.cli", "train-drafter", "--preset", "tiny",
-                               "--prompts", "12", "--eval-prompts", "3", "--max-new-tokens", "8", *args],
-                              capture_output=True, text=True, timeout=600)
+    from tests.conftest import train_drafter_cli as run
 
     first = run("--out", str(tmp_path / "e1"), "--steps", "3", "--kind", "eagle3", "--block-size", "5",
                 "--draft-vocab", "200")
