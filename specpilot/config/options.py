@@ -71,7 +71,8 @@ OPTIONS: dict[str, Option] = _options(
     Option("graphs", bool, True, "capture decode/verify steps as CUDA graphs (no effect on the CPU)", "engine"),
     Option("block_size", int, 0, "draft block size: 0 = the drafter's own, else 2..its own", "engine",
            bases=("stock",), minimum=0),
-    Option("tree", str, "chain", "draft tree builder over the lattice: chain (stock: the drafter's greedy walk), "
+    Option("tree", str, "chain", "draft tree builder over the lattice: chain (stock: the drafter's greedy walk; an "
+           "EAGLE-3 drafter's stock, nodes=0, is its release's tree: eagle2, 10 a depth, 60 nodes), "
            "ddtree (best paths by marginal log-probs), best_first (best paths by conditional edge scores), "
            "eagle2 (top tree_k per depth, global rerank), sequoia (static shape from tree_accept)", "engine",
            bases=("stock",), choices=("chain", "ddtree", "best_first", "eagle2", "sequoia")),
