@@ -90,8 +90,7 @@ def _system_inputs(runner: Runner, sys_: System, turns: list[TurnLattices], prom
                       ctx_rows=sum(taus) / len(taus) if taus else 1.0, depth=depth, width=width,
                       tree=engine.builder is not None, dtype_bytes=_bytes(runner.target.embed.weight.dtype))
     step_s = {}
-    # the builder the engine runs: an EAGLE-3 drafter's stock is its release's tree (tree=chain resolves to eagle2)
-    builder = engine.builder.builder if engine.builder is not None else "chain"
+    builder = engine.tree[0]  # what it runs: an EAGLE-3 drafter's stock is its release's tree, not a chain
     for n in sorted({*plan.nodes, engine.rows}):
         if builder == "chain" and n > engine.block:
             continue  # a chain holds the block at most

@@ -121,10 +121,8 @@ class Evidence:
         if not run and self.lattices and changed <= TREE_KEYS | NEUTRAL:
             key = ("replay", system.name)
             if key not in self.cache:
-                # the builder the engine runs (an EAGLE-3 drafter's stock is its release's eagle2 tree)
-                built = self.runner.engine(system).builder
-                name, nodes = (built.builder, built.rows) if built else ("chain", self.runner.engine(system).rows)
-                got = replay(self.lattices, [(name, nodes)], k=built.k if built else system.get("tree_k"))
+                name, nodes, k = self.runner.engine(system).tree  # what it runs (EAGLE-3's stock: a tree)
+                got = replay(self.lattices, [(name, nodes)], k=k)
                 self.cache[key] = got["replayed"][f"{name}@{nodes}"]["tau"]
             return self.cache[key], "replay of the recorded lattices"
         key = ("run", system.name)

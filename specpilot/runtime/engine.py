@@ -298,6 +298,13 @@ class Engine:
         step.sampling = sampled
         return step
 
+    @property
+    def tree(self) -> tuple[str, int, int]:
+        """(builder, rows, k) this engine runs, whatever the options say: stock's chain is ("chain", its rows,
+        tree_k); an EAGLE-3 drafter's stock (tree=chain, nodes=0) is its release's eagle2 tree."""
+        b = self.builder
+        return (b.builder, b.rows, b.k) if b is not None else ("chain", self.rows, self.system.get("tree_k"))
+
     def _builder(self) -> TreeBuilder | None:
         """The system's tree builder (None: stock's chain at the block size, the released behaviour)."""
         name, nodes, k = self.system.get("tree"), self.system.get("nodes"), self.system.get("tree_k")
