@@ -142,6 +142,23 @@ def test_batch_moves_respect_the_options_rules(start, in_flight, block):
     assert any(m.get("tree") == parse(start).get("tree") for m in auto) == (start != "stock:batch_rows=auto")
 
 
+def test_an_eagle3_stock_is_batched_as_the_tree_it_runs():
+    """An EAGLE-3 drafter's stock is its release's eagle2 tree (Engine.tree), not a chain: no batch_budget over it
+    (the engine refuses a budget over eagle2), best_first trees instead; every move builds an engine."""
+    dep = dataclasses.replace(load_deployment("tiny-eagle3"), regime="batch", in_flight=2)
+    runner = Runner(*build_pair(dep), dep.context, slots=2)
+    ev = BatchEvidence(runner, [], 8, [], parse("stock"))
+    runs = ev.runs(parse("stock"))
+    assert runs[0] == "eagle2" and runs[1] > runner.engine(parse("stock")).block
+    moves = BuiltinAgent().candidates(BATCH, parse("stock"), "cpu", runner.engine(parse("stock")).block,
+                                      in_flight=2, runs=runs)
+    assert not any(m.get("batch_budget") and m.get("tree") == "chain" for m in moves)
+    assert any(m.get("batch_budget") and m.get("tree") == "best_first" for m in moves)
+    for m in moves:
+        runner.engine(m)  # none refused
+    assert [m for m in batch_moves(parse("stock"), 2, 8) if m.get("batch_budget") and m.get("tree") == "chain"]
+
+
 def test_the_batch_direction_comes_first_only_with_requests_in_flight():
     agent = BuiltinAgent()
     factors = {"tau": {"value": 2.0}, "kernel": {"value": 1.5}, "overhead": {"value": 1.1}}

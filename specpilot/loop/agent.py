@@ -44,18 +44,20 @@ BATCH = Direction("batch", "the batch's verify rows: chosen per step (batch_rows
                   "(batch_budget), carrying waiting prompts (admit)", ["batch_rows", "batch_budget", "admit"])
 
 
-def batch_moves(start: System, in_flight: int, block: int) -> list[System]:
+def batch_moves(start: System, in_flight: int, block: int, runs: tuple[str, int] | None = None) -> list[System]:
     """The batch direction's moves: each step's rows chosen from the requests' acceptance (batch_rows=auto); over
     stock's chain, budgets of rows shared by the requests' chains (a draft block per request, BATCH_SHARES rows a
     request on average); and over the start's tree where it is best_first or ddtree, else over best_first trees of
     SHARED_NODES, a budget fixed (BATCH_SHARES) or chosen each step (batch_rows=auto); prompts carried in the
-    verify passes (admit=true) over the start."""
+    verify passes (admit=true) over the start. runs: (builder, rows) the engine runs for the start where its
+    options do not say it (Engine.tree: an EAGLE-3 drafter's stock is its release's eagle2 tree, not a chain)."""
     if not start.speculative or in_flight < 2:
         return []
+    builder, rows = runs or (start.get("tree"), start.get("nodes") or block)
     out = [variant(start, batch_rows="auto", batch_budget=0), variant(start, admit=True)]
-    if start.get("tree") == "chain" and start.get("nodes") in (0, block):  # stock's chain: a block per request
+    if builder == "chain" and rows == block:  # stock's chain: a block per request
         out += [variant(start, batch_rows="fixed", batch_budget=in_flight * m) for m in BATCH_SHARES if m < block]
-    trees = ([start] if start.get("tree") in ("best_first", "ddtree") else
+    trees = ([start] if builder in ("best_first", "ddtree") else
              [variant(start, tree="best_first", nodes=n) for n in SHARED_NODES])
     for tree in trees:
         rows = tree.get("nodes") or block
@@ -94,13 +96,15 @@ class BuiltinAgent:
         return out
 
     def candidates(self, d: Direction, start: System, device: str, block: int, width: int = 0,
-                   dtype: str | None = None, hybrid: bool = False, in_flight: int = 1) -> list[System]:
+                   dtype: str | None = None, hybrid: bool = False, in_flight: int = 1,
+                   runs: tuple[str, int] | None = None) -> list[System]:
         """Every system the direction can reach from `start` in one move (its parameters varied jointly), each one
         the engine runs as named (block and width: the drafter's, space.runs_as_named); dtype: the served weights'
         (space.values). hybrid: the target has Gated DeltaNet layers (else `hybrid_tree` changes nothing; on one, a
         tree is tried with each way of keeping their state, which costs differently: N states written, or none).
-        in_flight: the requests a step serves (the batch direction's budgets are per request)."""
-        moves = (batch_moves(start, in_flight, block) if d.factor == "batch" else
+        in_flight: the requests a step serves (the batch direction's budgets are per request); runs: the builder
+        and rows the engine runs for `start` (batch_moves)."""
+        moves = (batch_moves(start, in_flight, block, runs) if d.factor == "batch" else
                  self._moves(d, start, device, block, dtype))
         if not hybrid:
             moves = [s for s in moves if s.get("hybrid_tree") == start.get("hybrid_tree")]
@@ -169,7 +173,8 @@ class BuiltinAgent:
             return max((v for b, v in rivals.items() if b != mine), default=0.0)
 
         evaluated, best = [], 0.0
-        for c in self.candidates(d, start, device, block, width, dtype, ev.hybrid, ev.in_flight):
+        for c in self.candidates(d, start, device, block, width, dtype, ev.hybrid, ev.in_flight,
+                                 ev.runs(start) if d.factor == "batch" else None):
             if deadline is not None and time.monotonic() > deadline:
                 evaluated.append({"system": c.name, "not_reached": "the step's share of the budget is spent"})
                 continue

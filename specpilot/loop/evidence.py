@@ -60,6 +60,10 @@ class Evidence:
         """Whether the target has Gated DeltaNet layers (the `hybrid_tree` option acts on them)."""
         return "gdn" in self.runner.target.cfg.kinds
 
+    def runs(self, system: System) -> tuple[str, int]:
+        """(builder, rows) the engine runs for it (Engine.tree: an EAGLE-3 drafter's stock is a tree)."""
+        return self.runner.engine(system).tree[:2] if system.speculative else ("chain", 1)
+
     def timings(self, system: System) -> list[float]:
         """The captured step timed alone `repeats` times (seconds per step each)."""
         key = ("step", system.name)
@@ -121,7 +125,7 @@ class Evidence:
         if not run and self.lattices and changed <= TREE_KEYS | NEUTRAL:
             key = ("replay", system.name)
             if key not in self.cache:
-                name, nodes, k = self.runner.engine(system).tree  # what it runs (EAGLE-3's stock: a tree)
+                name, nodes, k = self.runner.engine(system).tree
                 got = replay(self.lattices, [(name, nodes)], k=k)
                 self.cache[key] = got["replayed"][f"{name}@{nodes}"]["tau"]
             return self.cache[key], "replay of the recorded lattices"

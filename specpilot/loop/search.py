@@ -49,7 +49,8 @@ def survey(agent: BuiltinAgent, directions: list[Direction], start: System, ev: 
     found: dict[str, tuple[System, Direction]] = {}
     skipped = []
     for d in directions:
-        mine = agent.candidates(d, start, device, block, width, dtype, ev.hybrid, ev.in_flight)
+        mine = agent.candidates(d, start, device, block, width, dtype, ev.hybrid, ev.in_flight,
+                                ev.runs(start) if d.factor == "batch" else None)
         if not mine:
             skipped.append({"direction": d.mechanism, "factor": d.factor,
                             "reason": "no value of its options runs here from this start" if d.options or d.systems
