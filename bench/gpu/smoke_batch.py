@@ -1,6 +1,7 @@
 """A first look at the batch executor and the hybrid target on CUDA (random tiny models, float32, no staging):
 each system's batched outputs under CUDA graphs (a graph per batch size and kind) against its single-request
-outputs, greedy and sampled, on a dense pair and on a hybrid. Prints one line a case (a failure: its first exception
+outputs, greedy and sampled, on a dense pair, on a hybrid, and with an EAGLE-3 drafter on the dense target (its
+steps captured: a host sync inside them fails the capture). Prints one line a case (a failure: its first exception
 and traceback, then the case again without graphs); writes $OUT/smoke_batch.json.
 
     PYTHONPATH=. python3 bench/gpu/smoke_batch.py
@@ -22,6 +23,7 @@ from specpilot.config import parse_system
 from specpilot.core.contracts import Prompted, Sampling
 from specpilot.fixtures.random_models import (
     random_drafter,
+    random_eagle3,
     random_target,
     tiny_drafter_config,
     tiny_hybrid_config,
@@ -36,12 +38,18 @@ SYSTEMS = os.environ.get("SYSTEMS", "ar|stock|stock:tree=best_first,nodes=10|sto
                          "stock:batch_budget=6|stock:tree=best_first,nodes=10,batch_rows=auto|stock:admit=true|"
                          "stock:tree=best_first,nodes=10,admit=true|"
                          "stock:tree=best_first,nodes=10,admit=true,batch_rows=auto").split("|")
+# EAGLE-3's: its stock (the release's eagle2 tree), its chain, a best_first tree with a budget, admission
+EAGLE3 = os.environ.get("EAGLE3", "stock|stock:nodes=7|stock:tree=best_first,nodes=10,batch_rows=auto|"
+                        "stock:admit=true").split("|")
 
 
-def pair(hybrid: bool):
-    make = tiny_hybrid_config if hybrid else tiny_target_config
+def pair(kind: str):
+    """kind: dense, hybrid (the target) or eagle3 (the drafter, on the dense target)."""
+    make = tiny_hybrid_config if kind == "hybrid" else tiny_target_config
     tcfg = make(vocab=VOCAB, max_position_embeddings=256)
     target = random_target(tcfg, seed=3, device=DEVICE)
+    if kind == "eagle3":
+        return target, random_eagle3(tcfg, draft_vocab=16, seed=4, device=DEVICE)
     dcfg = tiny_drafter_config(tcfg, target_layer_ids=[0, 3], block_size=4, selector_rank=8, selector_top_k=4)
     return target, random_drafter(dcfg, seed=4, device=DEVICE)
 
@@ -74,26 +82,25 @@ def failure(exc: BaseException) -> dict:
 
 def main() -> None:
     rows = []
-    for hybrid in (False, True):
-        target, drafter = pair(hybrid)
-        reqs = requests(int(hybrid), 9)
-        for system in SYSTEMS:
+    for kind, systems in (("dense", SYSTEMS), ("hybrid", SYSTEMS), ("eagle3", EAGLE3)):
+        target, drafter = pair(kind)
+        reqs = requests(kind == "hybrid", 9)
+        for system in systems:
             # each system as it is, then without graphs where that failed: which part broke
             for name in (system, with_graphs_off(system)):
                 t0 = time.time()
                 try:
-                    row = {"hybrid": hybrid, "system": name, **case(target, drafter, name, reqs)}
+                    row = {"kind": kind, "system": name, **case(target, drafter, name, reqs)}
                 except Exception as exc:  # noqa: BLE001 (a smoke run: every case is tried, each failure kept)
-                    row = {"hybrid": hybrid, "system": name, **failure(exc)}
+                    row = {"kind": kind, "system": name, **failure(exc)}
                     if DEVICE == "cuda":
                         torch.cuda.synchronize()  # (raises where the failure left the context broken)
                 row["seconds"] = round(time.time() - t0, 1)
                 rows.append(row)
-                kind = "hybrid" if hybrid else "dense "
                 if "error" in row:
-                    print(f"{kind} {name:48s} FAILED: {row['error']}\n{row['traceback']}", flush=True)
+                    print(f"{kind:6s} {name:48s} FAILED: {row['error']}\n{row['traceback']}", flush=True)
                 else:
-                    print(f"{kind} {name:48s} batched = single: {row['equal']}/{row['of']} ({row['seconds']} s, "
+                    print(f"{kind:6s} {name:48s} batched = single: {row['equal']}/{row['of']} ({row['seconds']} s, "
                           f"graphs {row['graphs']})", flush=True)
                     break
     out = Path(os.environ.get("OUT", "/tmp")) / "smoke_batch.json"
