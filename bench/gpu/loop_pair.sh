@@ -9,6 +9,9 @@
 #                                            newest loop the sweep call started, unless PRESET names one)
 # Give the calls SPECPILOT_COMMIT=<the commit> (the GPU copy's .git may be stale). Each call sends back what it
 # has: $OUT/sweep.json, $OUT/loop.tgz (the run directory, its report and the log).
+# RESUME=.stage/loop.tgz (carried): the run in that loop.tgz goes on (`loop --resume`: its finished steps read back,
+# their seconds kept in log.jsonl), where a machine taken back cut it off; its log is appended to. A resumed loop's
+# budget starts afresh (docs/loop.md): give BUDGET what the earlier calls left of it.
 # PRESET=smollm2-twin runs the twin instead (its sweep: stock, best_first N = 32/48/64 and ar:gemv=true, LIMIT 1).
 # Then, in the same lease: python3 bench/gpu/gate_suite.py builders faults; python3 bench/gpu/gate_suite.py rounds
 set -uo pipefail
@@ -45,13 +48,19 @@ sweep)
     # SWEEP_S=0: no sweep, the loop alone (e.g. ROUNDS=3 BUDGET=1200 for the twin's three-round Goal)
     [ "${SWEEP_S:-330}" -gt 0 ] && timeout -k 20 "${SWEEP_S:-330}" python3 -m specpilot.cli bench --preset "$preset" --system stock "${systems[@]}" \
         --limit "$limit" --max-new-tokens 256 --json "$OUT/sweep.json" 2>&1 | tail -n 25
-    rm -rf "$run"
+    resume=()
+    if [ -n "${RESUME:-}" ]; then  # RESUME=<a loop.tgz an earlier call sent back, carried>: that run goes on
+        [ -f "$RESUME" ] || { echo "RESUME=$RESUME: no such file"; exit 1; }
+        rm -rf "$run" && tar xzf "$RESUME" -C /tmp/o && resume=(--resume)
+    else
+        rm -rf "$run" "/tmp/o/loop-$preset.log"
+    fi
     # SAMPLE=1: under the sampling profiler (bench/gpu/sampled.py), where the loop's wall time went, in
     # loop-PRESET.samples (not for acceptance runs: a profiler of its first kind, a thread, spoiled GEMV captures)
     launch=(python3 -m specpilot.cli)
     [ -n "${SAMPLE:-}" ] && launch=(python3 bench/gpu/sampled.py "/tmp/o/loop-$preset.samples")
     setsid nohup "${launch[@]}" loop --preset "$preset" --rounds "${ROUNDS:-1}" --budget "${BUDGET:-600}" \
-        --run-dir "$run" >"/tmp/o/loop-$preset.log" 2>&1 </dev/null &
+        --run-dir "$run" "${resume[@]}" >>"/tmp/o/loop-$preset.log" 2>&1 </dev/null &
     left=$(( ${AFTER:-540} - SECONDS ))  # AFTER: seconds from the call's start (the call's limit is 600)
     [ "$left" -gt 0 ] && sleep "$left"
     send_back
