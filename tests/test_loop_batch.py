@@ -156,7 +156,15 @@ def test_an_eagle3_stock_is_batched_as_the_tree_it_runs():
     assert any(m.get("batch_budget") and m.get("tree") == "best_first" for m in moves)
     for m in moves:
         runner.engine(m)  # none refused
-    assert [m for m in batch_moves(parse("stock"), 2, 8) if m.get("batch_budget") and m.get("tree") == "chain"]
+    _, dflash = _batch(2)  # a DFlash drafter's systems run as their options say: the same moves either way
+    ev = BatchEvidence(dflash, [], 8, [], parse("stock"))
+    block = dflash.engine(parse("stock")).block
+    for name in ("stock", "stock:nodes=4", "stock:tree=best_first,nodes=24"):
+        start = parse(name)
+        assert ({m.name for m in batch_moves(start, 2, block, ev.runs(start))} ==
+                {m.name for m in batch_moves(start, 2, block)})
+    assert any(m.get("batch_budget") and m.get("tree") == "chain" for m in batch_moves(parse("stock"), 2, block,
+                                                                                        ev.runs(parse("stock"))))
 
 
 def test_the_batch_direction_comes_first_only_with_requests_in_flight():
